@@ -1,0 +1,550 @@
+//! The command state machine (SPEC §4).
+//!
+//! A [`CommandRecord`] is one queued Graph run. Its state changes only
+//! through the transition methods below, which are pure: they take the
+//! current record and `now` and return the next record (with its
+//! `revision` bumped) or a refusal. Stores persist the result with a
+//! conditional write on the previous revision; they never decide a
+//! transition themselves.
+//!
+//! ```text
+//!            start(exec)             complete(exec, env)
+//!  queued ─────────────────► running ───────────────────► completed | failed | cancelled
+//!    │  cancel / decline        │ cancel: sets the flag; the relay's outcome
+//!    ▼                          │ is then recorded as cancelled
+//!  cancelled                    ▼
+//! ```
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::envelope::{FinishStatus, ResultEnvelope};
+use crate::ids::{
+    AgentId, CommandId, DeviceId, ExecutionId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use crate::time::Timestamp;
+
+/// The message a command is closed with when the relay's re-check fails (SPEC §6).
+pub const NO_LONGER_SHARED: &str = "Graph session is no longer shared with this project";
+/// The reason recorded when an agent cancels a command before the desktop started it.
+pub const CANCELLED_WHILE_QUEUED: &str = "Cancelled by the agent before the desktop started it";
+/// The reason recorded when a running command ends after the agent asked to cancel it.
+pub const CANCELLED_WHILE_RUNNING: &str = "Cancelled by the agent while it was running";
+
+/// Where a command is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CommandStatus {
+    /// Waiting for the desktop to pick it up.
+    Queued,
+    /// The desktop started it.
+    Running,
+    /// Finished; the result is available.
+    Completed,
+    /// Finished with an error.
+    Failed,
+    /// Stopped before or while running.
+    Cancelled,
+}
+
+impl CommandStatus {
+    /// `completed`, `failed` and `cancelled` never change again.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
+    /// The wire spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses the wire spelling.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+impl From<FinishStatus> for CommandStatus {
+    fn from(s: FinishStatus) -> Self {
+        match s {
+            FinishStatus::Completed => Self::Completed,
+            FinishStatus::Failed => Self::Failed,
+            FinishStatus::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+/// One queued Graph run and everything the server knows about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandRecord {
+    /// The ticket.
+    pub id: CommandId,
+    /// The agent that queued it; only this agent can read or cancel it.
+    pub agent: AgentId,
+    /// The owner of the project and desktop.
+    pub owner: OwnerId,
+    /// The project the run is filed under.
+    pub project: ProjectId,
+    /// The desktop that shares the session and will run it.
+    pub device: DeviceId,
+    /// The saved Graph to run.
+    pub graph_session_id: GraphSessionId,
+    /// Input for the Graph.
+    pub arguments: Map<String, Value>,
+    /// The agent's retry key.
+    pub idempotency_key: IdempotencyKey,
+    /// Where the command is in its life.
+    pub status: CommandStatus,
+    /// The agent asked to cancel while it was running.
+    pub cancel_requested: bool,
+    /// The engine's execution id, once started.
+    pub execution_id: Option<ExecutionId>,
+    /// When it was queued.
+    pub created_at: Timestamp,
+    /// When the desktop started it.
+    pub started_at: Option<Timestamp>,
+    /// When the agent asked to cancel it.
+    pub cancel_requested_at: Option<Timestamp>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<Timestamp>,
+    /// The completion as the relay posted it (kept verbatim to recognise duplicates).
+    pub completion: Option<ResultEnvelope>,
+    /// Why it was closed without a completion, or why it was cancelled.
+    pub reason: Option<String>,
+    /// Bumped by every transition; stores write conditionally on it.
+    pub revision: u64,
+}
+
+/// What `cancel` decided.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum CancelDecision {
+    /// Write this record: queued → cancelled, or the running flag set.
+    Apply(Box<CommandRecord>),
+    /// Nothing to write: already terminal or already flagged.
+    Unchanged,
+}
+
+/// Why `start` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum StartRefused {
+    /// The command was cancelled (or otherwise closed) before it started.
+    #[error("the command is already {0}; it must not run")]
+    Finished(&'static str),
+    /// The command is running under another execution id.
+    #[error("the command is already running under another execution")]
+    OtherExecution,
+}
+
+/// What `start` decided.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum StartDecision {
+    /// Write this record: queued → running.
+    Apply(Box<CommandRecord>),
+    /// Already running under the same execution id: a retried start.
+    AlreadyStarted,
+}
+
+/// Why `complete` was refused. Nothing changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CompleteRefused {
+    /// The command has not started.
+    #[error("the command has not started")]
+    NotStarted,
+    /// The completion names another execution than the one that started.
+    #[error("the completion is for another execution than the one running")]
+    StaleExecution,
+    /// The command already ended with a different completion (or without one).
+    #[error("the command already finished differently")]
+    Conflict,
+}
+
+/// What `complete` decided.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum CompleteDecision {
+    /// Write this record: running → terminal.
+    Apply(Box<CommandRecord>),
+    /// The same completion was already applied: acknowledge, change nothing.
+    Duplicate,
+}
+
+/// What `decline` decided.
+#[derive(Debug, Clone, PartialEq)]
+#[must_use]
+pub enum DeclineDecision {
+    /// Write this record: queued → cancelled with [`NO_LONGER_SHARED`].
+    Apply(Box<CommandRecord>),
+    /// Already terminal: nothing to do.
+    Unchanged,
+}
+
+/// Why `decline` was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the command is already running; it can no longer be declined")]
+pub struct DeclineRefused;
+
+impl CommandRecord {
+    /// A new queued command.
+    #[allow(clippy::too_many_arguments)]
+    pub fn queued(
+        id: CommandId,
+        agent: AgentId,
+        owner: OwnerId,
+        project: ProjectId,
+        device: DeviceId,
+        graph_session_id: GraphSessionId,
+        arguments: Map<String, Value>,
+        idempotency_key: IdempotencyKey,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            id,
+            agent,
+            owner,
+            project,
+            device,
+            graph_session_id,
+            arguments,
+            idempotency_key,
+            status: CommandStatus::Queued,
+            cancel_requested: false,
+            execution_id: None,
+            created_at: now,
+            started_at: None,
+            cancel_requested_at: None,
+            finished_at: None,
+            completion: None,
+            reason: None,
+            revision: 0,
+        }
+    }
+
+    fn next(&self) -> Self {
+        Self {
+            revision: self.revision + 1,
+            ..self.clone()
+        }
+    }
+
+    /// The agent asks to cancel. Queued: cancelled at once. Running: the flag
+    /// is set for the relay's control poll. Terminal or already flagged: no change.
+    pub fn cancel(&self, now: Timestamp) -> CancelDecision {
+        match self.status {
+            CommandStatus::Queued => {
+                let mut next = self.next();
+                next.status = CommandStatus::Cancelled;
+                next.cancel_requested = true;
+                next.cancel_requested_at = Some(now);
+                next.finished_at = Some(now);
+                next.reason = Some(CANCELLED_WHILE_QUEUED.to_owned());
+                CancelDecision::Apply(Box::new(next))
+            }
+            CommandStatus::Running if !self.cancel_requested => {
+                let mut next = self.next();
+                next.cancel_requested = true;
+                next.cancel_requested_at = Some(now);
+                CancelDecision::Apply(Box::new(next))
+            }
+            _ => CancelDecision::Unchanged,
+        }
+    }
+
+    /// The relay starts the command under `execution`.
+    pub fn start(
+        &self,
+        execution: &ExecutionId,
+        now: Timestamp,
+    ) -> Result<StartDecision, StartRefused> {
+        match self.status {
+            CommandStatus::Queued => {
+                let mut next = self.next();
+                next.status = CommandStatus::Running;
+                next.execution_id = Some(execution.clone());
+                next.started_at = Some(now);
+                Ok(StartDecision::Apply(Box::new(next)))
+            }
+            CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => {
+                Ok(StartDecision::AlreadyStarted)
+            }
+            CommandStatus::Running => Err(StartRefused::OtherExecution),
+            terminal => Err(StartRefused::Finished(terminal.as_str())),
+        }
+    }
+
+    /// The relay reports how the execution ended. Fenced by execution id: the
+    /// first completion wins, an identical duplicate is acknowledged, anything
+    /// else is refused. If the agent asked to cancel, the command ends
+    /// `cancelled` whatever the relay reports.
+    pub fn complete(
+        &self,
+        envelope: &ResultEnvelope,
+        now: Timestamp,
+    ) -> Result<CompleteDecision, CompleteRefused> {
+        match self.status {
+            CommandStatus::Queued => Err(CompleteRefused::NotStarted),
+            CommandStatus::Running => {
+                if self.execution_id.as_ref() != Some(&envelope.execution_id) {
+                    return Err(CompleteRefused::StaleExecution);
+                }
+                let mut next = self.next();
+                next.status = if self.cancel_requested {
+                    next.reason = Some(CANCELLED_WHILE_RUNNING.to_owned());
+                    CommandStatus::Cancelled
+                } else {
+                    envelope.status.into()
+                };
+                next.finished_at = Some(now);
+                next.completion = Some(envelope.clone());
+                Ok(CompleteDecision::Apply(Box::new(next)))
+            }
+            _ if self.completion.as_ref() == Some(envelope) => Ok(CompleteDecision::Duplicate),
+            _ if self.execution_id.as_ref() != Some(&envelope.execution_id) => {
+                Err(CompleteRefused::StaleExecution)
+            }
+            _ => Err(CompleteRefused::Conflict),
+        }
+    }
+
+    /// The relay's re-check just before running failed: close as cancelled
+    /// with [`NO_LONGER_SHARED`].
+    pub fn decline(&self, now: Timestamp) -> Result<DeclineDecision, DeclineRefused> {
+        match self.status {
+            CommandStatus::Queued => {
+                let mut next = self.next();
+                next.status = CommandStatus::Cancelled;
+                next.finished_at = Some(now);
+                next.reason = Some(NO_LONGER_SHARED.to_owned());
+                Ok(DeclineDecision::Apply(Box::new(next)))
+            }
+            CommandStatus::Running => Err(DeclineRefused),
+            _ => Ok(DeclineDecision::Unchanged),
+        }
+    }
+}
+
+/// A stable digest of what a run was asked to do, to tell a retry (same
+/// digest) from a reused key with other arguments. Object keys are sorted
+/// at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are the same request.
+pub fn request_fingerprint(
+    graph_session_id: &GraphSessionId,
+    arguments: &Map<String, Value>,
+) -> String {
+    let mut canonical = String::with_capacity(64);
+    canonical.push_str(graph_session_id.as_str());
+    canonical.push('\n');
+    write_canonical(&mut canonical, &Value::Object(arguments.clone()));
+    let digest = Sha256::digest(canonical.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_canonical(out: &mut String, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(out, &map[k]);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(out, item);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::EnvelopeBody;
+    use serde_json::json;
+
+    fn record() -> CommandRecord {
+        CommandRecord::queued(
+            CommandId::parse("67e55044-10b1-426f-9247-bb680e5fe0c8").unwrap(),
+            AgentId::parse("agent").unwrap(),
+            OwnerId::parse("owner").unwrap(),
+            ProjectId::parse("proj").unwrap(),
+            DeviceId::parse("desk").unwrap(),
+            GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").unwrap(),
+            Map::new(),
+            IdempotencyKey::parse("key-0001").unwrap(),
+            Timestamp(1000),
+        )
+    }
+
+    fn exec(s: &str) -> ExecutionId {
+        ExecutionId::parse(s).unwrap()
+    }
+
+    fn env(e: &str, status: FinishStatus, result: Value) -> ResultEnvelope {
+        ResultEnvelope::build(
+            exec(e),
+            status,
+            EnvelopeBody {
+                result,
+                ..EnvelopeBody::default()
+            },
+        )
+    }
+
+    fn started() -> CommandRecord {
+        match record().start(&exec("e1"), Timestamp(2000)).unwrap() {
+            StartDecision::Apply(r) => *r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn cancel_queued_is_immediate_and_terminal() {
+        let CancelDecision::Apply(c) = record().cancel(Timestamp(1500)) else {
+            panic!()
+        };
+        assert_eq!(c.status, CommandStatus::Cancelled);
+        assert_eq!(c.finished_at, Some(Timestamp(1500)));
+        assert_eq!(c.revision, 1);
+        assert_eq!(c.cancel(Timestamp(1600)), CancelDecision::Unchanged);
+        assert_eq!(
+            c.start(&exec("e1"), Timestamp(1700)),
+            Err(StartRefused::Finished("cancelled"))
+        );
+    }
+
+    #[test]
+    fn cancel_running_sets_flag_and_wins_over_a_late_finish() {
+        let CancelDecision::Apply(flagged) = started().cancel(Timestamp(3000)) else {
+            panic!()
+        };
+        assert_eq!(flagged.status, CommandStatus::Running);
+        assert!(flagged.cancel_requested);
+        assert_eq!(flagged.cancel(Timestamp(3100)), CancelDecision::Unchanged);
+        let late = env("e1", FinishStatus::Completed, json!("done"));
+        let Ok(CompleteDecision::Apply(done)) = flagged.complete(&late, Timestamp(4000)) else {
+            panic!()
+        };
+        assert_eq!(done.status, CommandStatus::Cancelled);
+        assert_eq!(done.reason.as_deref(), Some(CANCELLED_WHILE_RUNNING));
+    }
+
+    #[test]
+    fn completion_is_fenced_by_execution() {
+        let running = started();
+        assert_eq!(
+            running.start(&exec("e1"), Timestamp(2100)),
+            Ok(StartDecision::AlreadyStarted)
+        );
+        assert_eq!(
+            running.start(&exec("e2"), Timestamp(2100)),
+            Err(StartRefused::OtherExecution)
+        );
+        let other = env("e2", FinishStatus::Completed, json!(1));
+        assert_eq!(
+            running.complete(&other, Timestamp(3000)),
+            Err(CompleteRefused::StaleExecution)
+        );
+        let first = env("e1", FinishStatus::Completed, json!(1));
+        let Ok(CompleteDecision::Apply(done)) = running.complete(&first, Timestamp(3000)) else {
+            panic!()
+        };
+        assert_eq!(done.status, CommandStatus::Completed);
+        assert_eq!(
+            done.complete(&first, Timestamp(3500)),
+            Ok(CompleteDecision::Duplicate)
+        );
+        let different = env("e1", FinishStatus::Failed, json!(null));
+        assert_eq!(
+            done.complete(&different, Timestamp(3500)),
+            Err(CompleteRefused::Conflict)
+        );
+        assert_eq!(
+            done.complete(&other, Timestamp(3500)),
+            Err(CompleteRefused::StaleExecution)
+        );
+        assert_eq!(
+            record().complete(&first, Timestamp(3500)),
+            Err(CompleteRefused::NotStarted)
+        );
+    }
+
+    #[test]
+    fn decline_closes_queued_with_the_exact_message() {
+        let Ok(DeclineDecision::Apply(d)) = record().decline(Timestamp(5000)) else {
+            panic!()
+        };
+        assert_eq!(d.status, CommandStatus::Cancelled);
+        assert_eq!(
+            d.reason.as_deref(),
+            Some("Graph session is no longer shared with this project")
+        );
+        assert_eq!(d.decline(Timestamp(5001)), Ok(DeclineDecision::Unchanged));
+        assert_eq!(started().decline(Timestamp(5001)), Err(DeclineRefused));
+    }
+
+    #[test]
+    fn terminal_states_never_change() {
+        let CancelDecision::Apply(cancelled) = record().cancel(Timestamp(1)) else {
+            panic!()
+        };
+        let Ok(CompleteDecision::Apply(completed)) =
+            started().complete(&env("e1", FinishStatus::Completed, json!(1)), Timestamp(3))
+        else {
+            panic!()
+        };
+        for t in [cancelled, completed] {
+            assert_eq!(t.cancel(Timestamp(9)), CancelDecision::Unchanged);
+            assert!(t.start(&exec("e9"), Timestamp(9)).is_err());
+            assert!(matches!(
+                t.decline(Timestamp(9)),
+                Ok(DeclineDecision::Unchanged)
+            ));
+            assert!(!matches!(
+                t.complete(&env("e9", FinishStatus::Failed, json!(0)), Timestamp(9)),
+                Ok(CompleteDecision::Apply(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_order_only() {
+        let gs = GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").unwrap();
+        let a: Map<String, Value> =
+            serde_json::from_str(r#"{"a":1,"b":{"y":[1,2],"x":"s"}}"#).unwrap();
+        let b: Map<String, Value> =
+            serde_json::from_str(r#"{"b":{"x":"s","y":[1,2]},"a":1}"#).unwrap();
+        let c: Map<String, Value> =
+            serde_json::from_str(r#"{"a":1,"b":{"y":[2,1],"x":"s"}}"#).unwrap();
+        assert_eq!(request_fingerprint(&gs, &a), request_fingerprint(&gs, &b));
+        assert_ne!(request_fingerprint(&gs, &a), request_fingerprint(&gs, &c));
+        assert_eq!(request_fingerprint(&gs, &a).len(), 64);
+    }
+}

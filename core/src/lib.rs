@@ -1,0 +1,76 @@
+//! # graph-relay-core
+//!
+//! The no-IO protocol core of graph-relay. An AI agent queues long-running
+//! "Graph runs" through MCP and gets a ticket back at once; the owner's
+//! desktop (the relay) pulls queued work over outbound HTTP, runs it and
+//! posts a bounded result; the agent reads it with the ticket.
+//!
+//! This crate owns every rule of that system and performs no IO: it opens no
+//! socket, reads no file, and learns the time only from a [`Clock`]. Stores
+//! ([`Store`]) and transports are thin crates around it.
+//!
+//! ```text
+//!  agent ── MCP ──► transport ──► Queue ◄── relay HTTP API ◄── desktop relay
+//!                                  │
+//!                                Store (memory | sqlite | postgres)
+//! ```
+//!
+//! - [`ids`]: identifiers as validated types.
+//! - [`catalog`]: the four tools and their exact `tools/list` wire form.
+//! - [`args`]: tool arguments decoded into typed requests.
+//! - [`command`]: the command state machine as pure transitions.
+//! - [`envelope`]: the 100,000-character result envelope.
+//! - [`store`]: the persistence trait.
+//! - [`queue`]: the service that applies the rules over a store.
+//!
+//! # Example
+//! ```
+//! use graph_relay_core::prelude::*;
+//! use serde_json::json;
+//!
+//! // Ids are parsed before anything else happens.
+//! assert!(CommandId::parse("not-a-uuid").is_err());
+//! // A result that would not fit 100,000 characters is truncated, all or nothing.
+//! let big = EnvelopeBody { result: json!("x".repeat(200_000)), ..Default::default() };
+//! let envelope = ResultEnvelope::build(ExecutionId::parse("exec-1")?, FinishStatus::Completed, big);
+//! assert!(envelope.is_truncated());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The embedding example with a store is in `graph-relay-store-memory`.
+
+pub mod args;
+pub mod catalog;
+pub mod command;
+pub mod envelope;
+pub mod ids;
+pub mod principal;
+pub mod queue;
+pub mod session;
+pub mod store;
+pub mod time;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use crate::store::Store;
+pub use crate::time::Clock;
+
+/// The names most embedders need, in one import.
+pub mod prelude {
+    pub use crate::args::{CancelArgs, GetArgs, ListArgs, RunArgs, ToolArgs};
+    pub use crate::catalog::{ToolCatalog, ToolKind};
+    pub use crate::command::{CommandRecord, CommandStatus};
+    pub use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+    pub use crate::ids::{
+        AgentId, CommandId, DeviceId, ExecutionId, GraphSessionId, IdempotencyKey, OwnerId,
+        ProjectId,
+    };
+    pub use crate::principal::{Agent, Device};
+    pub use crate::queue::{Queue, QueueConfig, SyncRequest};
+    pub use crate::session::SessionMeta;
+    pub use crate::store::Store;
+    pub use crate::time::{
+        Clock, IdSource, ManualClock, RandomIds, SeededIds, SystemClock, Timestamp,
+    };
+}

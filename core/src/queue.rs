@@ -1,0 +1,940 @@
+//! The `Queue` service: the only place that changes command state.
+//!
+//! Agent side: [`Queue::run_graph_session`], [`Queue::get_graph_run`],
+//! [`Queue::cancel_graph_run`], [`Queue::list_graph_sessions`]. Relay side:
+//! [`Queue::sync`], [`Queue::start`], [`Queue::control`],
+//! [`Queue::complete`], [`Queue::decline`]. Each operation has its own
+//! error enum; [`RUN_NOT_FOUND`] is the one text an agent sees for a run
+//! that does not exist *and* for one that is not its own.
+//!
+//! # How a run finds its project
+//! `run_graph_session` carries no project. The queue looks for the session
+//! among the sessions shared to the agent's projects (in the projects'
+//! sorted order; the first project that has it wins, and within a project
+//! the smallest device id). The command is filed under that project and
+//! assigned to the device that shared it. A session the agent cannot reach
+//! (not shared, shared only to projects the agent is not connected to, or
+//! another owner's) gets [`SESSION_NOT_FOUND`], the same text in every case.
+//!
+//! # Idempotency
+//! Keys are scoped per agent and kept for [`QueueConfig::idempotency_ttl`]
+//! (24 h by default), then pruned. The same key with the same session and
+//! arguments (compared by [`request_fingerprint`]) returns the first command,
+//! marked `replayed`, and writes nothing, even after that command finished
+//! or was cancelled. The same key with a different session or arguments is
+//! refused with [`RunError::KeyReused`] and writes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use crate::args::RunArgs;
+use crate::command::{
+    CancelDecision, CommandRecord, CommandStatus, CompleteDecision, CompleteRefused,
+    DeclineDecision, DeclineRefused, StartDecision, StartRefused, request_fingerprint,
+};
+use crate::envelope::{EnvelopeError, ResultEnvelope};
+use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use crate::principal::{Agent, Device};
+use crate::session::{InvalidSession, MAX_SESSIONS_PER_SYNC, SessionMeta, SharedSession};
+use crate::store::{
+    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
+    Store, StoreError,
+};
+use crate::time::{Clock, IdSource, Timestamp};
+
+/// What an agent reads for a run that does not exist or is not its own.
+pub const RUN_NOT_FOUND: &str = "Graph run not found or access removed";
+/// What an agent reads for a session it cannot reach.
+pub const SESSION_NOT_FOUND: &str = "Graph session not found or access removed";
+/// What an agent reads for a project it is not connected to.
+pub const PROJECT_NOT_FOUND: &str = "Project not found or access removed";
+/// How many times a transition is retried when another writer got there first.
+const MAX_CAS_ATTEMPTS: usize = 16;
+
+/// Tunables of the queue. The defaults follow the published relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// How long an idempotency key is remembered (24 h).
+    pub idempotency_ttl: Duration,
+    /// How long terminal commands are kept before pruning (30 days); `None` keeps them.
+    pub terminal_retention: Option<Duration>,
+    /// The relay's pass interval in interval mode (20 s).
+    pub sync_interval: Duration,
+    /// How long the server holds a long-poll sync or control request (25 s).
+    pub long_poll_hold: Duration,
+    /// The relay's control poll while a command runs (3 s).
+    pub control_interval: Duration,
+    /// A device that missed this many expected syncs is reported offline (3).
+    pub offline_after_missed_syncs: u32,
+    /// `poll_after_seconds` suggested while a run is running (5 s).
+    pub running_poll_hint: Duration,
+    /// Most queued commands handed out by one sync (100).
+    pub max_commands_per_sync: usize,
+    /// Most keys and commands deleted by one pruning step (500).
+    pub prune_batch: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            terminal_retention: Some(Duration::from_secs(30 * 24 * 3600)),
+            sync_interval: Duration::from_secs(20),
+            long_poll_hold: Duration::from_secs(25),
+            control_interval: Duration::from_secs(3),
+            offline_after_missed_syncs: 3,
+            running_poll_hint: Duration::from_secs(5),
+            max_commands_per_sync: 100,
+            prune_batch: 500,
+        }
+    }
+}
+
+/// Why `run_graph_session` failed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The session is not shared to any project the agent reaches.
+    #[error("{SESSION_NOT_FOUND}")]
+    SessionNotFound,
+    /// The key was already used by this agent for a different request.
+    #[error(
+        "idempotency_key was already used for a different request (command {command}); use a new key for a new run"
+    )]
+    KeyReused {
+        /// The command the key belongs to.
+        command: CommandId,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `get_graph_run` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    /// Unknown, or not this agent's.
+    #[error("{RUN_NOT_FOUND}")]
+    NotFound,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `cancel_graph_run` failed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    /// Unknown, or not this agent's.
+    #[error("{RUN_NOT_FOUND}")]
+    NotFound,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `list_graph_sessions` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// The agent is not connected to the project.
+    #[error("{PROJECT_NOT_FOUND}")]
+    ProjectNotFound,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a relay's sync was refused. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// More than [`MAX_SESSIONS_PER_SYNC`] sessions.
+    #[error("a sync may carry at most {MAX_SESSIONS_PER_SYNC} sessions per project; got {0}")]
+    TooManySessions(usize),
+    /// The same session listed twice.
+    #[error("session {0} is listed more than once")]
+    DuplicateSession(GraphSessionId),
+    /// A session's metadata breaks a rule.
+    #[error(transparent)]
+    InvalidSession(#[from] InvalidSession),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `start` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Unknown, or not assigned to this device.
+    #[error("command not found for this device")]
+    NotFound,
+    /// The state machine refused (e.g. it was cancelled: it must not run).
+    #[error(transparent)]
+    Refused(#[from] StartRefused),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `control` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Unknown, or not assigned to this device.
+    #[error("command not found for this device")]
+    NotFound,
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `complete` failed. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum CompleteError {
+    /// Unknown, or not assigned to this device.
+    #[error("command not found for this device")]
+    NotFound,
+    /// The envelope breaks SPEC §7.
+    #[error(transparent)]
+    Invalid(#[from] EnvelopeError),
+    /// The state machine refused (stale execution, conflict, not started).
+    #[error(transparent)]
+    Refused(#[from] CompleteRefused),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why `decline` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeclineError {
+    /// Unknown, or not assigned to this device.
+    #[error("command not found for this device")]
+    NotFound,
+    /// Already running.
+    #[error(transparent)]
+    Refused(#[from] DeclineRefused),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The ticket `run_graph_session` returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunTicket {
+    /// The command (new, or the first one for a replayed key).
+    pub command: CommandRecord,
+    /// True when the key had been used already and no run was queued.
+    pub replayed: bool,
+    /// When to call `get_graph_run` first.
+    pub poll_after_seconds: u64,
+}
+
+impl RunTicket {
+    /// The structured result of `run_graph_session`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "command_id": self.command.id,
+            "status": self.command.status.as_str(),
+            "replayed": self.replayed,
+            "graph_session_id": self.command.graph_session_id,
+            "project_id": self.command.project,
+            "poll_after_seconds": self.poll_after_seconds,
+            "message": self.message(),
+        })
+    }
+
+    /// A sentence for the model: this is a ticket, not a result.
+    pub fn message(&self) -> String {
+        let what = if self.replayed {
+            "This idempotency_key was already used for the same request, so no second run was queued; this is the original ticket."
+        } else {
+            "The Graph run is queued; it has not started yet."
+        };
+        format!(
+            "{what} The owner's desktop picks it up on its next pass. Call get_graph_run with command_id {} to read its progress and result (first check in about {} s).",
+            self.command.id, self.poll_after_seconds
+        )
+    }
+}
+
+/// A run as its agent sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunView {
+    /// The command.
+    pub command: CommandRecord,
+    /// When to look again; `None` once terminal.
+    pub poll_after_seconds: Option<u64>,
+    /// Set when a queued run's desktop looks offline: since when.
+    pub device_offline_since: Option<Timestamp>,
+}
+
+impl RunView {
+    /// The structured result of `get_graph_run`.
+    pub fn to_json(&self) -> Value {
+        let c = &self.command;
+        let mut out = Map::new();
+        out.insert("command_id".into(), json!(c.id));
+        out.insert("graph_session_id".into(), json!(c.graph_session_id));
+        out.insert("project_id".into(), json!(c.project));
+        out.insert("status".into(), json!(c.status.as_str()));
+        out.insert("created_at".into(), json!(c.created_at.to_rfc3339()));
+        if let Some(t) = c.started_at {
+            out.insert("started_at".into(), json!(t.to_rfc3339()));
+        }
+        if let Some(t) = c.finished_at {
+            out.insert("finished_at".into(), json!(t.to_rfc3339()));
+        }
+        if c.cancel_requested {
+            out.insert("cancel_requested".into(), json!(true));
+        }
+        if let Some(e) = &c.execution_id {
+            out.insert("execution_id".into(), json!(e));
+        }
+        if c.status.is_terminal() {
+            match c.completion.as_ref() {
+                Some(env) if c.status != CommandStatus::Cancelled => match &env.body {
+                    None => {
+                        out.insert("result_truncated".into(), json!(true));
+                    }
+                    Some(body) => {
+                        out.insert("result".into(), body.result.clone());
+                        out.insert("total_tokens".into(), json!(body.total_tokens));
+                        out.insert("reported_cost".into(), json!(body.reported_cost));
+                        if let Some(error) = &body.error {
+                            out.insert("error".into(), json!(error));
+                        }
+                    }
+                },
+                _ => {}
+            }
+            if let Some(reason) = &c.reason {
+                out.insert("error".into(), json!(reason));
+            }
+        }
+        if let Some(s) = self.poll_after_seconds {
+            out.insert("poll_after_seconds".into(), json!(s));
+        }
+        if let Some(t) = self.device_offline_since {
+            out.insert("device_offline_since".into(), json!(t.to_rfc3339()));
+        }
+        Value::Object(out)
+    }
+}
+
+/// The sessions of one project as `list_graph_sessions` shows them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionList {
+    /// The project.
+    pub project: ProjectId,
+    /// What the relays' last syncs uploaded.
+    pub sessions: Vec<SharedSession>,
+}
+
+impl SessionList {
+    /// The structured result of `list_graph_sessions`.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "project_id": self.project,
+            "sessions": self.sessions.iter().map(|s| json!({
+                "graph_session_id": s.meta.graph_session_id,
+                "name": s.meta.name,
+                "description": s.meta.description,
+                "slug": s.meta.slug,
+                "version": s.meta.version,
+                "status": s.meta.status,
+                "synced_at": s.synced_at.to_rfc3339(),
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A relay's sync for one project.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncRequest {
+    /// The project the owner enabled on the desktop.
+    pub project: ProjectId,
+    /// The sessions shared to it (at most 100).
+    pub sessions: Vec<SessionMeta>,
+    /// The relay holds this request open (long-poll mode).
+    pub long_poll: bool,
+}
+
+/// What a sync hands back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncResponse {
+    /// Queued commands of this project for this device, oldest first.
+    pub commands: Vec<CommandRecord>,
+    /// When the relay should sync again if nothing changes.
+    pub poll_after: Duration,
+}
+
+/// Whether the relay should stop a running command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlAnswer {
+    /// The agent asked to cancel.
+    pub cancel_requested: bool,
+    /// The command's status now.
+    pub status: CommandStatus,
+}
+
+/// How `complete` went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompleteAck {
+    /// The completion was recorded; the command is now in this state.
+    Recorded(Box<CommandRecord>),
+    /// The same completion had been recorded already.
+    Duplicate,
+}
+
+/// The queue of Graph runs: rules over a [`Store`].
+#[derive(Clone)]
+pub struct Queue {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    ids: Arc<dyn IdSource>,
+    config: QueueConfig,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// A queue over `store`, reading time from `clock` and ids from `ids`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        ids: Arc<dyn IdSource>,
+        config: QueueConfig,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            ids,
+            config,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// The store underneath.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The current time on the queue's clock.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    // ----- agent side -------------------------------------------------------
+
+    /// Queues a run and returns its ticket at once (or the first ticket for a
+    /// retried key). See the module docs for idempotency and project lookup.
+    pub async fn run_graph_session(
+        &self,
+        agent: &Agent,
+        args: RunArgs,
+    ) -> Result<RunTicket, RunError> {
+        let now = self.clock.now();
+        let fingerprint = request_fingerprint(&args.graph_session_id, &args.arguments);
+        if let Some(existing) = self
+            .store
+            .idempotency(&agent.id, &args.idempotency_key, now)
+            .await?
+        {
+            return self.replay(agent, existing, &fingerprint, now).await;
+        }
+        let projects: Vec<ProjectId> = agent.projects.iter().cloned().collect();
+        let Some(shared) = self
+            .store
+            .find_shared_session(&agent.owner, &projects, &args.graph_session_id)
+            .await?
+        else {
+            return Err(RunError::SessionNotFound);
+        };
+        let command = CommandRecord::queued(
+            self.ids.new_command_id(),
+            agent.id.clone(),
+            agent.owner.clone(),
+            shared.project,
+            shared.device,
+            args.graph_session_id,
+            args.arguments,
+            args.idempotency_key,
+            now,
+        );
+        let key = IdempotencyRecord {
+            agent: agent.id.clone(),
+            key: command.idempotency_key.clone(),
+            command: command.id,
+            fingerprint: fingerprint.clone(),
+            expires_at: now.plus(self.config.idempotency_ttl),
+        };
+        match self.store.insert_command(&command, &key, now).await? {
+            InsertOutcome::Inserted => {
+                let poll_after_seconds = self.pickup_hint(&command, now).await?.0;
+                Ok(RunTicket {
+                    command,
+                    replayed: false,
+                    poll_after_seconds,
+                })
+            }
+            InsertOutcome::KeyTaken(existing) => {
+                self.replay(agent, existing, &fingerprint, now).await
+            }
+        }
+    }
+
+    async fn replay(
+        &self,
+        agent: &Agent,
+        existing: IdempotencyRecord,
+        fingerprint: &str,
+        now: Timestamp,
+    ) -> Result<RunTicket, RunError> {
+        if existing.fingerprint != fingerprint {
+            return Err(RunError::KeyReused {
+                command: existing.command,
+            });
+        }
+        let command = self
+            .store
+            .command_for_agent(&agent.id, &existing.command)
+            .await?
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "idempotency key points at missing command {}",
+                    existing.command
+                ))
+            })?;
+        let poll_after_seconds = self
+            .view(command.clone(), now)
+            .await?
+            .poll_after_seconds
+            .unwrap_or(0);
+        Ok(RunTicket {
+            command,
+            replayed: true,
+            poll_after_seconds,
+        })
+    }
+
+    /// Reads a run of this agent.
+    pub async fn get_graph_run(&self, agent: &Agent, id: &CommandId) -> Result<RunView, GetError> {
+        let now = self.clock.now();
+        let command = self
+            .store
+            .command_for_agent(&agent.id, id)
+            .await?
+            .ok_or(GetError::NotFound)?;
+        Ok(self.view(command, now).await?)
+    }
+
+    /// Cancels a run of this agent (see [`CommandRecord::cancel`]) and returns it as it now is.
+    pub async fn cancel_graph_run(
+        &self,
+        agent: &Agent,
+        id: &CommandId,
+    ) -> Result<RunView, CancelError> {
+        let record = self
+            .transition(
+                async || self.store.command_for_agent(&agent.id, id).await,
+                |current, now| {
+                    Ok::<_, std::convert::Infallible>(match current.cancel(now) {
+                        CancelDecision::Apply(next) => Some(*next),
+                        CancelDecision::Unchanged => None,
+                    })
+                },
+            )
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => CancelError::NotFound,
+                TransitionError::Store(s) => CancelError::Store(s),
+                TransitionError::Refused(never) => match never {},
+            })?;
+        let now = self.clock.now();
+        Ok(self.view(record, now).await?)
+    }
+
+    /// The sessions shared to one of the agent's projects (at most `limit`).
+    pub async fn list_graph_sessions(
+        &self,
+        agent: &Agent,
+        project: &ProjectId,
+        limit: u32,
+    ) -> Result<SessionList, ListError> {
+        if !agent.reaches(project) {
+            return Err(ListError::ProjectNotFound);
+        }
+        let sessions = self
+            .store
+            .shared_sessions(&agent.owner, project, limit.clamp(1, 50) as usize)
+            .await?;
+        Ok(SessionList {
+            project: project.clone(),
+            sessions,
+        })
+    }
+
+    // ----- relay side -------------------------------------------------------
+
+    /// A relay uploads the sessions shared to one project and receives the
+    /// commands queued there for it. Replaces what `list_graph_sessions`
+    /// shows for this device and records when the device last synced.
+    pub async fn sync(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+    ) -> Result<SyncResponse, SyncError> {
+        if request.sessions.len() > MAX_SESSIONS_PER_SYNC {
+            return Err(SyncError::TooManySessions(request.sessions.len()));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(request.sessions.len());
+        for (index, session) in request.sessions.iter().enumerate() {
+            session.validate(index)?;
+            if !seen.insert(&session.graph_session_id) {
+                return Err(SyncError::DuplicateSession(
+                    session.graph_session_id.clone(),
+                ));
+            }
+        }
+        let now = self.clock.now();
+        self.store
+            .replace_shared_sessions(
+                &device.owner,
+                &request.project,
+                &device.id,
+                &request.sessions,
+                now,
+            )
+            .await?;
+        self.store
+            .touch_device(
+                &device.owner,
+                &device.id,
+                DeviceContact::Sync {
+                    long_poll: request.long_poll,
+                },
+                now,
+            )
+            .await?;
+        let commands = self.queued_for(device, &request.project).await?;
+        let poll_after = if request.long_poll {
+            Duration::ZERO
+        } else {
+            self.config.sync_interval
+        };
+        Ok(SyncResponse {
+            commands,
+            poll_after,
+        })
+    }
+
+    /// Queued commands of `project` for `device`, without touching anything
+    /// (a long-poll driver calls this while holding a sync).
+    pub async fn queued_for(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        self.store
+            .queued_commands(
+                &device.owner,
+                project,
+                &device.id,
+                self.config.max_commands_per_sync,
+            )
+            .await
+    }
+
+    /// The relay starts a command under the engine's execution id. Refused if
+    /// the command was cancelled meanwhile, so a cancelled command never runs.
+    pub async fn start(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        execution: &ExecutionId,
+    ) -> Result<CommandRecord, StartError> {
+        self.touch(device).await?;
+        self.transition(
+            async || self.store.command_for_device(&device.id, id).await,
+            |current, now| match current.start(execution, now)? {
+                StartDecision::Apply(next) => Ok(Some(*next)),
+                StartDecision::AlreadyStarted => Ok(None),
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            TransitionError::NotFound => StartError::NotFound,
+            TransitionError::Store(s) => StartError::Store(s),
+            TransitionError::Refused(r) => StartError::Refused(r),
+        })
+    }
+
+    /// The relay's control poll for a running command: is cancellation requested?
+    pub async fn control(
+        &self,
+        device: &Device,
+        id: &CommandId,
+    ) -> Result<ControlAnswer, ControlError> {
+        self.touch(device).await?;
+        let command = self
+            .store
+            .command_for_device(&device.id, id)
+            .await?
+            .ok_or(ControlError::NotFound)?;
+        Ok(ControlAnswer {
+            cancel_requested: command.cancel_requested,
+            status: command.status,
+        })
+    }
+
+    /// The relay reports the end of an execution. Fenced by execution id.
+    pub async fn complete(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        envelope: &ResultEnvelope,
+    ) -> Result<CompleteAck, CompleteError> {
+        envelope.validate()?;
+        self.touch(device).await?;
+        let mut duplicate = false;
+        let record = self
+            .transition(
+                async || self.store.command_for_device(&device.id, id).await,
+                |current, now| match current.complete(envelope, now)? {
+                    CompleteDecision::Apply(next) => Ok(Some(*next)),
+                    CompleteDecision::Duplicate => {
+                        duplicate = true;
+                        Ok(None)
+                    }
+                },
+            )
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => CompleteError::NotFound,
+                TransitionError::Store(s) => CompleteError::Store(s),
+                TransitionError::Refused(r) => CompleteError::Refused(r),
+            })?;
+        Ok(if duplicate {
+            CompleteAck::Duplicate
+        } else {
+            CompleteAck::Recorded(Box::new(record))
+        })
+    }
+
+    /// The relay's re-check just before running failed: the command is
+    /// closed as `cancelled` with "Graph session is no longer shared with this project".
+    pub async fn decline(
+        &self,
+        device: &Device,
+        id: &CommandId,
+    ) -> Result<CommandRecord, DeclineError> {
+        self.touch(device).await?;
+        self.transition(
+            async || self.store.command_for_device(&device.id, id).await,
+            |current, now| match current.decline(now)? {
+                DeclineDecision::Apply(next) => Ok(Some(*next)),
+                DeclineDecision::Unchanged => Ok(None),
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            TransitionError::NotFound => DeclineError::NotFound,
+            TransitionError::Store(s) => DeclineError::Store(s),
+            TransitionError::Refused(r) => DeclineError::Refused(r),
+        })
+    }
+
+    /// One bounded pruning step: expired keys, and terminal commands past retention.
+    pub async fn prune(&self) -> Result<PruneReport, StoreError> {
+        let now = self.clock.now();
+        self.store
+            .prune(PruneRequest {
+                now,
+                terminal_before: self.config.terminal_retention.map(|r| now.minus(r)),
+                batch: self.config.prune_batch,
+            })
+            .await
+    }
+
+    // ----- internals --------------------------------------------------------
+
+    async fn touch(&self, device: &Device) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        self.store
+            .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
+            .await
+    }
+
+    /// Loads a record, lets `decide` compute the next one, and writes it with
+    /// a compare-and-swap, retrying from a fresh read if another writer won.
+    /// Returns the record as it stands afterwards.
+    async fn transition<E>(
+        &self,
+        load: impl AsyncFn() -> Result<Option<CommandRecord>, StoreError>,
+        mut decide: impl FnMut(&CommandRecord, Timestamp) -> Result<Option<CommandRecord>, E>,
+    ) -> Result<CommandRecord, TransitionError<E>> {
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let current = load()
+                .await
+                .map_err(TransitionError::Store)?
+                .ok_or(TransitionError::NotFound)?;
+            let now = self.clock.now();
+            match decide(&current, now).map_err(TransitionError::Refused)? {
+                None => return Ok(current),
+                Some(next) => {
+                    if self
+                        .store
+                        .update_command(&next)
+                        .await
+                        .map_err(TransitionError::Store)?
+                    {
+                        return Ok(next);
+                    }
+                }
+            }
+        }
+        Err(TransitionError::Store(StoreError::Backend(format!(
+            "command update lost {MAX_CAS_ATTEMPTS} races in a row"
+        ))))
+    }
+
+    async fn view(&self, command: CommandRecord, now: Timestamp) -> Result<RunView, StoreError> {
+        let (poll_after_seconds, device_offline_since) = match command.status {
+            CommandStatus::Queued => {
+                let (secs, offline) = self.pickup_hint(&command, now).await?;
+                (Some(secs), offline)
+            }
+            CommandStatus::Running => (Some(self.config.running_poll_hint.as_secs().max(1)), None),
+            _ => (None, None),
+        };
+        Ok(RunView {
+            command,
+            poll_after_seconds,
+            device_offline_since,
+        })
+    }
+
+    /// When a queued command will probably be picked up, from the device's
+    /// cadence; and since when the device looks offline, if it does.
+    async fn pickup_hint(
+        &self,
+        command: &CommandRecord,
+        now: Timestamp,
+    ) -> Result<(u64, Option<Timestamp>), StoreError> {
+        let device = self.store.device(&command.owner, &command.device).await?;
+        Ok(pickup_hint(
+            &self.config,
+            device.as_ref(),
+            command.created_at,
+            now,
+        ))
+    }
+}
+
+/// Pure part of [`Queue::pickup_hint`].
+fn pickup_hint(
+    config: &QueueConfig,
+    device: Option<&DeviceRecord>,
+    created_at: Timestamp,
+    now: Timestamp,
+) -> (u64, Option<Timestamp>) {
+    let interval_secs = config.sync_interval.as_secs().max(1);
+    let Some(device) = device else {
+        return (interval_secs, Some(created_at));
+    };
+    let Some(last_sync) = device.last_sync_at else {
+        return (interval_secs, Some(device.last_seen_at));
+    };
+    let expected_gap = if device.long_poll {
+        config.long_poll_hold
+    } else {
+        config.sync_interval
+    };
+    let offline_after = expected_gap * config.offline_after_missed_syncs.max(1);
+    let last_contact = last_sync.max(device.last_seen_at);
+    if now.since(last_contact) > offline_after {
+        return (interval_secs, Some(last_contact));
+    }
+    if device.long_poll {
+        return (1, None);
+    }
+    let next_due = last_sync.plus(config.sync_interval);
+    let wait_ms = next_due.as_millis().saturating_sub(now.as_millis());
+    (wait_ms.div_ceil(1000).clamp(1, interval_secs) + 1, None)
+}
+
+enum TransitionError<E> {
+    NotFound,
+    Refused(E),
+    Store(StoreError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{DeviceId, OwnerId};
+
+    fn device(last_sync: Option<u64>, last_seen: u64, long_poll: bool) -> DeviceRecord {
+        DeviceRecord {
+            device: DeviceId::parse("d").unwrap(),
+            owner: OwnerId::parse("o").unwrap(),
+            last_sync_at: last_sync.map(Timestamp),
+            last_seen_at: Timestamp(last_seen),
+            long_poll,
+        }
+    }
+
+    #[test]
+    fn pickup_hint_follows_the_relay_cadence() {
+        let c = QueueConfig::default();
+        // Interval mode: synced 5 s ago, next pass due in 15 s.
+        assert_eq!(
+            pickup_hint(
+                &c,
+                Some(&device(Some(0), 0, false)),
+                Timestamp(0),
+                Timestamp(5_000)
+            ),
+            (16, None)
+        );
+        // Long-poll: picked up at once.
+        assert_eq!(
+            pickup_hint(
+                &c,
+                Some(&device(Some(0), 0, true)),
+                Timestamp(0),
+                Timestamp(5_000)
+            ),
+            (1, None)
+        );
+        // Missed three passes: offline since the last contact.
+        assert_eq!(
+            pickup_hint(
+                &c,
+                Some(&device(Some(1_000), 1_000, false)),
+                Timestamp(0),
+                Timestamp(62_000)
+            ),
+            (20, Some(Timestamp(1_000)))
+        );
+        // Never seen.
+        assert_eq!(
+            pickup_hint(&c, None, Timestamp(7), Timestamp(9)),
+            (20, Some(Timestamp(7)))
+        );
+    }
+}

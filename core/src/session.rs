@@ -1,0 +1,106 @@
+//! Graph sessions shared from a desktop to a project.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{DeviceId, GraphSessionId, ProjectId};
+use crate::time::Timestamp;
+
+/// Most sessions one sync may carry for one project.
+pub const MAX_SESSIONS_PER_SYNC: usize = 100;
+
+/// The metadata a relay uploads for one shared session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionMeta {
+    /// The saved Graph.
+    pub graph_session_id: GraphSessionId,
+    /// Display name (1–200 characters).
+    pub name: String,
+    /// What the Graph does (at most 2,000 characters).
+    #[serde(default)]
+    pub description: String,
+    /// Stable short name (1–200 characters); a change means a different Graph.
+    pub slug: String,
+    /// Version label (at most 64 characters).
+    #[serde(default)]
+    pub version: String,
+    /// Status label from the desktop, e.g. `ready` (at most 64 characters).
+    #[serde(default)]
+    pub status: String,
+}
+
+/// A session metadata field that breaks its rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("session {index}: `{field}` {rule}")]
+pub struct InvalidSession {
+    /// Position in the uploaded list.
+    pub index: usize,
+    /// The field.
+    pub field: &'static str,
+    /// The rule.
+    pub rule: &'static str,
+}
+
+impl SessionMeta {
+    /// Checks the length rules; `index` is the position used in the error.
+    pub fn validate(&self, index: usize) -> Result<(), InvalidSession> {
+        let fields: [(&'static str, &str, usize, usize, &'static str); 5] = [
+            (
+                "name",
+                &self.name,
+                1,
+                200,
+                "must be 1 to 200 characters without control characters",
+            ),
+            (
+                "description",
+                &self.description,
+                0,
+                2000,
+                "must be at most 2,000 characters",
+            ),
+            (
+                "slug",
+                &self.slug,
+                1,
+                200,
+                "must be 1 to 200 characters without control characters",
+            ),
+            (
+                "version",
+                &self.version,
+                0,
+                64,
+                "must be at most 64 characters without control characters",
+            ),
+            (
+                "status",
+                &self.status,
+                0,
+                64,
+                "must be at most 64 characters without control characters",
+            ),
+        ];
+        for (field, value, min, max, rule) in fields {
+            let count = value.chars().count();
+            let controls_ok = field == "description" || !value.chars().any(char::is_control);
+            if count < min || count > max || !controls_ok {
+                return Err(InvalidSession { index, field, rule });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A session as the server knows it: what some device's last sync uploaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSession {
+    /// The project it is shared to.
+    pub project: ProjectId,
+    /// The desktop that shares it (and will run it).
+    pub device: DeviceId,
+    /// The metadata from that sync.
+    pub meta: SessionMeta,
+    /// When that sync happened.
+    pub synced_at: Timestamp,
+}

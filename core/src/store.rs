@@ -1,0 +1,205 @@
+//! The persistence boundary.
+//!
+//! A [`Store`] keeps commands, idempotency keys, shared sessions and device
+//! liveness. It decides nothing: the [`Queue`](crate::queue::Queue) computes
+//! every transition and asks the store to write it with
+//! [`Store::update_command`], a compare-and-swap on the record's revision.
+//! Look-ups of commands are keyed by (agent, command) or (device, command),
+//! so "not yours" and "does not exist" are one code path.
+//!
+//! Implementations must pass the conformance suite in
+//! `graph_relay_core::testkit` (feature `testkit`) unchanged.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::command::CommandRecord;
+use crate::ids::{
+    AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use crate::session::{SessionMeta, SharedSession};
+use crate::time::Timestamp;
+
+/// A failure of the storage backend. Nothing about the command is decided by it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend could not be reached or refused the operation.
+    #[error("store backend error: {0}")]
+    Backend(String),
+    /// Stored data could not be read back.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// A live idempotency key: (agent, key) → the command it created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyRecord {
+    /// The agent that used the key; keys are scoped per agent.
+    pub agent: AgentId,
+    /// The key.
+    pub key: IdempotencyKey,
+    /// The command created under it.
+    pub command: CommandId,
+    /// Digest of the session and arguments of that first request.
+    pub fingerprint: String,
+    /// After this instant the key is forgotten and may be reused.
+    pub expires_at: Timestamp,
+}
+
+/// Result of [`Store::insert_command`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertOutcome {
+    /// The command and its key were written.
+    Inserted,
+    /// A live key with the same (agent, key) exists; nothing was written.
+    KeyTaken(IdempotencyRecord),
+}
+
+/// What the server knows of a desktop's liveness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceRecord {
+    /// The desktop.
+    pub device: DeviceId,
+    /// Its owner.
+    pub owner: OwnerId,
+    /// The last sync request.
+    pub last_sync_at: Option<Timestamp>,
+    /// The last request of any kind.
+    pub last_seen_at: Timestamp,
+    /// Whether the last sync was a long-poll (held by the server).
+    pub long_poll: bool,
+}
+
+/// How a device was just seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceContact {
+    /// A sync request (long-poll or not).
+    Sync {
+        /// The relay asked the server to hold the request.
+        long_poll: bool,
+    },
+    /// Any other request (start, control, complete).
+    Other,
+}
+
+/// One bounded pruning step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneRequest {
+    /// Idempotency keys with `expires_at <= now` are deleted.
+    pub now: Timestamp,
+    /// Terminal commands with `finished_at <= terminal_before` are deleted,
+    /// unless a live idempotency key still points at them. `None` keeps them.
+    pub terminal_before: Option<Timestamp>,
+    /// At most this many keys and at most this many commands per call.
+    pub batch: usize,
+}
+
+/// What a pruning step removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PruneReport {
+    /// Idempotency keys deleted.
+    pub keys: usize,
+    /// Terminal commands deleted.
+    pub commands: usize,
+}
+
+/// Durable state of the queue. See the module docs for the contract.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// The live (unexpired at `now`) idempotency key for (agent, key), if any.
+    async fn idempotency(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// Atomically writes `command` and `key` unless a live key for the same
+    /// (agent, key) exists, in which case nothing is written and that key is
+    /// returned. An expired key for the same pair is replaced. Concurrent
+    /// calls with the same (agent, key) insert exactly one command.
+    async fn insert_command(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        now: Timestamp,
+    ) -> Result<InsertOutcome, StoreError>;
+
+    /// The command `id` if `agent` queued it.
+    async fn command_for_agent(
+        &self,
+        agent: &AgentId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError>;
+
+    /// The command `id` if it is assigned to `device`.
+    async fn command_for_device(
+        &self,
+        device: &DeviceId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError>;
+
+    /// Replaces the stored command with `next` if its stored revision is
+    /// `next.revision - 1`. Returns `false` (and writes nothing) otherwise,
+    /// or if the command does not exist.
+    async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError>;
+
+    /// Queued commands of (owner, project) assigned to `device`, oldest
+    /// first (by `created_at`, then id), at most `limit`.
+    async fn queued_commands(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError>;
+
+    /// Replaces the sessions `device` shares to (owner, project) with
+    /// `sessions`, stamped `now`. Other devices' sessions are untouched.
+    async fn replace_shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Sessions shared to (owner, project) by any device, ordered by
+    /// graph session id, then device; at most `limit`.
+    async fn shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        limit: usize,
+    ) -> Result<Vec<SharedSession>, StoreError>;
+
+    /// The session `id` shared to one of `projects` of `owner`: the first
+    /// project in `projects` order that has it; within a project, the
+    /// smallest device id.
+    async fn find_shared_session(
+        &self,
+        owner: &OwnerId,
+        projects: &[ProjectId],
+        id: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError>;
+
+    /// Records that `device` of `owner` was seen at `now`.
+    async fn touch_device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        contact: DeviceContact,
+        now: Timestamp,
+    ) -> Result<(), StoreError>;
+
+    /// Liveness of `device` of `owner`, if it was ever seen.
+    async fn device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError>;
+
+    /// Deletes expired keys and old terminal commands, each at most `batch`.
+    async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError>;
+}

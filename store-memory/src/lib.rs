@@ -1,0 +1,344 @@
+//! # graph-relay-store-memory
+//!
+//! An in-memory [`Store`] for graph-relay's core: every command, key, shared
+//! session and device record lives in one mutex-guarded map set. It is the
+//! store of the simulator and of tests, and a fine choice for a
+//! single-process server that may lose its queue on restart. For anything
+//! that must survive a restart use `graph-relay-store-sqlite`.
+//!
+//! It passes the core's store conformance suite (`graph_relay_core::testkit`).
+//!
+//! # Example: embed the queue
+//! ```
+//! # futures::executor::block_on(async {
+//! use std::sync::Arc;
+//! use graph_relay_core::prelude::*;
+//! use graph_relay_store_memory::MemoryStore;
+//!
+//! let queue = Queue::new(Arc::new(MemoryStore::new()), Arc::new(SystemClock), Arc::new(RandomIds), QueueConfig::default());
+//! let owner = OwnerId::parse("alice")?;
+//! let project = ProjectId::parse("research")?;
+//! let agent = Agent::new(AgentId::parse("assistant")?, owner.clone(), [project.clone()]);
+//! let list = queue.list_graph_sessions(&agent, &project, 50).await?;
+//! assert!(list.sessions.is_empty()); // nothing is shared until the desktop syncs
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use graph_relay_core::command::{CommandRecord, CommandStatus};
+use graph_relay_core::ids::{
+    AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use graph_relay_core::session::{SessionMeta, SharedSession};
+use graph_relay_core::store::{
+    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
+    Store, StoreError,
+};
+use graph_relay_core::time::Timestamp;
+
+/// Where queued commands of one device in one project are indexed.
+type QueueKey = (OwnerId, ProjectId, DeviceId);
+
+#[derive(Default)]
+struct Inner {
+    commands: HashMap<CommandId, CommandRecord>,
+    keys: HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>,
+    queued: HashMap<QueueKey, BTreeSet<(Timestamp, CommandId)>>,
+    sessions: HashMap<(OwnerId, ProjectId), BTreeMap<(GraphSessionId, DeviceId), SharedSession>>,
+    devices: HashMap<(OwnerId, DeviceId), DeviceRecord>,
+}
+
+impl Inner {
+    fn index(&mut self, c: &CommandRecord) {
+        let key = (c.owner.clone(), c.project.clone(), c.device.clone());
+        let entry = (c.created_at, c.id);
+        if c.status == CommandStatus::Queued {
+            self.queued.entry(key).or_default().insert(entry);
+        } else if let Some(set) = self.queued.get_mut(&key) {
+            set.remove(&entry);
+            if set.is_empty() {
+                self.queued.remove(&key);
+            }
+        }
+    }
+}
+
+/// A [`Store`] kept in memory. Cheap to create; `Send + Sync`.
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("MemoryStore")
+            .field("commands", &inner.commands.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of commands held (all states).
+    pub fn command_count(&self) -> usize {
+        self.lock().commands.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-written in a
+        // way later readers would misread (each method writes at the end), so
+        // recover the guard rather than poisoning every later call.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn idempotency(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .keys
+            .get(&(agent.clone(), key.clone()))
+            .filter(|k| k.expires_at > now)
+            .cloned())
+    }
+
+    async fn insert_command(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        now: Timestamp,
+    ) -> Result<InsertOutcome, StoreError> {
+        let mut inner = self.lock();
+        let slot = (key.agent.clone(), key.key.clone());
+        if let Some(existing) = inner.keys.get(&slot).filter(|k| k.expires_at > now) {
+            return Ok(InsertOutcome::KeyTaken(existing.clone()));
+        }
+        if inner.commands.contains_key(&command.id) {
+            return Err(StoreError::Backend(format!(
+                "command {} already exists",
+                command.id
+            )));
+        }
+        inner.keys.insert(slot, key.clone());
+        inner.index(command);
+        inner.commands.insert(command.id, command.clone());
+        Ok(InsertOutcome::Inserted)
+    }
+
+    async fn command_for_agent(
+        &self,
+        agent: &AgentId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .commands
+            .get(id)
+            .filter(|c| &c.agent == agent)
+            .cloned())
+    }
+
+    async fn command_for_device(
+        &self,
+        device: &DeviceId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .commands
+            .get(id)
+            .filter(|c| &c.device == device)
+            .cloned())
+    }
+
+    async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        match inner.commands.get_mut(&next.id) {
+            Some(current) if next.revision > 0 && current.revision == next.revision - 1 => {
+                *current = next.clone();
+                inner.index(next);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn queued_commands(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let inner = self.lock();
+        let key = (owner.clone(), project.clone(), device.clone());
+        Ok(inner
+            .queued
+            .get(&key)
+            .into_iter()
+            .flatten()
+            .take(limit)
+            .filter_map(|(_, id)| inner.commands.get(id).cloned())
+            .collect())
+    }
+
+    async fn replace_shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let shared = inner
+            .sessions
+            .entry((owner.clone(), project.clone()))
+            .or_default();
+        shared.retain(|(_, d), _| d != device);
+        for meta in sessions {
+            shared.insert(
+                (meta.graph_session_id.clone(), device.clone()),
+                SharedSession {
+                    project: project.clone(),
+                    device: device.clone(),
+                    meta: meta.clone(),
+                    synced_at: now,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    async fn shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        limit: usize,
+    ) -> Result<Vec<SharedSession>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .sessions
+            .get(&(owner.clone(), project.clone()))
+            .map(|m| m.values().take(limit).cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn find_shared_session(
+        &self,
+        owner: &OwnerId,
+        projects: &[ProjectId],
+        id: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError> {
+        let inner = self.lock();
+        for project in projects {
+            if let Some(map) = inner.sessions.get(&(owner.clone(), project.clone())) {
+                if let Some((_, s)) = map
+                    .range((id.clone(), min_device())..)
+                    .next()
+                    .filter(|((g, _), _)| g == id)
+                {
+                    return Ok(Some(s.clone()));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn touch_device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        contact: DeviceContact,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let record = inner
+            .devices
+            .entry((owner.clone(), device.clone()))
+            .or_insert_with(|| DeviceRecord {
+                device: device.clone(),
+                owner: owner.clone(),
+                last_sync_at: None,
+                last_seen_at: now,
+                long_poll: false,
+            });
+        record.last_seen_at = record.last_seen_at.max(now);
+        if let DeviceContact::Sync { long_poll } = contact {
+            record.last_sync_at = Some(record.last_sync_at.map_or(now, |t| t.max(now)));
+            record.long_poll = long_poll;
+        }
+        Ok(())
+    }
+
+    async fn device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .devices
+            .get(&(owner.clone(), device.clone()))
+            .cloned())
+    }
+
+    async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
+        let mut inner = self.lock();
+        let expired: Vec<_> = inner
+            .keys
+            .iter()
+            .filter(|(_, k)| k.expires_at <= request.now)
+            .map(|(slot, _)| slot.clone())
+            .take(request.batch)
+            .collect();
+        for slot in &expired {
+            inner.keys.remove(slot);
+        }
+        let mut commands = 0;
+        if let Some(cutoff) = request.terminal_before {
+            let live: BTreeSet<CommandId> = inner.keys.values().map(|k| k.command).collect();
+            let old: Vec<CommandId> = inner
+                .commands
+                .values()
+                .filter(|c| {
+                    c.status.is_terminal()
+                        && c.finished_at.is_some_and(|t| t <= cutoff)
+                        && !live.contains(&c.id)
+                })
+                .map(|c| c.id)
+                .take(request.batch)
+                .collect();
+            for id in &old {
+                inner.commands.remove(id);
+            }
+            commands = old.len();
+        }
+        Ok(PruneReport {
+            keys: expired.len(),
+            commands,
+        })
+    }
+}
+
+/// The smallest possible device id, to start a range scan over (session, device) pairs.
+fn min_device() -> DeviceId {
+    DeviceId::parse("-").unwrap_or_else(|_| unreachable!("`-` is a valid device id"))
+}
