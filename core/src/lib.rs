@@ -21,6 +21,7 @@
 //! - [`command`]: the command state machine as pure transitions.
 //! - [`envelope`]: the 100,000-character result envelope.
 //! - [`store`]: the persistence trait.
+//! - [`outbox`]: the relay's durable outbox trait.
 //! - [`queue`]: the service that applies the rules over a store.
 //!
 //! # Example
@@ -44,6 +45,7 @@ pub mod catalog;
 pub mod command;
 pub mod envelope;
 pub mod ids;
+pub mod outbox;
 pub mod principal;
 pub mod queue;
 pub mod session;
@@ -53,6 +55,7 @@ pub mod time;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use crate::outbox::Outbox;
 pub use crate::store::Store;
 pub use crate::time::Clock;
 

@@ -1020,3 +1020,73 @@ pub async fn cancellation(store: Arc<dyn Store>) {
         .expect("cancel");
     assert_eq!(again.command, view.command);
 }
+
+/// Runs every outbox conformance function as its own `#[test]`; arguments as
+/// for [`store_conformance_suite!`](crate::store_conformance_suite), with a
+/// future of a fresh, empty outbox.
+#[macro_export]
+macro_rules! outbox_conformance_suite {
+    ($block_on:path, $make:expr) => {
+        #[test]
+        fn outbox_put_pending_remove() {
+            $block_on(async {
+                let outbox: ::std::sync::Arc<dyn $crate::outbox::Outbox> =
+                    ::std::sync::Arc::new(($make).await);
+                $crate::testkit::outbox_put_pending_remove(outbox).await;
+            });
+        }
+    };
+}
+
+/// Items come back oldest first, replace per command, count attempts, and go when removed.
+pub async fn outbox_put_pending_remove(outbox: Arc<dyn crate::outbox::Outbox>) {
+    use crate::outbox::{OutboxItem, RelayReport};
+    assert!(outbox.pending().await.expect("pending").is_empty());
+    let a = CommandId::from_uuid(uuid::Uuid::from_u128(2));
+    let b = CommandId::from_uuid(uuid::Uuid::from_u128(1));
+    let item_a = OutboxItem {
+        command: a,
+        report: RelayReport::Completion {
+            envelope: completed("ea", json!({"text": "日本語 😀"})),
+        },
+        stored_at: Timestamp(10),
+        attempts: 0,
+    };
+    let item_b = OutboxItem {
+        command: b,
+        report: RelayReport::Declined,
+        stored_at: Timestamp(20),
+        attempts: 0,
+    };
+    outbox.put(&item_b).await.expect("put b");
+    outbox.put(&item_a).await.expect("put a");
+    assert_eq!(
+        outbox.pending().await.expect("pending"),
+        vec![item_a.clone(), item_b.clone()]
+    );
+
+    outbox.record_attempt(&a).await.expect("attempt");
+    outbox.record_attempt(&a).await.expect("attempt");
+    let pending = outbox.pending().await.expect("pending");
+    assert_eq!(pending[0].attempts, 2);
+
+    // Replacing keeps one item per command.
+    let replaced = OutboxItem {
+        stored_at: Timestamp(30),
+        ..item_b.clone()
+    };
+    outbox.put(&replaced).await.expect("replace");
+    let pending = outbox.pending().await.expect("pending");
+    assert_eq!(pending.len(), 2);
+    assert_eq!(pending[1], replaced);
+
+    outbox.remove(&a).await.expect("remove");
+    outbox.remove(&a).await.expect("remove twice is fine");
+    outbox
+        .record_attempt(&a)
+        .await
+        .expect("attempt on absent item is a no-op");
+    assert_eq!(outbox.pending().await.expect("pending"), vec![replaced]);
+    outbox.remove(&b).await.expect("remove");
+    assert!(outbox.pending().await.expect("pending").is_empty());
+}

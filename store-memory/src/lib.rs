@@ -33,6 +33,7 @@ use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::{
     AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
 };
+use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
     DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
@@ -335,6 +336,52 @@ impl Store for MemoryStore {
             keys: expired.len(),
             commands,
         })
+    }
+}
+
+/// A relay outbox kept in memory: for tests and the simulator. It is *not*
+/// durable; a real relay uses the SQLite outbox.
+#[derive(Debug, Default)]
+pub struct MemoryOutbox {
+    items: Mutex<BTreeMap<CommandId, OutboxItem>>,
+}
+
+impl MemoryOutbox {
+    /// An empty outbox.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<CommandId, OutboxItem>> {
+        self.items
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl Outbox for MemoryOutbox {
+    async fn put(&self, item: &OutboxItem) -> Result<(), OutboxError> {
+        self.lock().insert(item.command, item.clone());
+        Ok(())
+    }
+
+    async fn pending(&self) -> Result<Vec<OutboxItem>, OutboxError> {
+        let mut items: Vec<OutboxItem> = self.lock().values().cloned().collect();
+        items.sort_by_key(|i| (i.stored_at, i.command));
+        Ok(items)
+    }
+
+    async fn record_attempt(&self, command: &CommandId) -> Result<(), OutboxError> {
+        if let Some(item) = self.lock().get_mut(command) {
+            item.attempts = item.attempts.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, command: &CommandId) -> Result<(), OutboxError> {
+        self.lock().remove(command);
+        Ok(())
     }
 }
 

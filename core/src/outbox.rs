@@ -1,0 +1,71 @@
+//! The relay's durable outbox (SPEC §6).
+//!
+//! Every report a relay owes the server (a completion, or a command closed
+//! by the consent re-check) is written to the outbox **before** it is sent
+//! and removed only after the server acknowledged it with a 2xx, or answered
+//! that it can never take it. A lost POST is therefore re-sent on the next
+//! pass, and a relay killed between finishing a run and reporting it
+//! delivers the result after a restart.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::ResultEnvelope;
+use crate::ids::CommandId;
+use crate::time::Timestamp;
+
+/// What the relay owes the server about one command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RelayReport {
+    /// The run ended: post this envelope.
+    Completion {
+        /// The bounded result.
+        envelope: ResultEnvelope,
+    },
+    /// The re-check before running failed: close the command as cancelled
+    /// with "Graph session is no longer shared with this project".
+    Declined,
+}
+
+/// One pending report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxItem {
+    /// The command the report is about. At most one item per command.
+    pub command: CommandId,
+    /// The report.
+    pub report: RelayReport,
+    /// When it was first stored.
+    pub stored_at: Timestamp,
+    /// How many times sending it failed so far.
+    pub attempts: u32,
+}
+
+/// The outbox could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    /// The backend failed (disk full, file locked, …).
+    #[error("outbox backend error: {0}")]
+    Backend(String),
+    /// A stored item could not be decoded.
+    #[error("outbox item is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Durable storage of pending reports on the desktop.
+#[async_trait]
+pub trait Outbox: Send + Sync {
+    /// Stores `item`, replacing any item for the same command. Returns only
+    /// once the item is durable (committed to disk for durable outboxes).
+    async fn put(&self, item: &OutboxItem) -> Result<(), OutboxError>;
+
+    /// All pending items, oldest `stored_at` first (then by command id).
+    async fn pending(&self) -> Result<Vec<OutboxItem>, OutboxError>;
+
+    /// Records one more failed attempt for `command`'s item, if present.
+    async fn record_attempt(&self, command: &CommandId) -> Result<(), OutboxError>;
+
+    /// Deletes the item for `command` (acknowledged, or refused for good).
+    /// Removing an absent item is not an error.
+    async fn remove(&self, command: &CommandId) -> Result<(), OutboxError>;
+}
