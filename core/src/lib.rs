@@ -23,6 +23,7 @@
 //! - [`store`]: the persistence trait.
 //! - [`outbox`]: the relay's durable outbox trait.
 //! - [`queue`]: the service that applies the rules over a store.
+//! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
 //!
 //! # Example
 //! ```
@@ -45,6 +46,7 @@ pub mod catalog;
 pub mod command;
 pub mod envelope;
 pub mod ids;
+pub mod mcp;
 pub mod outbox;
 pub mod principal;
 pub mod queue;

@@ -1,0 +1,341 @@
+//! JSON-RPC 2.0 framing: one incoming message parsed and classified, one
+//! outgoing message with the HTTP status a transport should use.
+//!
+//! Only single messages are accepted: batch arrays were dropped by MCP in
+//! 2025-06-18 and graph-relay refuses them in every revision.
+
+use serde_json::{Map, Value, json};
+
+use super::version::ProtocolVersion;
+
+/// `_meta` key carrying the protocol version of a 2026-07-28 request.
+pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// `_meta` key carrying the client capabilities of a 2026-07-28 request.
+pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` key carrying the client implementation of a 2026-07-28 request.
+pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// `_meta` key under which 2026-07-28 results carry the server implementation.
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// The JSON-RPC and MCP error codes graph-relay emits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// -32700: the bytes are not JSON.
+    ParseError,
+    /// -32600: JSON, but not a valid JSON-RPC request.
+    InvalidRequest,
+    /// -32601: no such method (in this revision).
+    MethodNotFound,
+    /// -32602: the params are wrong (unknown tool, missing `_meta` field, …).
+    InvalidParams,
+    /// -32603: the server failed.
+    InternalError,
+    /// -32020 (2026-07-28): an HTTP header disagrees with the body.
+    HeaderMismatch,
+    /// -32022 (2026-07-28): the requested protocol version is not supported.
+    UnsupportedProtocolVersion,
+}
+
+impl ErrorCode {
+    /// The numeric code.
+    pub const fn code(self) -> i64 {
+        match self {
+            Self::ParseError => -32700,
+            Self::InvalidRequest => -32600,
+            Self::MethodNotFound => -32601,
+            Self::InvalidParams => -32602,
+            Self::InternalError => -32603,
+            Self::HeaderMismatch => -32020,
+            Self::UnsupportedProtocolVersion => -32022,
+        }
+    }
+}
+
+/// A request id: a string or an integer (MCP forbids `null`).
+pub type RequestId = Value;
+
+/// What kind of JSON-RPC message arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IncomingKind {
+    /// A request: it gets exactly one response.
+    Request {
+        /// Its id.
+        id: RequestId,
+    },
+    /// A notification (`notifications/…`): no response.
+    Notification,
+    /// A response from the client (to a request the server never sends): ignored.
+    Response,
+}
+
+/// One parsed, well-formed JSON-RPC message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Incoming {
+    kind: IncomingKind,
+    method: Option<String>,
+    params: Map<String, Value>,
+}
+
+impl Incoming {
+    /// Parses one message. On failure returns the error reply to send
+    /// (`-32700` for bytes that are not JSON, `-32600` for anything else
+    /// that is not a single JSON-RPC 2.0 request, notification or response).
+    pub fn parse(bytes: &[u8]) -> Result<Self, Box<Outgoing>> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            Box::new(Outgoing::error(
+                None,
+                ErrorCode::ParseError,
+                format!("Parse error: the message is not valid JSON ({e})"),
+                None,
+            ))
+        })?;
+        Self::from_value(value).map_err(Box::new)
+    }
+
+    /// Classifies an already-decoded JSON value (see [`Incoming::parse`]).
+    pub fn from_value(value: Value) -> Result<Self, Outgoing> {
+        let mut object = match value {
+            Value::Object(object) => object,
+            Value::Array(_) => {
+                return Err(invalid(
+                    None,
+                    "Invalid request: batch arrays are not supported; send one JSON-RPC message per request",
+                ));
+            }
+            _ => {
+                return Err(invalid(
+                    None,
+                    "Invalid request: a JSON-RPC message must be a JSON object",
+                ));
+            }
+        };
+        let id = match object.remove("id") {
+            None => None,
+            Some(id @ Value::String(_)) => Some(id),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(Value::Number(n)),
+            Some(_) => {
+                return Err(invalid(
+                    None,
+                    "Invalid request: `id` must be a string or an integer",
+                ));
+            }
+        };
+        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return Err(invalid(
+                id,
+                "Invalid request: `jsonrpc` must be exactly \"2.0\"",
+            ));
+        }
+        let method = match object.remove("method") {
+            Some(Value::String(m)) => Some(m),
+            Some(_) => return Err(invalid(id, "Invalid request: `method` must be a string")),
+            None => None,
+        };
+        let Some(method) = method else {
+            return if id.is_some()
+                && (object.contains_key("result") || object.contains_key("error"))
+            {
+                Ok(Self {
+                    kind: IncomingKind::Response,
+                    method: None,
+                    params: Map::new(),
+                })
+            } else {
+                Err(invalid(id, "Invalid request: `method` is missing"))
+            };
+        };
+        let params = match object.remove("params") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(p)) => p,
+            Some(_) => {
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    "Invalid params: `params` must be an object".to_owned(),
+                    None,
+                )
+                .with_status(400));
+            }
+        };
+        let kind = match id {
+            Some(id) => IncomingKind::Request { id },
+            None if method.starts_with("notifications/") => IncomingKind::Notification,
+            None => {
+                return Err(invalid(
+                    None,
+                    &format!(
+                        "Invalid request: `{method}` is a request and needs an `id` (only notifications/* may omit it)"
+                    ),
+                ));
+            }
+        };
+        Ok(Self {
+            kind,
+            method: Some(method),
+            params,
+        })
+    }
+
+    /// Request, notification or response.
+    pub fn kind(&self) -> &IncomingKind {
+        &self.kind
+    }
+
+    /// The request id, for requests.
+    pub fn id(&self) -> Option<&RequestId> {
+        match &self.kind {
+            IncomingKind::Request { id } => Some(id),
+            _ => None,
+        }
+    }
+
+    /// The method, unless this is a response.
+    pub fn method(&self) -> Option<&str> {
+        self.method.as_deref()
+    }
+
+    /// The params object (empty when absent).
+    pub fn params(&self) -> &Map<String, Value> {
+        &self.params
+    }
+
+    /// True for a request.
+    pub fn is_request(&self) -> bool {
+        matches!(self.kind, IncomingKind::Request { .. })
+    }
+
+    /// True for a notification.
+    pub fn is_notification(&self) -> bool {
+        matches!(self.kind, IncomingKind::Notification)
+    }
+
+    /// True for a client's response.
+    pub fn is_response(&self) -> bool {
+        matches!(self.kind, IncomingKind::Response)
+    }
+
+    /// True for an `initialize` request.
+    pub fn is_initialize(&self) -> bool {
+        self.is_request() && self.method() == Some("initialize")
+    }
+
+    /// The `_meta` object of the params, if any.
+    pub fn meta(&self) -> Option<&Map<String, Value>> {
+        self.params.get("_meta").and_then(Value::as_object)
+    }
+
+    /// The protocol version a 2026-07-28-style request carries in `_meta`,
+    /// as sent (it may be one this server does not support).
+    pub fn meta_protocol_version(&self) -> Option<&str> {
+        self.meta()?.get(META_PROTOCOL_VERSION)?.as_str()
+    }
+
+    /// The value the 2026-07-28 `Mcp-Name` header must equal: `params.name`
+    /// for `tools/call` and `prompts/get`, `params.uri` for `resources/read`.
+    pub fn name_param(&self) -> Option<&str> {
+        match self.method()? {
+            "tools/call" | "prompts/get" => self.params.get("name")?.as_str(),
+            "resources/read" => self.params.get("uri")?.as_str(),
+            _ => None,
+        }
+    }
+
+    /// The tool a `tools/call` names.
+    pub fn tool_name(&self) -> Option<&str> {
+        if self.method()? == "tools/call" {
+            self.params.get("name")?.as_str()
+        } else {
+            None
+        }
+    }
+}
+
+fn invalid(id: Option<RequestId>, message: &str) -> Outgoing {
+    Outgoing::error(id, ErrorCode::InvalidRequest, message.to_owned(), None)
+}
+
+/// One message to send back, with the HTTP status a transport should use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outgoing {
+    message: Value,
+    error: Option<ErrorCode>,
+    http_status: u16,
+}
+
+impl Outgoing {
+    /// A success response.
+    pub fn result(id: RequestId, result: Value) -> Self {
+        Self {
+            message: json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            error: None,
+            http_status: 200,
+        }
+    }
+
+    /// An error response; `id` is `null` when the request's id is unknown.
+    /// The HTTP status defaults by code: 400 for parse, invalid-request,
+    /// header-mismatch and unsupported-version errors, 500 for internal
+    /// errors, 200 otherwise (see [`Outgoing::with_status`]).
+    pub fn error(
+        id: Option<RequestId>,
+        code: ErrorCode,
+        message: String,
+        data: Option<Value>,
+    ) -> Self {
+        let mut error = json!({"code": code.code(), "message": message});
+        if let Some(data) = data {
+            error["data"] = data;
+        }
+        let http_status = match code {
+            ErrorCode::ParseError
+            | ErrorCode::InvalidRequest
+            | ErrorCode::HeaderMismatch
+            | ErrorCode::UnsupportedProtocolVersion => 400,
+            ErrorCode::InternalError => 500,
+            ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,
+        };
+        Self {
+            message: json!({"jsonrpc": "2.0", "id": id.unwrap_or(Value::Null), "error": error}),
+            error: Some(code),
+            http_status,
+        }
+    }
+
+    /// The same message with another suggested HTTP status.
+    #[must_use]
+    pub fn with_status(mut self, status: u16) -> Self {
+        self.http_status = status;
+        self
+    }
+
+    /// The JSON-RPC message.
+    pub fn message(&self) -> &Value {
+        &self.message
+    }
+
+    /// The message as compact JSON bytes (no trailing newline).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serialising a `Value` cannot fail: its keys are strings.
+        serde_json::to_vec(&self.message).unwrap_or_default()
+    }
+
+    /// The error code, for an error response.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        self.error
+    }
+
+    /// The `result` member, for a success response.
+    pub fn result_value(&self) -> Option<&Value> {
+        self.message.get("result")
+    }
+
+    /// The HTTP status a Streamable HTTP transport should answer with.
+    pub fn http_status(&self) -> u16 {
+        self.http_status
+    }
+}
+
+/// The `data` of an unsupported-version error: `{supported, requested}`.
+pub fn unsupported_version_data(requested: &str) -> Value {
+    json!({"supported": ProtocolVersion::supported_strings(), "requested": requested})
+}

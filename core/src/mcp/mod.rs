@@ -1,0 +1,468 @@
+//! MCP message handling, shared by every transport (no IO).
+//!
+//! A transport hands [`McpServer::handle`] the bytes of one JSON-RPC message
+//! together with the connection's [`McpSession`] and the authenticated
+//! [`Caller`], and writes back the [`Outgoing`] message, if any.
+//!
+//! ```text
+//!  bytes ─► Incoming::parse ─► (transport checks: headers, scopes) ─► McpServer::handle_incoming ─► Outgoing
+//! ```
+//!
+//! # Revisions
+//! - **Initialize era** (2025-03-26, 2025-06-18, 2025-11-25): `initialize`
+//!   negotiates a version for the session (a supported request is echoed,
+//!   anything else gets the counter-offer 2025-11-25), then
+//!   `notifications/initialized`; `ping` answers `{}`.
+//! - **2026-07-28**: no handshake. Every request carries
+//!   `_meta["io.modelcontextprotocol/protocolVersion"]` and
+//!   `_meta["io.modelcontextprotocol/clientCapabilities"]` (missing: `-32602`;
+//!   unsupported version: `-32022` with `data: {supported, requested}`).
+//!   Results carry `resultType: "complete"` and the server info in `_meta`;
+//!   `tools/list` and `server/discover` carry `ttlMs` and `cacheScope`.
+//!   `ping` and `initialize`-era notifications do not exist there.
+//!
+//! A request is handled in the modern way when it carries the `_meta`
+//! version and its session has not negotiated an initialize-era version.
+//!
+//! # Errors
+//! Protocol errors are JSON-RPC errors: `-32700` (not JSON), `-32600`
+//! (batch array, wrong `jsonrpc`, missing `method`, request without `id`),
+//! `-32601` (unknown method), `-32602` (unknown tool, malformed params).
+//! Bad tool *arguments*, unknown or foreign runs and unshared sessions are
+//! tool execution errors (`isError: true`) whose text names the problem, as
+//! 2025-11-25 specifies, so the model can correct itself.
+
+mod jsonrpc;
+mod tools;
+mod version;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+pub use self::jsonrpc::{
+    ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
+    META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
+};
+pub use self::version::ProtocolVersion;
+use crate::catalog::ToolCatalog;
+use crate::principal::Agent;
+use crate::queue::Queue;
+
+/// How the server names itself to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Implementation name, e.g. `graph-relay`.
+    pub name: String,
+    /// Implementation version.
+    pub version: String,
+    /// Optional instructions for the model, sent in `initialize` and `server/discover`.
+    pub instructions: Option<String>,
+}
+
+impl ServerInfo {
+    /// A server called `name` at `version`, without instructions.
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            version: version.into(),
+            instructions: None,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"name": self.name, "version": self.version})
+    }
+}
+
+/// The authenticated agent behind a message and the scopes its token grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The agent; runs are filed under it.
+    pub agent: Agent,
+    /// OAuth2 scopes granted (stdio: from configuration).
+    pub scopes: BTreeSet<String>,
+}
+
+impl Caller {
+    /// A caller with `scopes`.
+    pub fn new<I, S>(agent: Agent, scopes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            agent,
+            scopes: scopes.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// True when every scope in `required` is granted.
+    pub fn has_all(&self, required: &[String]) -> bool {
+        required.iter().all(|s| self.scopes.contains(s))
+    }
+}
+
+/// Per-connection state of the initialize era. A 2026-07-28 client needs
+/// none: transports may use a fresh default session for each of its requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct McpSession {
+    version: Option<ProtocolVersion>,
+    initialized: bool,
+    client_info: Option<Value>,
+}
+
+impl McpSession {
+    /// A session before `initialize`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The version `initialize` negotiated, if it happened.
+    pub fn negotiated_version(&self) -> Option<ProtocolVersion> {
+        self.version
+    }
+
+    /// True once `notifications/initialized` arrived.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized
+    }
+
+    /// The `clientInfo` sent with `initialize`.
+    pub fn client_info(&self) -> Option<&Value> {
+        self.client_info.as_ref()
+    }
+}
+
+/// Default `ttlMs` of cacheable 2026-07-28 results (5 minutes).
+pub const DEFAULT_LIST_TTL_MS: u64 = 300_000;
+
+/// The MCP server: protocol rules over a [`Queue`] and a [`ToolCatalog`].
+/// Cheap to clone; share one between connections.
+#[derive(Debug, Clone)]
+pub struct McpServer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    queue: Queue,
+    catalog: ToolCatalog,
+    info: ServerInfo,
+    tools_list: Value,
+    list_ttl_ms: u64,
+}
+
+/// How a request is being handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Era {
+    /// Inside an initialize-era session at this version (or before initialize).
+    Legacy(Option<ProtocolVersion>),
+    /// A self-contained 2026-07-28 request.
+    Modern,
+}
+
+impl McpServer {
+    /// A server for `queue` exposing `catalog`, naming itself `info`.
+    pub fn new(queue: Queue, catalog: ToolCatalog, info: ServerInfo) -> Self {
+        let tools_list = catalog.tools_list();
+        Self {
+            inner: Arc::new(Inner {
+                queue,
+                catalog,
+                info,
+                tools_list,
+                list_ttl_ms: DEFAULT_LIST_TTL_MS,
+            }),
+        }
+    }
+
+    /// The same server with another `ttlMs` for `tools/list` and `server/discover`.
+    #[must_use]
+    pub fn with_list_ttl_ms(self, ttl_ms: u64) -> Self {
+        let inner = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                queue: inner.queue.clone(),
+                catalog: inner.catalog.clone(),
+                info: inner.info.clone(),
+                tools_list: inner.tools_list.clone(),
+                list_ttl_ms: ttl_ms,
+            }),
+        }
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &Queue {
+        &self.inner.queue
+    }
+
+    /// The catalog.
+    pub fn catalog(&self) -> &ToolCatalog {
+        &self.inner.catalog
+    }
+
+    /// The server info.
+    pub fn info(&self) -> &ServerInfo {
+        &self.inner.info
+    }
+
+    /// The scopes `incoming` needs: those of the tool a `tools/call` names
+    /// (from the catalog's `securitySchemes`). `None` for every other
+    /// message and for an unknown tool (which fails later with `-32602`).
+    /// Cheap: transports call it to refuse with 403 before any work.
+    pub fn required_scopes(&self, incoming: &Incoming) -> Option<&[String]> {
+        let name = incoming.tool_name()?;
+        Some(self.inner.catalog.find(name)?.scopes.as_slice())
+    }
+
+    /// The first scope `incoming` needs that `caller` lacks, if any.
+    pub fn missing_scope<'a>(&'a self, incoming: &Incoming, caller: &Caller) -> Option<&'a str> {
+        self.required_scopes(incoming)?
+            .iter()
+            .find(|s| !caller.scopes.contains(*s))
+            .map(String::as_str)
+    }
+
+    /// Parses and handles one message. `None` when nothing is to be sent
+    /// back (notifications and client responses).
+    pub async fn handle(
+        &self,
+        session: &mut McpSession,
+        caller: &Caller,
+        bytes: &[u8],
+    ) -> Option<Outgoing> {
+        match Incoming::parse(bytes) {
+            Ok(incoming) => self.handle_incoming(session, caller, incoming).await,
+            Err(reply) => Some(*reply),
+        }
+    }
+
+    /// Handles one parsed message (see [`McpServer::handle`]).
+    pub async fn handle_incoming(
+        &self,
+        session: &mut McpSession,
+        caller: &Caller,
+        incoming: Incoming,
+    ) -> Option<Outgoing> {
+        let method = incoming.method().unwrap_or_default().to_owned();
+        let id = match incoming.kind() {
+            IncomingKind::Response => return None,
+            IncomingKind::Notification => {
+                if method == "notifications/initialized" && session.version.is_some() {
+                    session.initialized = true;
+                }
+                // Other notifications (cancelled, progress, roots) need no action:
+                // every request is answered at once.
+                return None;
+            }
+            IncomingKind::Request { id } => id.clone(),
+        };
+        let era = match self.era(session, &incoming) {
+            Ok(era) => era,
+            Err(reply) => return Some(reply),
+        };
+        let result = match (method.as_str(), era) {
+            ("initialize", _) => self.initialize(session, &id, &incoming),
+            ("ping", Era::Legacy(_)) => Ok(json!({})),
+            ("server/discover", Era::Modern) => Ok(self.discover()),
+            ("tools/list", _) => Ok(self.tools_list(era)),
+            ("tools/call", _) => tools::call(self, caller, &incoming, self.version_of(era))
+                .await
+                .map_err(|e| e.into_outgoing(&id)),
+            (_, Era::Modern) => Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::MethodNotFound,
+                format!("Method not found: `{method}` does not exist in protocol 2026-07-28"),
+                None,
+            )
+            .with_status(404)),
+            (_, Era::Legacy(_)) => Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::MethodNotFound,
+                format!("Method not found: `{method}`"),
+                None,
+            )),
+        };
+        Some(match result {
+            Ok(mut value) => {
+                if era == Era::Modern {
+                    self.modernise(&mut value);
+                }
+                Outgoing::result(id, value)
+            }
+            Err(reply) => reply,
+        })
+    }
+
+    /// Decides how a request is handled, or refuses it.
+    fn era(&self, session: &McpSession, incoming: &Incoming) -> Result<Era, Outgoing> {
+        let id = incoming.id().cloned();
+        if incoming.is_initialize() || session.version.is_some() {
+            return Ok(Era::Legacy(session.version));
+        }
+        let meta = incoming.params().get("_meta");
+        let Some(meta) = meta else {
+            if incoming.method() == Some("ping") {
+                // The initialize era allows ping before initialize.
+                return Ok(Era::Legacy(None));
+            }
+            return Err(Outgoing::error(
+                id,
+                ErrorCode::InvalidParams,
+                format!(
+                    "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
+                ),
+                None,
+            )
+            .with_status(400));
+        };
+        let Some(meta) = meta.as_object() else {
+            return Err(Outgoing::error(
+                id,
+                ErrorCode::InvalidParams,
+                "Invalid params: `_meta` must be an object".to_owned(),
+                None,
+            )
+            .with_status(400));
+        };
+        let requested = match meta.get(META_PROTOCOL_VERSION) {
+            Some(Value::String(v)) => v.as_str(),
+            Some(_) => {
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    format!("Invalid params: `_meta.{META_PROTOCOL_VERSION}` must be a string"),
+                    None,
+                )
+                .with_status(400));
+            }
+            None => {
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
+                    ),
+                    None,
+                )
+                .with_status(400));
+            }
+        };
+        if ProtocolVersion::parse(requested).is_none_or(|v| !v.is_modern()) {
+            return Err(Outgoing::error(
+                id,
+                ErrorCode::UnsupportedProtocolVersion,
+                "Unsupported protocol version".to_owned(),
+                Some(unsupported_version_data(requested)),
+            ));
+        }
+        if !meta
+            .get(META_CLIENT_CAPABILITIES)
+            .is_some_and(Value::is_object)
+        {
+            return Err(Outgoing::error(
+                id,
+                ErrorCode::InvalidParams,
+                format!(
+                    "Invalid params: `_meta.{META_CLIENT_CAPABILITIES}` is required (an object, `{{}}` when the client has none)"
+                ),
+                None,
+            )
+            .with_status(400));
+        }
+        Ok(Era::Modern)
+    }
+
+    fn version_of(&self, era: Era) -> ProtocolVersion {
+        match era {
+            Era::Modern => ProtocolVersion::V2026_07_28,
+            Era::Legacy(v) => v.unwrap_or(ProtocolVersion::LATEST_LEGACY),
+        }
+    }
+
+    fn initialize(
+        &self,
+        session: &mut McpSession,
+        id: &RequestId,
+        incoming: &Incoming,
+    ) -> Result<Value, Outgoing> {
+        if session.version.is_some() {
+            return Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::InvalidRequest,
+                "Invalid request: this session is already initialized; open a new connection or session to initialize again".to_owned(),
+                None,
+            ));
+        }
+        let Some(requested) = incoming
+            .params()
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+        else {
+            return Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::InvalidParams,
+                "Invalid params: `initialize` needs `protocolVersion` (a string)".to_owned(),
+                None,
+            ));
+        };
+        // Echo a supported initialize-era version; counter-offer otherwise.
+        let version = ProtocolVersion::parse(requested)
+            .filter(|v| !v.is_modern())
+            .unwrap_or(ProtocolVersion::LATEST_LEGACY);
+        session.version = Some(version);
+        session.initialized = false;
+        session.client_info = incoming.params().get("clientInfo").cloned();
+        let mut result = json!({
+            "protocolVersion": version.as_str(),
+            "capabilities": {"tools": {"listChanged": false}},
+            "serverInfo": self.inner.info.to_json(),
+        });
+        if let Some(instructions) = &self.inner.info.instructions {
+            result["instructions"] = json!(instructions);
+        }
+        Ok(result)
+    }
+
+    fn discover(&self) -> Value {
+        let mut result = json!({
+            "supportedVersions": [ProtocolVersion::V2026_07_28.as_str()],
+            "capabilities": {"tools": {"listChanged": false}},
+            "ttlMs": self.inner.list_ttl_ms,
+            "cacheScope": "public",
+        });
+        if let Some(instructions) = &self.inner.info.instructions {
+            result["instructions"] = json!(instructions);
+        }
+        result
+    }
+
+    fn tools_list(&self, era: Era) -> Value {
+        let mut result = json!({"tools": self.inner.tools_list});
+        if era == Era::Modern {
+            result["ttlMs"] = json!(self.inner.list_ttl_ms);
+            // The catalog is the same for every caller.
+            result["cacheScope"] = json!("public");
+        }
+        result
+    }
+
+    /// Adds what every 2026-07-28 result carries.
+    fn modernise(&self, result: &mut Value) {
+        let Some(object) = result.as_object_mut() else {
+            return;
+        };
+        object.insert("resultType".into(), json!("complete"));
+        let meta = object
+            .entry("_meta")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(META_SERVER_INFO.into(), self.inner.info.to_json());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

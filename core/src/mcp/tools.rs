@@ -1,0 +1,158 @@
+//! `tools/call`: from params to a queue operation to a `CallToolResult`.
+
+use serde_json::{Value, json};
+
+use super::{Caller, ErrorCode, Incoming, McpServer, Outgoing, ProtocolVersion, RequestId};
+use crate::args::{ArgError, ToolArgs};
+use crate::queue::{CancelError, GetError, ListError, RunError};
+use crate::store::StoreError;
+
+/// Why a `tools/call` did not produce a normal result.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CallError {
+    /// `params.name` is missing or not a string (`-32602`).
+    #[error("Invalid params: `tools/call` needs `name` (a string)")]
+    NoName,
+    /// No tool has that name (`-32602`).
+    #[error("Unknown tool: {0}")]
+    UnknownTool(String),
+    /// The tool ran and failed; the text goes to the model (`isError: true`).
+    #[error("{0}")]
+    Tool(String),
+    /// The store failed (`-32603`); details stay on the server.
+    #[error("Internal error: the queue's store failed")]
+    Store(#[source] StoreError),
+}
+
+impl CallError {
+    fn tool(message: impl Into<String>) -> Self {
+        Self::Tool(message.into())
+    }
+
+    /// The reply for request `id`: a tool error result or a JSON-RPC error.
+    /// A tool error is returned as `Ok` so the caller adds the revision's
+    /// result fields.
+    pub(super) fn into_outgoing(self, id: &RequestId) -> Outgoing {
+        let text = self.to_string();
+        match self {
+            Self::NoName | Self::UnknownTool(_) => {
+                Outgoing::error(Some(id.clone()), ErrorCode::InvalidParams, text, None)
+            }
+            Self::Store(_) => {
+                Outgoing::error(Some(id.clone()), ErrorCode::InternalError, text, None)
+            }
+            // Not reached: tool errors are results (see `call`).
+            Self::Tool(_) => Outgoing::result(id.clone(), tool_error(&text)),
+        }
+    }
+}
+
+fn tool_error(text: &str) -> Value {
+    json!({"content": [{"type": "text", "text": text}], "isError": true})
+}
+
+fn tool_result(text: String, structured: Value, version: ProtocolVersion) -> Value {
+    let mut result = json!({"content": [{"type": "text", "text": text}], "isError": false});
+    if version.has_structured_content() {
+        result["structuredContent"] = structured;
+    }
+    result
+}
+
+/// Runs one `tools/call`. Tool execution errors come back as `Ok` results
+/// with `isError: true`; protocol and store failures as `Err`.
+pub(super) async fn call(
+    server: &McpServer,
+    caller: &Caller,
+    incoming: &Incoming,
+    version: ProtocolVersion,
+) -> Result<Value, CallError> {
+    match run(server, caller, incoming, version).await {
+        Err(CallError::Tool(message)) => Ok(tool_error(&message)),
+        other => other,
+    }
+}
+
+async fn run(
+    server: &McpServer,
+    caller: &Caller,
+    incoming: &Incoming,
+    version: ProtocolVersion,
+) -> Result<Value, CallError> {
+    let name = incoming
+        .params()
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or(CallError::NoName)?;
+    let catalog = server.catalog();
+    let spec = catalog
+        .find(name)
+        .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
+    if let Some(missing) = spec.scopes.iter().find(|s| !caller.scopes.contains(*s)) {
+        return Err(CallError::tool(format!(
+            "insufficient_scope: {} requires the scope `{missing}`, which this agent's token does not grant",
+            spec.name
+        )));
+    }
+    let args = ToolArgs::decode(
+        spec.kind,
+        incoming.params().get("arguments"),
+        catalog.max_wait_seconds(),
+    )
+    .map_err(|e: ArgError| CallError::tool(format!("Invalid arguments for {}: {e}", spec.name)))?;
+    let queue = server.queue();
+    let agent = &caller.agent;
+    match args {
+        ToolArgs::Run(args) => {
+            let ticket = queue
+                .run_graph_session(agent, args)
+                .await
+                .map_err(|e| match e {
+                    RunError::Store(s) => CallError::Store(s),
+                    other => CallError::tool(other.to_string()),
+                })?;
+            let structured = ticket.to_json();
+            let text = format!(
+                "Queued ticket, not a result: the Graph run has not finished (it has not started yet). {} Ticket: {}",
+                ticket.message(),
+                structured
+            );
+            Ok(tool_result(text, structured, version))
+        }
+        ToolArgs::List(args) => {
+            let list = queue
+                .list_graph_sessions(agent, &args.project_id, args.limit)
+                .await
+                .map_err(|e| match e {
+                    ListError::Store(s) => CallError::Store(s),
+                    other => CallError::tool(other.to_string()),
+                })?;
+            let structured = list.to_json();
+            Ok(tool_result(structured.to_string(), structured, version))
+        }
+        ToolArgs::Get(args) => {
+            // `wait_seconds` needs a timer, which the core does not have; a
+            // transport that enables it must wait itself. Here: answer now.
+            let view = queue
+                .get_graph_run(agent, &args.command_id)
+                .await
+                .map_err(|e| match e {
+                    GetError::Store(s) => CallError::Store(s),
+                    other => CallError::tool(other.to_string()),
+                })?;
+            let structured = view.to_json();
+            Ok(tool_result(structured.to_string(), structured, version))
+        }
+        ToolArgs::Cancel(args) => {
+            let view = queue
+                .cancel_graph_run(agent, &args.command_id)
+                .await
+                .map_err(|e| match e {
+                    CancelError::Store(s) => CallError::Store(s),
+                    other => CallError::tool(other.to_string()),
+                })?;
+            let structured = view.to_json();
+            Ok(tool_result(structured.to_string(), structured, version))
+        }
+    }
+}
