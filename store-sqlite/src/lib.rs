@@ -1,0 +1,249 @@
+//! # graph-relay-store-sqlite
+//!
+//! The durable, embedded [`Store`](graph_relay_core::Store) of graph-relay's
+//! queue ([`SqliteStore`]) and the relay's durable outbox ([`SqliteOutbox`]),
+//! on SQLite (bundled: no system library needed). In the picture of the
+//! workspace it is one of the thin crates around the no-IO core: it decides
+//! nothing, it persists what the core's `Queue` decided and enforces it
+//! atomically. It passes the core's conformance suite unchanged.
+//!
+//! ```text
+//!  Queue (core) ──async──► SqliteStore ──channel──► writer thread ─┐
+//!                                     └─channel──► reader threads ─┴─► one .sqlite file (WAL)
+//! ```
+//!
+//! # Design
+//!
+//! - **Runtime-agnostic, never blocking the caller.** Each open database owns
+//!   one *writer thread* with one read-write connection and a few *reader
+//!   threads* (two by default) with read-only connections. A call packs its
+//!   work into a closure, sends it over a channel and awaits a
+//!   `futures::channel::oneshot` for the answer; no SQLite call runs on the
+//!   caller's executor, and any executor (or `futures::executor::block_on`)
+//!   works. There is no tokio dependency.
+//! - **Group commit.** The writer takes every job waiting when it wakes up
+//!   (up to 64) and runs them in one `BEGIN IMMEDIATE` transaction, each in
+//!   its own savepoint: a job that fails is rolled back alone. Answers are
+//!   sent only after `COMMIT` returned, so a returned write is committed.
+//!   Concurrent callers therefore share the cost of a commit.
+//! - **No read-then-write upgrade.** Every write runs in a `BEGIN IMMEDIATE`
+//!   transaction, which takes SQLite's write lock before reading anything,
+//!   so it can never fail with `SQLITE_BUSY` half-way because another
+//!   process wrote in between. Each transition is one conditional statement
+//!   (`UPDATE … WHERE id = ? AND revision = ?`); `insert_command` reads the
+//!   idempotency key and writes key and command under that one lock, so two
+//!   processes racing with one key insert exactly one command.
+//! - **Shared by processes.** Several processes (and several `SqliteStore`s)
+//!   may open one file. A lock held by another connection is waited for with
+//!   a short-interval busy handler (50 µs to 1 ms between attempts, so two
+//!   busy writers take turns) for up to [`SqliteOptions::busy_timeout`]
+//!   (5 s by default); only then does the caller see an error.
+//! - **Durability.** The journal is WAL. With the default
+//!   `synchronous = NORMAL` a committed write survives a crash or `SIGKILL`
+//!   of the process (it is in the WAL file); the last commits before a
+//!   *power loss or OS crash* may be lost. Choose [`Synchronous::Full`] to
+//!   fsync the WAL on every commit. [`SqliteOutbox::open`] uses `FULL` by
+//!   default: an outbox item is the relay's only copy of a result.
+//! - **Schema.** Command fields that are queried are real columns (`id`,
+//!   `agent`, `owner`, `project`, `device`, `status`, `created_at`,
+//!   `finished_at`, `revision`) with indexes for every look-up: a partial
+//!   index over queued commands only (so a sync does not slow down as
+//!   finished commands pile up), the primary key for `get_graph_run`, an
+//!   index on `finished_at` for pruning. The other fields are a JSON column.
+//!   Migrations are tracked in `PRAGMA user_version`; the file is marked
+//!   with `PRAGMA application_id` = [`APPLICATION_ID`].
+//! - **Refusing foreign files.** Opening a file that is not SQLite, a SQLite
+//!   database of another application, or one written by a newer schema
+//!   fails with an [`OpenError`] and leaves the file untouched: it is
+//!   inspected with plain reads and a read-only connection before anything
+//!   is written.
+//! - **Retention.** [`Store::prune`](graph_relay_core::Store::prune) deletes
+//!   at most `batch` expired keys and at most `batch` terminal commands per
+//!   call, in one short transaction, and never a command that a live
+//!   idempotency key still points at.
+//! - **The outbox** is the table `outbox` of the same schema. A relay
+//!   normally opens its own file with [`SqliteOutbox::open`]; a process that
+//!   runs both halves may point both at one file.
+//!
+//! # Example
+//! ```
+//! # futures::executor::block_on(async {
+//! use std::sync::Arc;
+//! use graph_relay_core::prelude::*;
+//! use graph_relay_store_sqlite::SqliteStore;
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("queue.sqlite"))?;
+//! let queue = Queue::new(Arc::new(store), Arc::new(SystemClock), Arc::new(RandomIds), QueueConfig::default());
+//! let agent = Agent::new(AgentId::parse("assistant")?, OwnerId::parse("alice")?, [ProjectId::parse("research")?]);
+//! let list = queue.list_graph_sessions(&agent, &ProjectId::parse("research")?, 50).await?;
+//! assert!(list.sessions.is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+mod database;
+mod outbox;
+mod schema;
+mod store;
+
+pub use crate::outbox::SqliteOutbox;
+pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use crate::store::SqliteStore;
+
+/// How hard SQLite pushes a commit to the disk (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// Fsync only at checkpoints. A committed write survives a crash of the
+    /// process; the last commits may be lost on power loss. The default for
+    /// [`SqliteStore`].
+    #[default]
+    Normal,
+    /// Fsync the WAL at every commit: committed writes survive power loss too.
+    /// Slower per commit; the default for [`SqliteOutbox`].
+    Full,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Self::Normal => "NORMAL",
+            Self::Full => "FULL",
+        }
+    }
+}
+
+/// How a database file is opened. `SqliteOptions::default()` is what
+/// [`SqliteStore::open`] uses.
+///
+/// ```
+/// use std::time::Duration;
+/// use graph_relay_store_sqlite::{SqliteOptions, Synchronous};
+/// let options = SqliteOptions::default()
+///     .synchronous(Synchronous::Full)
+///     .busy_timeout(Duration::from_secs(10))
+///     .readers(4);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    synchronous: Synchronous,
+    busy_timeout: Duration,
+    readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Normal,
+            busy_timeout: Duration::from_secs(5),
+            readers: 2,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// `PRAGMA synchronous` of the writer ([`Synchronous::Normal`] by default).
+    #[must_use]
+    pub fn synchronous(mut self, synchronous: Synchronous) -> Self {
+        self.synchronous = synchronous;
+        self
+    }
+
+    /// How long a connection waits for a lock held by another connection or
+    /// process before the call fails (5 s by default).
+    #[must_use]
+    pub fn busy_timeout(mut self, busy_timeout: Duration) -> Self {
+        self.busy_timeout = busy_timeout;
+        self
+    }
+
+    /// Number of reader threads, each with its own connection (2 by
+    /// default; at least 1).
+    #[must_use]
+    pub fn readers(mut self, readers: usize) -> Self {
+        self.readers = readers.max(1);
+        self
+    }
+}
+
+/// Why a database file could not be opened. In every case except
+/// [`OpenError::Sqlite`] and [`OpenError::Thread`] the file was not modified.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The file exists but could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// The file is not a SQLite database.
+    #[error("{} is not a SQLite database; refusing to touch it", path.display())]
+    NotSqlite {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is the SQLite database of another application (its
+    /// `application_id` is not graph-relay's).
+    #[error(
+        "{} belongs to another application (SQLite application_id {application_id:#010x}; graph-relay uses {:#010x}); refusing to touch it",
+        path.display(),
+        APPLICATION_ID
+    )]
+    ForeignApplication {
+        /// The file.
+        path: PathBuf,
+        /// The `application_id` found in it.
+        application_id: i32,
+    },
+    /// The file is a non-empty SQLite database without an application id:
+    /// someone else's data.
+    #[error(
+        "{} is a SQLite database that graph-relay did not create (it holds {objects:?}); refusing to touch it",
+        path.display()
+    )]
+    UnknownContent {
+        /// The file.
+        path: PathBuf,
+        /// The tables and indexes found in it.
+        objects: Vec<String>,
+    },
+    /// The file was written by a newer graph-relay with a schema this build
+    /// does not know.
+    #[error(
+        "{} has schema version {found}, newer than the {supported} this build of graph-relay supports; upgrade graph-relay",
+        path.display()
+    )]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its `user_version`.
+        found: i32,
+        /// The newest version this build supports ([`SCHEMA_VERSION`]).
+        supported: i32,
+    },
+    /// The file system does not support WAL (e.g. no shared memory).
+    #[error("{} cannot use the WAL journal (SQLite kept `{journal_mode}`)", path.display())]
+    NoWal {
+        /// The file.
+        path: PathBuf,
+        /// The journal mode SQLite reported.
+        journal_mode: String,
+    },
+    /// SQLite failed while opening or migrating the file.
+    #[error("SQLite failed while opening {}: {source}", path.display())]
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// What SQLite said.
+        source: rusqlite::Error,
+    },
+    /// A worker thread could not be started.
+    #[error("cannot start the SQLite worker threads: {0}")]
+    Thread(std::io::Error),
+}

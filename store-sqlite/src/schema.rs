@@ -1,0 +1,279 @@
+//! Opening a database file: the checks that refuse foreign files, the
+//! connection settings, and the schema migrations.
+//!
+//! Nothing is written to a file before it is known to be empty, missing or
+//! ours: the checks read the header with plain file IO and then look inside
+//! through a read-only connection. Only then are read-write connections
+//! opened and the migrations applied, in one `BEGIN IMMEDIATE` transaction
+//! that repeats the checks (another process may be opening the same file).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::database::{Database, busy_handler, set_busy_budget};
+use crate::{OpenError, SqliteOptions};
+
+/// `PRAGMA application_id` of every graph-relay database: "GRly".
+pub const APPLICATION_ID: i32 = 0x4752_6c79;
+
+/// The schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
+const MIGRATIONS: &[&str] = &[
+    // 1: commands, idempotency keys, shared sessions, devices, relay outbox.
+    r"
+    CREATE TABLE commands (
+        id          TEXT    NOT NULL PRIMARY KEY,
+        agent       TEXT    NOT NULL,
+        owner       TEXT    NOT NULL,
+        project     TEXT    NOT NULL,
+        device      TEXT    NOT NULL,
+        status      TEXT    NOT NULL,
+        created_at  INTEGER NOT NULL,
+        finished_at INTEGER,
+        revision    INTEGER NOT NULL,
+        record      TEXT    NOT NULL
+    );
+    CREATE INDEX commands_queued ON commands (owner, project, device, created_at, id)
+        WHERE status = 'queued';
+    CREATE INDEX commands_finished ON commands (finished_at)
+        WHERE finished_at IS NOT NULL;
+
+    CREATE TABLE idempotency_keys (
+        agent       TEXT    NOT NULL,
+        key         TEXT    NOT NULL,
+        command     TEXT    NOT NULL,
+        fingerprint TEXT    NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        PRIMARY KEY (agent, key)
+    ) WITHOUT ROWID;
+    CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+    CREATE INDEX idempotency_keys_command ON idempotency_keys (command);
+
+    CREATE TABLE shared_sessions (
+        owner            TEXT    NOT NULL,
+        project          TEXT    NOT NULL,
+        graph_session_id TEXT    NOT NULL,
+        device           TEXT    NOT NULL,
+        synced_at        INTEGER NOT NULL,
+        meta             TEXT    NOT NULL,
+        PRIMARY KEY (owner, project, graph_session_id, device)
+    ) WITHOUT ROWID;
+    CREATE INDEX shared_sessions_device ON shared_sessions (owner, project, device);
+
+    CREATE TABLE devices (
+        owner        TEXT    NOT NULL,
+        device       TEXT    NOT NULL,
+        last_sync_at INTEGER,
+        last_seen_at INTEGER NOT NULL,
+        long_poll    INTEGER NOT NULL,
+        PRIMARY KEY (owner, device)
+    ) WITHOUT ROWID;
+
+    CREATE TABLE outbox (
+        command   TEXT    NOT NULL PRIMARY KEY,
+        stored_at INTEGER NOT NULL,
+        attempts  INTEGER NOT NULL,
+        report    TEXT    NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX outbox_order ON outbox (stored_at, command);
+    ",
+];
+
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// What the read-only look inside a file found.
+struct Inspection {
+    application_id: i32,
+    user_version: i32,
+    objects: Vec<String>,
+}
+
+/// Opens `path` for graph-relay: checks, connection settings, migrations,
+/// threads. `name` prefixes the thread names.
+pub(crate) fn open(
+    path: &Path,
+    options: &SqliteOptions,
+    name: &str,
+) -> Result<Database, OpenError> {
+    set_busy_budget(options.busy_timeout);
+    if file_has_content(path)? {
+        check(path, &inspect(path)?)?;
+    }
+    let sqlite = |source| OpenError::Sqlite {
+        path: path.to_owned(),
+        source,
+    };
+    let writer = connect(path, OpenFlags::default()).map_err(sqlite)?;
+    migrate(&writer, path)?;
+    writer
+        .pragma_update(None, "journal_mode", "WAL")
+        .map_err(sqlite)?;
+    let journal: String = writer
+        .pragma_query_value(None, "journal_mode", |row| row.get(0))
+        .map_err(sqlite)?;
+    if !journal.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::NoWal {
+            path: path.to_owned(),
+            journal_mode: journal,
+        });
+    }
+    writer
+        .pragma_update(None, "synchronous", options.synchronous.pragma())
+        .map_err(sqlite)?;
+    let readers = (0..options.readers.max(1))
+        .map(|_| {
+            let conn = connect(path, read_write_no_create())?;
+            conn.pragma_update(None, "query_only", true)?;
+            Ok(conn)
+        })
+        .collect::<Result<Vec<_>, rusqlite::Error>>()
+        .map_err(sqlite)?;
+    Database::start(name, writer, readers, options.busy_timeout).map_err(OpenError::Thread)
+}
+
+/// True if `path` exists and is not empty; refuses a file that cannot be
+/// SQLite by its header, without opening it with SQLite.
+fn file_has_content(path: &Path) -> Result<bool, OpenError> {
+    let io = |source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(e)),
+    };
+    let len = file.metadata().map_err(io)?.len();
+    if len == 0 {
+        return Ok(false);
+    }
+    let mut header = [0u8; 16];
+    let not_sqlite = || OpenError::NotSqlite {
+        path: path.to_owned(),
+    };
+    // A database is at least one 512-byte page.
+    if len < 512 {
+        return Err(not_sqlite());
+    }
+    file.read_exact(&mut header).map_err(io)?;
+    if &header != SQLITE_MAGIC {
+        return Err(not_sqlite());
+    }
+    Ok(true)
+}
+
+/// Looks inside an existing file through a read-only connection, which
+/// writes nothing to it.
+fn inspect(path: &Path) -> Result<Inspection, OpenError> {
+    let sqlite = |source: rusqlite::Error| {
+        if source.sqlite_error_code() == Some(rusqlite::ErrorCode::NotADatabase) {
+            OpenError::NotSqlite {
+                path: path.to_owned(),
+            }
+        } else {
+            OpenError::Sqlite {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    };
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(sqlite)?;
+    conn.busy_handler(Some(busy_handler)).map_err(sqlite)?;
+    read_inspection(&conn).map_err(sqlite)
+}
+
+fn read_inspection(conn: &Connection) -> rusqlite::Result<Inspection> {
+    let application_id = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let user_version = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let mut stmt = conn.prepare(
+        "SELECT name FROM sqlite_schema WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name",
+    )?;
+    let objects = stmt
+        .query_map([], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(Inspection {
+        application_id,
+        user_version,
+        objects,
+    })
+}
+
+/// Refuses a file of another application or of a newer schema.
+fn check(path: &Path, found: &Inspection) -> Result<(), OpenError> {
+    let path: PathBuf = path.to_owned();
+    if found.application_id == APPLICATION_ID {
+        if found.user_version > SCHEMA_VERSION {
+            return Err(OpenError::NewerSchema {
+                path,
+                found: found.user_version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        return Ok(());
+    }
+    if found.application_id != 0 {
+        return Err(OpenError::ForeignApplication {
+            path,
+            application_id: found.application_id,
+        });
+    }
+    if !found.objects.is_empty() || found.user_version != 0 {
+        return Err(OpenError::UnknownContent {
+            path,
+            objects: found.objects.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`] in one immediate transaction,
+/// repeating the checks under the write lock.
+fn migrate(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    let sqlite = |source| OpenError::Sqlite {
+        path: path.to_owned(),
+        source,
+    };
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(sqlite)?;
+    let outcome = (|| {
+        let found = read_inspection(conn).map_err(sqlite)?;
+        check(path, &found)?;
+        let from = usize::try_from(found.user_version).unwrap_or(0);
+        if from >= MIGRATIONS.len() && found.application_id == APPLICATION_ID {
+            return Ok(false);
+        }
+        for sql in MIGRATIONS.iter().skip(from) {
+            conn.execute_batch(sql).map_err(sqlite)?;
+        }
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(sqlite)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(sqlite)?;
+        Ok(true)
+    })();
+    match outcome {
+        Ok(true) => conn.execute_batch("COMMIT").map_err(sqlite),
+        Ok(false) | Err(_) => {
+            // Nothing was changed (or the change is abandoned): release the lock.
+            let _ = conn.execute_batch("ROLLBACK");
+            outcome.map(|_| ())
+        }
+    }
+}
+
+fn read_write_no_create() -> OpenFlags {
+    OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI
+}
+
+/// A connection with this crate's settings.
+fn connect(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_handler(Some(busy_handler))?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}

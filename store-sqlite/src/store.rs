@@ -1,0 +1,646 @@
+//! [`SqliteStore`]: the queue's [`Store`] on SQLite.
+
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use graph_relay_core::command::CommandRecord;
+use graph_relay_core::ids::{
+    AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use graph_relay_core::session::{SessionMeta, SharedSession};
+use graph_relay_core::store::{
+    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
+    Store, StoreError,
+};
+use graph_relay_core::time::Timestamp;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::database::{Database, DbError};
+use crate::{OpenError, SqliteOptions, schema};
+
+/// The columns of `commands`, in the order [`CommandRow::read`] expects.
+macro_rules! select_commands {
+    ($($tail:literal)*) => {
+        concat!(
+            "SELECT id, agent, owner, project, device, status, created_at, finished_at, revision, record FROM commands ",
+            $($tail),*
+        )
+    };
+}
+
+/// A durable [`Store`] in one SQLite file. See the crate docs for the design.
+///
+/// Cheap to share behind an `Arc`; several stores (in one or several
+/// processes) may open the same file. Dropping it waits for the writes
+/// already sent and closes the file.
+#[derive(Debug)]
+pub struct SqliteStore {
+    db: Database,
+    path: PathBuf,
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating if needed) the database at `path` with
+    /// the default options: `synchronous = NORMAL`, 5 s busy timeout, two
+    /// readers. Blocks briefly (file checks, migrations): call it at start-up.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, OpenError> {
+        Self::open_with(path, &SqliteOptions::default())
+    }
+
+    /// Opens the database at `path` with `options`.
+    pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, OpenError> {
+        let path = path.as_ref().to_owned();
+        let db = schema::open(&path, options, "graph-relay-store")?;
+        Ok(Self { db, path })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Number of commands stored, in every state.
+    pub async fn command_count(&self) -> Result<u64, StoreError> {
+        self.db
+            .read(|conn| {
+                let n: i64 = conn
+                    .prepare_cached("SELECT count(*) FROM commands")?
+                    .query_row([], |r| r.get(0))?;
+                Ok(u64::try_from(n).unwrap_or(0))
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    /// Writes `commands` in one transaction, without idempotency keys: for
+    /// restoring a backup, moving from another store, or filling a database
+    /// for a benchmark. Fails (and writes nothing) if an id already exists.
+    pub async fn import_commands(&self, commands: Vec<CommandRecord>) -> Result<(), StoreError> {
+        let rows = commands
+            .iter()
+            .map(CommandRow::encode)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(store_error)?;
+        self.db
+            .write(move |conn| {
+                for row in &rows {
+                    row.insert(conn)?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(store_error)
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn idempotency(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let (agent, key, now) = (agent.clone(), key.clone(), millis(now)?);
+        self.db
+            .read(move |conn| live_key(conn, agent, key, now))
+            .await
+            .map_err(store_error)
+    }
+
+    async fn insert_command(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        now: Timestamp,
+    ) -> Result<InsertOutcome, StoreError> {
+        let row = CommandRow::encode(command).map_err(store_error)?;
+        let key = key.clone();
+        let now = millis(now)?;
+        let expires_at = millis(key.expires_at)?;
+        self.db
+            .write(move |conn| {
+                // Under the write lock of BEGIN IMMEDIATE: no other
+                // connection can insert the same key between this read and
+                // the writes below.
+                if let Some(existing) = live_key(conn, key.agent.clone(), key.key.clone(), now)? {
+                    return Ok(InsertOutcome::KeyTaken(existing));
+                }
+                conn.prepare_cached(
+                    "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (agent, key) DO UPDATE SET
+                        command = excluded.command,
+                        fingerprint = excluded.fingerprint,
+                        expires_at = excluded.expires_at",
+                )?
+                .execute(params![
+                    key.agent.as_str(),
+                    key.key.as_str(),
+                    key.command.to_string(),
+                    key.fingerprint,
+                    expires_at
+                ])?;
+                row.insert(conn)?;
+                Ok(InsertOutcome::Inserted)
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn command_for_agent(
+        &self,
+        agent: &AgentId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let (agent, id) = (agent.clone(), id.to_string());
+        self.db
+            .read(move |conn| {
+                conn.prepare_cached(select_commands!("WHERE id = ?1 AND agent = ?2"))?
+                    .query_row(params![id, agent.as_str()], CommandRow::read)
+                    .optional()?
+                    .map(CommandRow::decode)
+                    .transpose()
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn command_for_device(
+        &self,
+        device: &DeviceId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let (device, id) = (device.clone(), id.to_string());
+        self.db
+            .read(move |conn| {
+                conn.prepare_cached(select_commands!("WHERE id = ?1 AND device = ?2"))?
+                    .query_row(params![id, device.as_str()], CommandRow::read)
+                    .optional()?
+                    .map(CommandRow::decode)
+                    .transpose()
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
+        let Some(previous) = next.revision.checked_sub(1) else {
+            return Ok(false);
+        };
+        let previous = revision(previous)?;
+        let row = CommandRow::encode(next).map_err(store_error)?;
+        self.db
+            .write(move |conn| {
+                // One conditional statement: the compare-and-swap on the revision.
+                let changed = conn
+                    .prepare_cached(
+                        "UPDATE commands SET
+                            agent = ?2, owner = ?3, project = ?4, device = ?5, status = ?6,
+                            created_at = ?7, finished_at = ?8, revision = ?9, record = ?10
+                         WHERE id = ?1 AND revision = ?11",
+                    )?
+                    .execute(params![
+                        row.id,
+                        row.agent,
+                        row.owner,
+                        row.project,
+                        row.device,
+                        row.status,
+                        row.created_at,
+                        row.finished_at,
+                        row.revision,
+                        row.record,
+                        previous
+                    ])?;
+                Ok(changed == 1)
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn queued_commands(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let (owner, project, device) = (owner.clone(), project.clone(), device.clone());
+        let limit = sql_limit(limit);
+        self.db
+            .read(move |conn| {
+                // `status = 'queued'` literally, so the partial index applies.
+                let mut stmt = conn.prepare_cached(select_commands!(
+                    "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
+                    " ORDER BY created_at, id LIMIT ?4"
+                ))?;
+                let rows = stmt
+                    .query_map(
+                        params![owner.as_str(), project.as_str(), device.as_str(), limit],
+                        CommandRow::read,
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                rows.into_iter().map(CommandRow::decode).collect()
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn replace_shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let (owner, project, device) = (owner.clone(), project.clone(), device.clone());
+        let now = millis(now)?;
+        let rows = sessions
+            .iter()
+            .map(|meta| {
+                serde_json::to_string(meta)
+                    .map(|json| (meta.graph_session_id.clone(), json))
+                    .map_err(|e| DbError::Encode(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(store_error)?;
+        self.db
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "DELETE FROM shared_sessions WHERE owner = ?1 AND project = ?2 AND device = ?3",
+                )?
+                .execute(params![owner.as_str(), project.as_str(), device.as_str()])?;
+                let mut insert = conn.prepare_cached(
+                    "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                )?;
+                for (session, meta) in &rows {
+                    insert.execute(params![
+                        owner.as_str(),
+                        project.as_str(),
+                        session.as_str(),
+                        device.as_str(),
+                        now,
+                        meta
+                    ])?;
+                }
+                Ok(())
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        limit: usize,
+    ) -> Result<Vec<SharedSession>, StoreError> {
+        let (owner, project) = (owner.clone(), project.clone());
+        let limit = sql_limit(limit);
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT project, device, synced_at, meta FROM shared_sessions
+                     WHERE owner = ?1 AND project = ?2
+                     ORDER BY graph_session_id, device LIMIT ?3",
+                )?;
+                let rows = stmt
+                    .query_map(
+                        params![owner.as_str(), project.as_str(), limit],
+                        SessionRow::read,
+                    )?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                rows.into_iter().map(SessionRow::decode).collect()
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn find_shared_session(
+        &self,
+        owner: &OwnerId,
+        projects: &[ProjectId],
+        id: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError> {
+        let (owner, projects, id) = (owner.clone(), projects.to_vec(), id.clone());
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT project, device, synced_at, meta FROM shared_sessions
+                     WHERE owner = ?1 AND project = ?2 AND graph_session_id = ?3
+                     ORDER BY device LIMIT 1",
+                )?;
+                for project in &projects {
+                    let found = stmt
+                        .query_row(
+                            params![owner.as_str(), project.as_str(), id.as_str()],
+                            SessionRow::read,
+                        )
+                        .optional()?;
+                    if let Some(row) = found {
+                        return row.decode().map(Some);
+                    }
+                }
+                Ok(None)
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn touch_device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        contact: DeviceContact,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let (owner, device) = (owner.clone(), device.clone());
+        let now = millis(now)?;
+        let (synced_at, long_poll) = match contact {
+            DeviceContact::Sync { long_poll } => (Some(now), long_poll),
+            DeviceContact::Other => (None, false),
+        };
+        self.db
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO devices (owner, device, last_sync_at, last_seen_at, long_poll)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (owner, device) DO UPDATE SET
+                        last_seen_at = max(last_seen_at, excluded.last_seen_at),
+                        last_sync_at = CASE WHEN excluded.last_sync_at IS NULL THEN last_sync_at
+                            ELSE max(coalesce(last_sync_at, excluded.last_sync_at), excluded.last_sync_at) END,
+                        long_poll = CASE WHEN excluded.last_sync_at IS NULL THEN long_poll
+                            ELSE excluded.long_poll END",
+                )?
+                .execute(params![owner.as_str(), device.as_str(), synced_at, now, long_poll])?;
+                Ok(())
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        let (owner, device) = (owner.clone(), device.clone());
+        self.db
+            .read(move |conn| {
+                let found = conn
+                    .prepare_cached(
+                        "SELECT last_sync_at, last_seen_at, long_poll FROM devices
+                         WHERE owner = ?1 AND device = ?2",
+                    )?
+                    .query_row(params![owner.as_str(), device.as_str()], |r| {
+                        Ok((
+                            r.get::<_, Option<i64>>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, bool>(2)?,
+                        ))
+                    })
+                    .optional()?;
+                let Some((last_sync_at, last_seen_at, long_poll)) = found else {
+                    return Ok(None);
+                };
+                Ok(Some(DeviceRecord {
+                    device,
+                    owner,
+                    last_sync_at: last_sync_at.map(timestamp).transpose()?,
+                    last_seen_at: timestamp(last_seen_at)?,
+                    long_poll,
+                }))
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
+        let now = millis(request.now)?;
+        let cutoff = request.terminal_before.map(millis).transpose()?;
+        let batch = sql_limit(request.batch);
+        self.db
+            .write(move |conn| {
+                let keys = conn
+                    .prepare_cached(
+                        "DELETE FROM idempotency_keys WHERE (agent, key) IN (
+                            SELECT agent, key FROM idempotency_keys
+                            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
+                    )?
+                    .execute(params![now, batch])?;
+                let commands = match cutoff {
+                    None => 0,
+                    Some(cutoff) => conn
+                        .prepare_cached(
+                            "DELETE FROM commands WHERE rowid IN (
+                                SELECT c.rowid FROM commands AS c
+                                WHERE c.finished_at IS NOT NULL AND c.finished_at <= ?1
+                                  AND c.status IN ('completed', 'failed', 'cancelled')
+                                  AND NOT EXISTS (
+                                    SELECT 1 FROM idempotency_keys AS k
+                                    WHERE k.command = c.id AND k.expires_at > ?2)
+                                ORDER BY c.finished_at LIMIT ?3)",
+                        )?
+                        .execute(params![cutoff, now, batch])?,
+                };
+                Ok(PruneReport { keys, commands })
+            })
+            .await
+            .map_err(store_error)
+    }
+}
+
+/// The live key for (agent, key) at `now`, if any.
+fn live_key(
+    conn: &Connection,
+    agent: AgentId,
+    key: IdempotencyKey,
+    now: i64,
+) -> Result<Option<IdempotencyRecord>, DbError> {
+    let found = conn
+        .prepare_cached(
+            "SELECT command, fingerprint, expires_at FROM idempotency_keys
+             WHERE agent = ?1 AND key = ?2 AND expires_at > ?3",
+        )?
+        .query_row(params![agent.as_str(), key.as_str(), now], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?;
+    let Some((command, fingerprint, expires_at)) = found else {
+        return Ok(None);
+    };
+    Ok(Some(IdempotencyRecord {
+        agent,
+        key,
+        command: parse(CommandId::parse(&command), "idempotency_keys.command")?,
+        fingerprint,
+        expires_at: timestamp(expires_at)?,
+    }))
+}
+
+/// One row of `commands`, as stored.
+struct CommandRow {
+    id: String,
+    agent: String,
+    owner: String,
+    project: String,
+    device: String,
+    status: String,
+    created_at: i64,
+    finished_at: Option<i64>,
+    revision: i64,
+    /// The whole record as JSON.
+    record: String,
+}
+
+impl CommandRow {
+    fn encode(c: &CommandRecord) -> Result<Self, DbError> {
+        Ok(Self {
+            id: c.id.to_string(),
+            agent: c.agent.as_str().to_owned(),
+            owner: c.owner.as_str().to_owned(),
+            project: c.project.as_str().to_owned(),
+            device: c.device.as_str().to_owned(),
+            status: c.status.as_str().to_owned(),
+            created_at: encode_millis(c.created_at)?,
+            finished_at: c.finished_at.map(encode_millis).transpose()?,
+            revision: i64::try_from(c.revision)
+                .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
+            record: serde_json::to_string(c).map_err(|e| DbError::Encode(e.to_string()))?,
+        })
+    }
+
+    fn insert(&self, conn: &Connection) -> Result<(), DbError> {
+        let inserted = conn
+            .prepare_cached(
+                "INSERT INTO commands
+                    (id, agent, owner, project, device, status, created_at, finished_at, revision, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                 ON CONFLICT (id) DO NOTHING",
+            )?
+            .execute(params![
+                self.id,
+                self.agent,
+                self.owner,
+                self.project,
+                self.device,
+                self.status,
+                self.created_at,
+                self.finished_at,
+                self.revision,
+                self.record
+            ])?;
+        if inserted == 0 {
+            return Err(DbError::Sqlite(format!(
+                "command {} already exists",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
+    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: r.get(0)?,
+            agent: r.get(1)?,
+            owner: r.get(2)?,
+            project: r.get(3)?,
+            device: r.get(4)?,
+            status: r.get(5)?,
+            created_at: r.get(6)?,
+            finished_at: r.get(7)?,
+            revision: r.get(8)?,
+            record: r.get(9)?,
+        })
+    }
+
+    /// The record is the JSON column; the other columns are copies of its
+    /// fields for the indexes and are checked against it.
+    fn decode(self) -> Result<CommandRecord, DbError> {
+        let record: CommandRecord = serde_json::from_str(&self.record)
+            .map_err(|e| DbError::Corrupt(format!("command {}: record: {e}", self.id)))?;
+        let consistent = record.id.to_string() == self.id
+            && record.agent.as_str() == self.agent
+            && record.device.as_str() == self.device
+            && record.status.as_str() == self.status
+            && i64::try_from(record.revision).ok() == Some(self.revision);
+        if !consistent {
+            return Err(DbError::Corrupt(format!(
+                "command {}: the columns disagree with the stored record",
+                self.id
+            )));
+        }
+        Ok(record)
+    }
+}
+
+/// One row of `shared_sessions`, as stored.
+struct SessionRow {
+    project: String,
+    device: String,
+    synced_at: i64,
+    meta: String,
+}
+
+impl SessionRow {
+    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            project: r.get(0)?,
+            device: r.get(1)?,
+            synced_at: r.get(2)?,
+            meta: r.get(3)?,
+        })
+    }
+
+    fn decode(self) -> Result<SharedSession, DbError> {
+        Ok(SharedSession {
+            project: parse(ProjectId::parse(&self.project), "shared_sessions.project")?,
+            device: parse(DeviceId::parse(&self.device), "shared_sessions.device")?,
+            meta: serde_json::from_str(&self.meta)
+                .map_err(|e| DbError::Corrupt(format!("shared_sessions.meta: {e}")))?,
+            synced_at: timestamp(self.synced_at)?,
+        })
+    }
+}
+
+/// A stored id that no longer parses is corruption.
+fn parse<T, E: std::fmt::Display>(parsed: Result<T, E>, column: &str) -> Result<T, DbError> {
+    parsed.map_err(|e| DbError::Corrupt(format!("{column}: {e}")))
+}
+
+fn encode_millis(t: Timestamp) -> Result<i64, DbError> {
+    i64::try_from(t.as_millis())
+        .map_err(|_| DbError::Encode(format!("timestamp {} ms is out of range", t.as_millis())))
+}
+
+fn millis(t: Timestamp) -> Result<i64, StoreError> {
+    encode_millis(t).map_err(store_error)
+}
+
+fn revision(r: u64) -> Result<i64, StoreError> {
+    i64::try_from(r).map_err(|_| StoreError::Backend(format!("revision {r} is too large")))
+}
+
+pub(crate) fn timestamp(ms: i64) -> Result<Timestamp, DbError> {
+    u64::try_from(ms)
+        .map(Timestamp)
+        .map_err(|_| DbError::Corrupt(format!("negative timestamp {ms}")))
+}
+
+pub(crate) fn sql_limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn store_error(e: DbError) -> StoreError {
+    match e {
+        DbError::Corrupt(m) => StoreError::Corrupt(m),
+        other => StoreError::Backend(other.to_string()),
+    }
+}

@@ -1,0 +1,162 @@
+//! The core's store and outbox conformance suites, run unchanged against
+//! `SqliteStore` and `SqliteOutbox`, each on a fresh file in its own
+//! temporary directory.
+
+use async_trait::async_trait;
+use graph_relay_core::command::CommandRecord;
+use graph_relay_core::ids::{
+    AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
+use graph_relay_core::session::{SessionMeta, SharedSession};
+use graph_relay_core::store::{
+    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
+    Store, StoreError,
+};
+use graph_relay_core::time::Timestamp;
+use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
+
+/// A store or outbox on a file in a temporary directory that is removed
+/// after the store is closed (fields drop in order).
+struct OnTempFile<T> {
+    inner: T,
+    _dir: tempfile::TempDir,
+}
+
+impl OnTempFile<SqliteStore> {
+    fn store() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner = SqliteStore::open(dir.path().join("store.sqlite")).expect("open a fresh store");
+        Self { inner, _dir: dir }
+    }
+}
+
+impl OnTempFile<SqliteOutbox> {
+    fn outbox() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let inner =
+            SqliteOutbox::open(dir.path().join("outbox.sqlite")).expect("open a fresh outbox");
+        Self { inner, _dir: dir }
+    }
+}
+
+graph_relay_core::store_conformance_suite!(futures::executor::block_on, async {
+    OnTempFile::store()
+});
+
+mod outbox {
+    graph_relay_core::outbox_conformance_suite!(futures::executor::block_on, async {
+        super::OnTempFile::outbox()
+    });
+}
+
+#[async_trait]
+impl Store for OnTempFile<SqliteStore> {
+    async fn idempotency(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.inner.idempotency(agent, key, now).await
+    }
+    async fn insert_command(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        now: Timestamp,
+    ) -> Result<InsertOutcome, StoreError> {
+        self.inner.insert_command(command, key, now).await
+    }
+    async fn command_for_agent(
+        &self,
+        agent: &AgentId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        self.inner.command_for_agent(agent, id).await
+    }
+    async fn command_for_device(
+        &self,
+        device: &DeviceId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        self.inner.command_for_device(device, id).await
+    }
+    async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
+        self.inner.update_command(next).await
+    }
+    async fn queued_commands(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        self.inner
+            .queued_commands(owner, project, device, limit)
+            .await
+    }
+    async fn replace_shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .replace_shared_sessions(owner, project, device, sessions, now)
+            .await
+    }
+    async fn shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        limit: usize,
+    ) -> Result<Vec<SharedSession>, StoreError> {
+        self.inner.shared_sessions(owner, project, limit).await
+    }
+    async fn find_shared_session(
+        &self,
+        owner: &OwnerId,
+        projects: &[ProjectId],
+        id: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError> {
+        self.inner.find_shared_session(owner, projects, id).await
+    }
+    async fn touch_device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        contact: DeviceContact,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner.touch_device(owner, device, contact, now).await
+    }
+    async fn device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        self.inner.device(owner, device).await
+    }
+    async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
+        self.inner.prune(request).await
+    }
+}
+
+#[async_trait]
+impl Outbox for OnTempFile<SqliteOutbox> {
+    async fn put(&self, item: &OutboxItem) -> Result<(), OutboxError> {
+        self.inner.put(item).await
+    }
+    async fn pending(&self) -> Result<Vec<OutboxItem>, OutboxError> {
+        self.inner.pending().await
+    }
+    async fn record_attempt(&self, command: &CommandId) -> Result<(), OutboxError> {
+        self.inner.record_attempt(command).await
+    }
+    async fn remove(&self, command: &CommandId) -> Result<(), OutboxError> {
+        self.inner.remove(command).await
+    }
+}
