@@ -227,6 +227,11 @@ impl McpServer {
 
     /// Parses and handles one message. `None` when nothing is to be sent
     /// back (notifications and client responses).
+    ///
+    /// The future is not always `Send` (`Queue::cancel_graph_run` holds an
+    /// async closure rustc cannot prove `Send` for every lifetime), and
+    /// stores may block; multi-threaded transports drive it with
+    /// `futures::executor::block_on` on a blocking thread.
     pub async fn handle(
         &self,
         session: &mut McpSession,

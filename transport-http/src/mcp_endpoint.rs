@@ -1,0 +1,396 @@
+//! The `/mcp` handlers.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, McpSession, Outgoing, ProtocolVersion};
+use serde_json::json;
+
+use crate::HttpState;
+use crate::auth::Principal;
+use crate::sessions::Lookup;
+
+/// `MCP-Session-Id`.
+pub(crate) static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
+/// `MCP-Protocol-Version`.
+static PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
+/// `Mcp-Method` (2026-07-28).
+static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
+/// `Mcp-Name` (2026-07-28).
+static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
+
+fn json_reply(reply: &Outgoing) -> Response {
+    let status = StatusCode::from_u16(reply.http_status()).unwrap_or(StatusCode::OK);
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        reply.to_bytes(),
+    )
+        .into_response()
+}
+
+fn plain_error(
+    status: StatusCode,
+    id: Option<serde_json::Value>,
+    code: ErrorCode,
+    message: String,
+) -> Response {
+    json_reply(&Outgoing::error(id, code, message, None).with_status(status.as_u16()))
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Authenticates an agent for `/mcp`: device tokens are refused.
+async fn agent(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Response> {
+    state.check_host_and_origin(headers)?;
+    match state.authenticate(headers).await? {
+        Principal::Agent(caller) => Ok(caller),
+        Principal::Device(_) => {
+            let value = format!(
+                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"a device token cannot be used on /mcp\"",
+                state.metadata_url(headers)
+            );
+            let mut response = (
+                StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"error": "invalid_token", "error_description": "this is a device (relay) token; /mcp needs an agent token"})),
+            )
+                .into_response();
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+            Err(response)
+        }
+    }
+}
+
+fn insufficient_scope(state: &HttpState, headers: &HeaderMap, tool: &str, scope: &str) -> Response {
+    let description = format!("{tool} requires the scope {scope}");
+    let value = format!(
+        "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{}\", error_description=\"{description}\"",
+        state.metadata_url(headers)
+    );
+    let mut response = (
+        StatusCode::FORBIDDEN,
+        axum::Json(json!({"error": "insufficient_scope", "scope": scope, "error_description": description})),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    response
+}
+
+/// Decodes an `Mcp-Name` value: plain, or `=?base64?<b64>?=` for non-ASCII.
+fn decode_name(value: &str) -> Option<String> {
+    match value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    {
+        Some(b64) => String::from_utf8(base64_decode(b64)?).ok(),
+        None => Some(value.to_owned()),
+    }
+}
+
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0u32;
+    for b in text.bytes().filter(|&b| b != b'=') {
+        let v = match b {
+            b'A'..=b'Z' => b - b'A',
+            b'a'..=b'z' => b - b'a' + 26,
+            b'0'..=b'9' => b - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+/// The 2026-07-28 header rules: version, method and name must match the body.
+#[allow(clippy::result_large_err)]
+fn check_modern_headers(headers: &HeaderMap, incoming: &Incoming) -> Result<(), Response> {
+    let id = incoming.id().cloned();
+    let mismatch = |what: String| {
+        Err(plain_error(
+            StatusCode::BAD_REQUEST,
+            id.clone(),
+            ErrorCode::HeaderMismatch,
+            format!("Header mismatch: {what}"),
+        ))
+    };
+    let body_version = incoming.meta_protocol_version().unwrap_or_default();
+    match header_str(headers, &PROTOCOL_VERSION) {
+        None => return mismatch("MCP-Protocol-Version is required".into()),
+        Some(v) if v != body_version => {
+            return mismatch(format!(
+                "MCP-Protocol-Version is `{v}` but _meta says `{body_version}`"
+            ));
+        }
+        Some(_) => {}
+    }
+    let method = incoming.method().unwrap_or_default();
+    match header_str(headers, &MCP_METHOD) {
+        None => return mismatch("Mcp-Method is required".into()),
+        Some(m) if m != method => {
+            return mismatch(format!(
+                "Mcp-Method is `{m}` but the body's method is `{method}`"
+            ));
+        }
+        Some(_) => {}
+    }
+    if let Some(name) = incoming.name_param() {
+        match header_str(headers, &MCP_NAME).map(decode_name) {
+            None => return mismatch(format!("Mcp-Name is required for {method}")),
+            Some(Some(h)) if h == name => {}
+            Some(_) => return mismatch(format!("Mcp-Name does not match `{name}`")),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the core on a blocking thread: stores may block, and the handling
+/// future is not `Send` (see `McpServer::handle`).
+async fn run_core(
+    state: &HttpState,
+    caller: Caller,
+    mut session: McpSession,
+    incoming: Incoming,
+) -> (McpSession, Option<Outgoing>) {
+    let server = state.mcp().clone();
+    let id = incoming.id().cloned();
+    let joined = tokio::task::spawn_blocking(move || {
+        let reply =
+            futures::executor::block_on(server.handle_incoming(&mut session, &caller, incoming));
+        (session, reply)
+    })
+    .await;
+    match joined {
+        Ok(done) => done,
+        Err(e) => {
+            tracing::error!(error = %e, "MCP handling panicked");
+            (
+                McpSession::new(),
+                Some(Outgoing::error(
+                    id,
+                    ErrorCode::InternalError,
+                    "Internal error".into(),
+                    None,
+                )),
+            )
+        }
+    }
+}
+
+/// `POST /mcp`.
+pub(crate) async fn post(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let caller = match agent(&state, &headers).await {
+        Ok(c) => c,
+        Err(response) => return response,
+    };
+    let content_type = header_str(&headers, &header::CONTENT_TYPE).unwrap_or_default();
+    if !content_type
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+    {
+        return plain_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            None,
+            ErrorCode::InvalidRequest,
+            "Invalid request: the body must be `Content-Type: application/json`".into(),
+        );
+    }
+    if let Some(accept) = header_str(&headers, &header::ACCEPT) {
+        let ok = accept.split(',').any(|a| {
+            let a = a.split(';').next().unwrap_or_default().trim();
+            a.eq_ignore_ascii_case("application/json")
+                || a == "*/*"
+                || a.eq_ignore_ascii_case("application/*")
+        });
+        if !ok {
+            return plain_error(
+                StatusCode::NOT_ACCEPTABLE,
+                None,
+                ErrorCode::InvalidRequest,
+                "Invalid request: this server answers with application/json; include it in Accept"
+                    .into(),
+            );
+        }
+    }
+    let incoming = match Incoming::parse(&body) {
+        Ok(incoming) => incoming,
+        Err(reply) => return json_reply(&reply),
+    };
+    let server = state.mcp();
+    let session_header = header_str(&headers, &SESSION_ID);
+
+    // 1. A new initialize-era session.
+    if incoming.is_initialize() {
+        let agent_id = caller.agent.id.clone();
+        let (session, reply) = run_core(&state, caller, McpSession::new(), incoming).await;
+        let Some(reply) = reply else {
+            return StatusCode::ACCEPTED.into_response();
+        };
+        let mut response = json_reply(&reply);
+        if session.negotiated_version().is_some() && reply.error_code().is_none() {
+            let id = state.inner.sessions.create(&agent_id, session);
+            if let Ok(v) = HeaderValue::from_str(&id) {
+                response.headers_mut().insert(SESSION_ID.clone(), v);
+            }
+        }
+        return response;
+    }
+
+    // 2. Inside an initialize-era session.
+    if let Some(session_id) = session_header {
+        let session = match state.inner.sessions.get(session_id, &caller.agent.id) {
+            Lookup::Found(s) => s,
+            Lookup::NotFound => {
+                return plain_error(
+                    StatusCode::NOT_FOUND,
+                    incoming.id().cloned(),
+                    ErrorCode::InvalidRequest,
+                    "Session not found: it ended or expired; send initialize again without MCP-Session-Id".into(),
+                );
+            }
+        };
+        let negotiated = session.negotiated_version();
+        if let Some(v) = header_str(&headers, &PROTOCOL_VERSION) {
+            if ProtocolVersion::parse(v).is_none()
+                || Some(v) != negotiated.map(ProtocolVersion::as_str)
+            {
+                return plain_error(
+                    StatusCode::BAD_REQUEST,
+                    incoming.id().cloned(),
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "Bad Request: MCP-Protocol-Version `{v}` is not the version this session negotiated ({})",
+                        negotiated.map_or("none", ProtocolVersion::as_str)
+                    ),
+                );
+            }
+        }
+        if let (Some(tool), Some(scope)) = (
+            incoming.tool_name(),
+            server.missing_scope(&incoming, &caller),
+        ) {
+            return insufficient_scope(&state, &headers, tool, scope);
+        }
+        let (session, reply) = run_core(&state, caller, session, incoming).await;
+        state.inner.sessions.put(session_id, session);
+        return match reply {
+            Some(reply) => json_reply(&reply),
+            None => StatusCode::ACCEPTED.into_response(),
+        };
+    }
+
+    // 3. Notifications and responses outside a session: accepted, nothing to do.
+    if !incoming.is_request() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+
+    // 4. A self-contained 2026-07-28 request.
+    if incoming.meta_protocol_version().is_some() {
+        if let Err(response) = check_modern_headers(&headers, &incoming) {
+            return response;
+        }
+        if let (Some(tool), Some(scope)) = (
+            incoming.tool_name(),
+            server.missing_scope(&incoming, &caller),
+        ) {
+            return insufficient_scope(&state, &headers, tool, scope);
+        }
+        return match run_core(&state, caller, McpSession::new(), incoming)
+            .await
+            .1
+        {
+            Some(reply) => json_reply(&reply),
+            None => StatusCode::ACCEPTED.into_response(),
+        };
+    }
+
+    // 5. An initialize-era request without its session: ping is allowed, the rest is refused.
+    if incoming.method() == Some("ping") {
+        if let Some(reply) = run_core(&state, caller, McpSession::new(), incoming)
+            .await
+            .1
+        {
+            return json_reply(&reply);
+        }
+    }
+    plain_error(
+        StatusCode::BAD_REQUEST,
+        None,
+        ErrorCode::InvalidRequest,
+        "Bad Request: missing MCP-Session-Id; send initialize first, or use protocol 2026-07-28 with its per-request _meta fields".into(),
+    )
+}
+
+/// `GET /mcp`: no server-sent event stream is offered.
+pub(crate) async fn get() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, HeaderValue::from_static("POST, DELETE"))],
+        axum::Json(json!({"error": "method_not_allowed", "error_description": "this server does not offer an SSE stream; POST JSON-RPC messages to /mcp"})),
+    )
+        .into_response()
+}
+
+/// `DELETE /mcp`: ends an initialize-era session.
+pub(crate) async fn delete(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    let caller = match agent(&state, &headers).await {
+        Ok(c) => c,
+        Err(response) => return response,
+    };
+    match header_str(&headers, &SESSION_ID) {
+        None => plain_error(
+            StatusCode::BAD_REQUEST,
+            None,
+            ErrorCode::InvalidRequest,
+            "Bad Request: DELETE needs MCP-Session-Id".into(),
+        ),
+        Some(id) if state.inner.sessions.remove(id, &caller.agent.id) => {
+            StatusCode::NO_CONTENT.into_response()
+        }
+        Some(_) => plain_error(
+            StatusCode::NOT_FOUND,
+            None,
+            ErrorCode::InvalidRequest,
+            "Session not found".into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_name_decoding() {
+        assert_eq!(
+            decode_name("get_graph_run").as_deref(),
+            Some("get_graph_run")
+        );
+        assert_eq!(decode_name("=?base64?w6l0w6k=?=").as_deref(), Some("été"));
+        assert_eq!(decode_name("=?base64?***?="), None);
+    }
+}
