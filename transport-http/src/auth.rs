@@ -62,6 +62,13 @@ pub enum AuthError {
 pub trait Authenticator: Send + Sync + 'static {
     /// The principal `token` (without the `Bearer ` prefix) belongs to.
     async fn authenticate(&self, token: &str) -> Result<Principal, AuthError>;
+
+    /// The principal of a request that carries no `Authorization` header at
+    /// all; `None` (the default) answers it with 401. Only for local
+    /// development set-ups such as the MCP conformance suite.
+    async fn anonymous(&self) -> Option<Principal> {
+        None
+    }
 }
 
 /// Lowercase hex SHA-256 of a token: what the token file stores.

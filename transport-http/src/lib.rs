@@ -230,7 +230,10 @@ impl HttpState {
             response
         };
         let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return Err(challenge(None));
+            return match self.inner.auth.anonymous().await {
+                Some(principal) => Ok(principal),
+                None => Err(challenge(None)),
+            };
         };
         let token = value
             .to_str()

@@ -1,0 +1,103 @@
+//! `graph-relay.toml`: server settings and token hashes in one file.
+
+use std::path::Path;
+
+use graph_relay_transport_http::auth::{AgentToken, DeviceToken};
+use serde::{Deserialize, Serialize};
+
+/// The `[server]` section.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Public base URL announced in resource metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_url: Option<String>,
+    /// Authorization servers announced in resource metadata.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorization_servers: Vec<String>,
+    /// Accepted `Host` names (default: loopback names).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_hosts: Vec<String>,
+    /// Accepted `Origin`s besides loopback ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
+    /// Largest request body in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body_bytes: Option<usize>,
+    /// Request timeout in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_timeout_secs: Option<u64>,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Server settings.
+    #[serde(default)]
+    pub server: ServerSection,
+    /// Agent tokens (hashes only).
+    #[serde(default, rename = "agent")]
+    pub agents: Vec<AgentToken>,
+    /// Device tokens (hashes only).
+    #[serde(default, rename = "device")]
+    pub devices: Vec<DeviceToken>,
+}
+
+/// Why the configuration file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not valid TOML of the expected shape.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Why.
+        source: Box<toml::de::Error>,
+    },
+    /// Could not be serialised.
+    #[error("cannot write the configuration: {0}")]
+    Serialize(#[from] toml::ser::Error),
+}
+
+impl ConfigFile {
+    /// Reads `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source: Box::new(source),
+        })
+    }
+
+    /// Writes `path` (owner-only permissions on Unix), via a temporary file.
+    pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
+        let text = format!(
+            "# graph-relay configuration. Tokens are stored as SHA-256 hashes only.\n{}",
+            toml::to_string_pretty(self)?
+        );
+        let io = |source| ConfigError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, text).map_err(io)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+        }
+        std::fs::rename(&tmp, path).map_err(io)
+    }
+}

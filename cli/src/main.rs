@@ -1,0 +1,559 @@
+//! # graph-relay
+//!
+//! The `graph-relay` binary: the MCP server over Streamable HTTP (`serve`)
+//! or stdio (`stdio`), on a SQLite database (default) or in memory, and the
+//! token commands that maintain `graph-relay.toml` (hashes only).
+
+mod config;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use graph_relay_core::Store;
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
+use graph_relay_core::mcp::{Caller, McpServer, ServerInfo};
+use graph_relay_core::prelude::*;
+use graph_relay_transport_http::auth::{
+    AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
+};
+use graph_relay_transport_http::{HttpConfig, HttpState, Principal};
+
+use crate::config::{ConfigFile, ServerSection};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "graph-relay",
+    version,
+    about = "Queue Graph runs for AI agents over MCP; relays on desktops run them."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+struct StoreArgs {
+    /// SQLite database file (shared by `serve` and `stdio`).
+    #[arg(long, default_value = "graph-relay.db", conflicts_with = "memory")]
+    db: PathBuf,
+    /// Keep the queue in memory (lost on exit).
+    #[arg(long)]
+    memory: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve MCP over Streamable HTTP at /mcp.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8787")]
+        listen: SocketAddr,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Configuration file; created with a development agent and device if absent.
+        #[arg(long, default_value = "graph-relay.toml")]
+        config: PathBuf,
+        /// Serve requests WITHOUT a bearer token as this configured agent.
+        /// For local development and the MCP conformance suite only;
+        /// refused unless listening on a loopback address.
+        #[arg(long, value_name = "AGENT")]
+        insecure_anonymous_agent: Option<String>,
+    },
+    /// Serve one MCP client over stdin/stdout as a configured agent.
+    Stdio {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Configuration file holding the agent.
+        #[arg(long, default_value = "graph-relay.toml")]
+        config: PathBuf,
+        /// The agent (a `[[agent]]` name in the configuration).
+        #[arg(long)]
+        agent: String,
+        /// Longest accepted input line in bytes.
+        #[arg(long, default_value_t = graph_relay_transport_stdio::DEFAULT_MAX_LINE_BYTES)]
+        max_line_bytes: usize,
+    },
+    /// Create, list and revoke tokens.
+    Token {
+        /// Configuration file.
+        #[arg(long, default_value = "graph-relay.toml", global = true)]
+        config: PathBuf,
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Development: share a session to a project as a device would on sync.
+    #[command(hide = true)]
+    DevShare {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Configuration file holding the device.
+        #[arg(long, default_value = "graph-relay.toml")]
+        config: PathBuf,
+        /// The device (a `[[device]]` name).
+        #[arg(long)]
+        device: String,
+        /// The project.
+        #[arg(long)]
+        project: String,
+        /// The graph session id (`gs_` + 32 hex).
+        #[arg(long)]
+        session: String,
+        /// Display name.
+        #[arg(long, default_value = "Development graph")]
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Kind {
+    Agent,
+    Device,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token; it is printed once, only its hash is stored.
+    Create {
+        /// agent or device.
+        kind: Kind,
+        /// Agent or device name.
+        name: String,
+        /// Owner.
+        #[arg(long, default_value = "dev")]
+        owner: String,
+        /// Connected project (agents; repeatable).
+        #[arg(long = "project")]
+        projects: Vec<String>,
+        /// Granted scope (agents; repeatable; default: read and run).
+        #[arg(long = "scope")]
+        scopes: Vec<String>,
+    },
+    /// List tokens (names and hash prefixes; never the tokens).
+    List,
+    /// Revoke every token of a name, or the one whose hash starts with the given prefix.
+    Revoke {
+        /// Name or hash prefix (at least 8 hex digits).
+        target: String,
+    },
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+enum CliError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Tokens(#[from] graph_relay_transport_http::auth::TokenConfigError),
+    #[error("cannot open the database: {0}")]
+    Db(String),
+    #[error("{0}")]
+    Usage(String),
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GRAPH_RELAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(false)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("graph-relay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Serve {
+            listen,
+            store,
+            config,
+            insecure_anonymous_agent,
+        } => serve(listen, &store, &config, insecure_anonymous_agent),
+        Command::Stdio {
+            store,
+            config,
+            agent,
+            max_line_bytes,
+        } => stdio(&store, &config, &agent, max_line_bytes),
+        Command::Token { config, command } => token(&config, command),
+        Command::DevShare {
+            store,
+            config,
+            device,
+            project,
+            session,
+            name,
+        } => dev_share(&store, &config, &device, &project, &session, &name),
+    }
+}
+
+fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, CliError> {
+    if args.memory {
+        return Ok(Arc::new(graph_relay_store_memory::MemoryStore::new()));
+    }
+    graph_relay_store_sqlite::SqliteStore::open(&args.db)
+        .map(|s| Arc::new(s) as Arc<dyn Store>)
+        .map_err(|e| CliError::Db(format!("{}: {e}", args.db.display())))
+}
+
+fn mcp_server(store: Arc<dyn Store>) -> McpServer {
+    let queue = Queue::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
+    let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
+    info.instructions = Some("run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).".into());
+    McpServer::new(queue, ToolCatalog::published(), info)
+}
+
+/// Creates `path` with a development agent and device; prints their tokens once.
+fn bootstrap(path: &Path, listen: SocketAddr) -> Result<(), CliError> {
+    let agent_token = new_token(TokenKind::Agent);
+    let device_token = new_token(TokenKind::Device);
+    let file = ConfigFile {
+        server: ServerSection::default(),
+        agents: vec![AgentToken {
+            name: "dev-agent".into(),
+            owner: "dev".into(),
+            projects: vec!["default".into()],
+            scopes: vec![READ_SCOPE.into(), RUN_SCOPE.into()],
+            token_sha256: hash_token(&agent_token),
+            revoked: false,
+        }],
+        devices: vec![DeviceToken {
+            name: "dev-desktop".into(),
+            owner: "dev".into(),
+            token_sha256: hash_token(&device_token),
+            revoked: false,
+        }],
+    };
+    file.save(path)?;
+    eprintln!(
+        "Created {} with a development agent and device. These tokens are shown ONCE:\n\n  agent  dev-agent    {agent_token}\n  device dev-desktop  {device_token}\n\nConnect an MCP client to http://{listen}/mcp with header\n  Authorization: Bearer {agent_token}\nor over stdio: graph-relay stdio --agent dev-agent --config {}\nConnect a relay (worker) to http://{listen} with the device token.\n",
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
+fn serve(
+    listen: SocketAddr,
+    store: &StoreArgs,
+    config_path: &Path,
+    anonymous: Option<String>,
+) -> Result<(), CliError> {
+    if !config_path.exists() {
+        bootstrap(config_path, listen)?;
+    }
+    let file = ConfigFile::load(config_path)?;
+    let tokens = TokenFile::open(config_path)?;
+    let anonymous = match anonymous {
+        None => None,
+        Some(_) if !listen.ip().is_loopback() => {
+            return Err(CliError::Usage(
+                "--insecure-anonymous-agent is only allowed on a loopback address".into(),
+            ));
+        }
+        Some(name) => Some(find_agent(&file, &name)?),
+    };
+    let auth: Arc<dyn graph_relay_transport_http::Authenticator> = match anonymous {
+        Some(caller) => {
+            tracing::warn!(agent = %caller.agent.id, "requests without a token are served as this agent (--insecure-anonymous-agent)");
+            Arc::new(AnonymousFallback {
+                inner: tokens,
+                caller,
+            })
+        }
+        None => Arc::new(tokens),
+    };
+    let defaults = HttpConfig::default();
+    let s = &file.server;
+    let http = HttpConfig {
+        public_url: s.public_url.clone(),
+        authorization_servers: s.authorization_servers.clone(),
+        allowed_hosts: if s.allowed_hosts.is_empty() {
+            defaults.allowed_hosts.clone()
+        } else {
+            s.allowed_hosts.clone()
+        },
+        allowed_origins: s.allowed_origins.clone(),
+        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+        request_timeout: s
+            .request_timeout_secs
+            .map_or(defaults.request_timeout, Duration::from_secs),
+        sessions: defaults.sessions.clone(),
+    };
+    let state = HttpState::new(mcp_server(open_store(store)?), auth, http);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let local = listener.local_addr()?;
+        tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
+        axum::serve(listener, graph_relay_transport_http::router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await?;
+        tracing::info!("graph-relay stopped");
+        Ok::<(), std::io::Error>(())
+    })?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown requested; finishing requests in flight");
+}
+
+/// Falls back to one agent for requests that carry no token at all.
+struct AnonymousFallback {
+    inner: TokenFile,
+    caller: Caller,
+}
+
+#[async_trait::async_trait]
+impl graph_relay_transport_http::Authenticator for AnonymousFallback {
+    async fn authenticate(
+        &self,
+        token: &str,
+    ) -> Result<Principal, graph_relay_transport_http::AuthError> {
+        self.inner.authenticate(token).await
+    }
+    async fn anonymous(&self) -> Option<Principal> {
+        Some(Principal::Agent(self.caller.clone()))
+    }
+}
+
+fn find_agent(file: &ConfigFile, name: &str) -> Result<Caller, CliError> {
+    let entry = file
+        .agents
+        .iter()
+        .find(|a| a.name == name && !a.revoked)
+        .ok_or_else(|| CliError::Usage(format!("no agent `{name}` in the configuration (create one with `graph-relay token create agent {name}`)")))?;
+    let one = graph_relay_transport_http::auth::TokenConfig {
+        agents: vec![entry.clone()],
+        devices: vec![],
+    };
+    match one.principals()?.into_values().next() {
+        Some(Principal::Agent(caller)) => Ok(caller),
+        _ => Err(CliError::Usage(format!("agent `{name}` is not usable"))),
+    }
+}
+
+fn stdio(
+    store: &StoreArgs,
+    config_path: &Path,
+    agent: &str,
+    max_line_bytes: usize,
+) -> Result<(), CliError> {
+    let file = ConfigFile::load(config_path)?;
+    let caller = find_agent(&file, agent)?;
+    let server = mcp_server(open_store(store)?);
+    let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
+    tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
+    graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)
+        .map(|report| tracing::info!(?report, "stdio client disconnected"))
+        .map_err(|e| CliError::Io(std::io::Error::other(e)))
+}
+
+fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
+    let mut file = if config_path.exists() {
+        ConfigFile::load(config_path)?
+    } else {
+        ConfigFile::default()
+    };
+    match command {
+        TokenCommand::Create {
+            kind,
+            name,
+            owner,
+            projects,
+            scopes,
+        } => {
+            let (token, kind_name) = match kind {
+                Kind::Agent => {
+                    let token = new_token(TokenKind::Agent);
+                    file.agents.push(AgentToken {
+                        name: name.clone(),
+                        owner,
+                        projects: if projects.is_empty() {
+                            vec!["default".into()]
+                        } else {
+                            projects
+                        },
+                        scopes: if scopes.is_empty() {
+                            vec![READ_SCOPE.into(), RUN_SCOPE.into()]
+                        } else {
+                            scopes
+                        },
+                        token_sha256: hash_token(&token),
+                        revoked: false,
+                    });
+                    (token, "agent")
+                }
+                Kind::Device => {
+                    let token = new_token(TokenKind::Device);
+                    file.devices.push(DeviceToken {
+                        name: name.clone(),
+                        owner,
+                        token_sha256: hash_token(&token),
+                        revoked: false,
+                    });
+                    (token, "device")
+                }
+            };
+            // Validate before writing.
+            graph_relay_transport_http::auth::TokenConfig {
+                agents: file.agents.clone(),
+                devices: file.devices.clone(),
+            }
+            .principals()?;
+            file.save(config_path)?;
+            eprintln!(
+                "Created {kind_name} token for `{name}` in {}. It is shown once:",
+                config_path.display()
+            );
+            println!("{token}");
+        }
+        TokenCommand::List => {
+            println!(
+                "{:<7} {:<24} {:<16} {:<14} {:<8} scopes/projects",
+                "kind", "name", "owner", "hash", "state"
+            );
+            for a in &file.agents {
+                println!(
+                    "{:<7} {:<24} {:<16} {:<14} {:<8} {} / {}",
+                    "agent",
+                    a.name,
+                    a.owner,
+                    &a.token_sha256[..12.min(a.token_sha256.len())],
+                    if a.revoked { "revoked" } else { "active" },
+                    a.scopes.join(" "),
+                    a.projects.join(" ")
+                );
+            }
+            for d in &file.devices {
+                println!(
+                    "{:<7} {:<24} {:<16} {:<14} {:<8}",
+                    "device",
+                    d.name,
+                    d.owner,
+                    &d.token_sha256[..12.min(d.token_sha256.len())],
+                    if d.revoked { "revoked" } else { "active" }
+                );
+            }
+        }
+        TokenCommand::Revoke { target } => {
+            let matches = |name: &str, hash: &str| {
+                name == target || (target.len() >= 8 && hash.starts_with(&target))
+            };
+            let mut count = 0;
+            for a in file
+                .agents
+                .iter_mut()
+                .filter(|a| matches(&a.name, &a.token_sha256) && !a.revoked)
+            {
+                a.revoked = true;
+                count += 1;
+            }
+            for d in file
+                .devices
+                .iter_mut()
+                .filter(|d| matches(&d.name, &d.token_sha256) && !d.revoked)
+            {
+                d.revoked = true;
+                count += 1;
+            }
+            if count == 0 {
+                return Err(CliError::Usage(format!(
+                    "no active token matches `{target}`"
+                )));
+            }
+            file.save(config_path)?;
+            eprintln!("Revoked {count} token(s); a running server picks this up within seconds.");
+        }
+    }
+    Ok(())
+}
+
+fn dev_share(
+    store: &StoreArgs,
+    config_path: &Path,
+    device: &str,
+    project: &str,
+    session: &str,
+    name: &str,
+) -> Result<(), CliError> {
+    let file = ConfigFile::load(config_path)?;
+    let entry = file
+        .devices
+        .iter()
+        .find(|d| d.name == device && !d.revoked)
+        .ok_or_else(|| CliError::Usage(format!("no device `{device}` in the configuration")))?;
+    let bad = |e: graph_relay_core::ids::InvalidId| CliError::Usage(e.to_string());
+    let device = Device::new(
+        DeviceId::parse(&entry.name).map_err(bad)?,
+        OwnerId::parse(&entry.owner).map_err(bad)?,
+    );
+    let request = SyncRequest {
+        project: ProjectId::parse(project).map_err(bad)?,
+        sessions: vec![SessionMeta {
+            graph_session_id: GraphSessionId::parse(session).map_err(bad)?,
+            name: name.into(),
+            description: String::new(),
+            slug: name.to_lowercase().replace(' ', "-"),
+            version: "1".into(),
+            status: "ready".into(),
+        }],
+        long_poll: false,
+    };
+    let queue = Queue::new(
+        open_store(store)?,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
+    let response = futures::executor::block_on(queue.sync(&device, &request))
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    eprintln!(
+        "Shared {session} to project {project} as device {}; {} command(s) queued for it.",
+        device.id,
+        response.commands.len()
+    );
+    Ok(())
+}
