@@ -105,6 +105,10 @@ pub struct CommandRecord {
     pub graph_session_id: GraphSessionId,
     /// Input for the Graph.
     pub arguments: Map<String, Value>,
+    /// The session's slug when the run was queued; the relay's re-check
+    /// refuses to run the command if the desktop's slug differs now.
+    #[serde(default)]
+    pub slug: String,
     /// The agent's retry key.
     pub idempotency_key: IdempotencyKey,
     /// Where the command is in its life.
@@ -221,6 +225,7 @@ impl CommandRecord {
             device,
             graph_session_id,
             arguments,
+            slug: String::new(),
             idempotency_key,
             status: CommandStatus::Queued,
             cancel_requested: false,

@@ -21,9 +21,12 @@
 //! - [`command`]: the command state machine as pure transitions.
 //! - [`envelope`]: the 100,000-character result envelope.
 //! - [`store`]: the persistence trait.
+//! - [`executor`]: what runs a Graph on the desktop.
 //! - [`outbox`]: the relay's durable outbox trait.
 //! - [`queue`]: the service that applies the rules over a store.
 //! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
+//! - [`relay`]: the desktop relay as a sans-IO state machine.
+//! - [`signals`]: runtime-free wake-ups for held requests.
 //!
 //! # Example
 //! ```
@@ -45,12 +48,15 @@ pub mod args;
 pub mod catalog;
 pub mod command;
 pub mod envelope;
+pub mod executor;
 pub mod ids;
 pub mod mcp;
 pub mod outbox;
 pub mod principal;
 pub mod queue;
+pub mod relay;
 pub mod session;
+pub mod signals;
 pub mod store;
 pub mod time;
 

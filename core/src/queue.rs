@@ -38,6 +38,7 @@ use crate::envelope::{EnvelopeError, ResultEnvelope};
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::principal::{Agent, Device};
 use crate::session::{InvalidSession, MAX_SESSIONS_PER_SYNC, SessionMeta, SharedSession};
+use crate::signals::{Signals, Topic};
 use crate::store::{
     DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
     Store, StoreError,
@@ -392,6 +393,7 @@ pub struct Queue {
     clock: Arc<dyn Clock>,
     ids: Arc<dyn IdSource>,
     config: QueueConfig,
+    signals: Arc<Signals>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -415,7 +417,14 @@ impl Queue {
             clock,
             ids,
             config,
+            signals: Arc::new(Signals::new()),
         }
+    }
+
+    /// The wake-up registry: every write that a held request may wait for
+    /// notifies it (see [`Signals`]).
+    pub fn signals(&self) -> &Arc<Signals> {
+        &self.signals
     }
 
     /// The configuration.
@@ -464,17 +473,18 @@ impl Queue {
         else {
             return Err(RunError::SessionNotFound);
         };
-        let command = CommandRecord::queued(
+        let mut command = CommandRecord::queued(
             self.ids.new_command_id(),
             agent.id.clone(),
             agent.owner.clone(),
-            shared.project,
-            shared.device,
+            shared.project.clone(),
+            shared.device.clone(),
             args.graph_session_id,
             args.arguments,
             args.idempotency_key,
             now,
         );
+        command.slug = shared.meta.slug;
         let key = IdempotencyRecord {
             agent: agent.id.clone(),
             key: command.idempotency_key.clone(),
@@ -484,6 +494,10 @@ impl Queue {
         };
         match self.store.insert_command(&command, &key, now).await? {
             InsertOutcome::Inserted => {
+                self.signals.notify(&Topic::DeviceWork(
+                    command.owner.clone(),
+                    command.device.clone(),
+                ));
                 let poll_after_seconds = self.pickup_hint(&command, now).await?.0;
                 Ok(RunTicket {
                     command,
@@ -802,6 +816,7 @@ impl Queue {
                         .await
                         .map_err(TransitionError::Store)?
                     {
+                        self.signals.notify(&Topic::Command(next.id));
                         return Ok(next);
                     }
                 }

@@ -145,7 +145,8 @@ pub trait Store: Send + Sync {
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError>;
 
     /// Queued commands of (owner, project) assigned to `device`, oldest
-    /// first (by `created_at`, then id), at most `limit`.
+    /// first: by `created_at`, then in the order they were inserted (so runs
+    /// queued within the same millisecond keep their order); at most `limit`.
     async fn queued_commands(
         &self,
         owner: &OwnerId,

@@ -811,6 +811,18 @@ pub async fn queued_order_and_limit(store: Arc<dyn Store>) {
         .collect();
     assert_eq!(got, vec![in_p2.id]);
     assert!(w.sync(&w.other_device, p1(), &[]).await.is_empty());
+    // Runs queued within the same millisecond come back in the order they were queued.
+    let mut all_p2 = vec![in_p2.id];
+    for i in 0..4 {
+        all_p2.push(w.run(&w.agent, 2, &format!("same-ms-{i:04}")).await.id);
+    }
+    let got: Vec<_> = w
+        .sync(&w.device, p2(), &[2])
+        .await
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(got, all_p2[..3], "insertion order within one instant");
 }
 
 /// Devices are recorded on every contact; the poll hint reflects them.

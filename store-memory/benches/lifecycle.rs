@@ -1,3 +1,4 @@
+#![allow(missing_docs)] // criterion macros generate undocumented items
 //! Full lifecycle throughput on the memory store:
 //! run_graph_session → sync → start → complete → get_graph_run.
 //!
@@ -15,7 +16,11 @@ use serde_json::json;
 
 fn lifecycle(c: &mut Criterion) {
     let w = World::new(Arc::new(MemoryStore::new()));
-    let sync = SyncRequest { project: p1(), sessions: vec![meta(1)], long_poll: false };
+    let sync = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: false,
+    };
     block_on(w.queue.sync(&w.device, &sync)).expect("sync");
     let counter = AtomicU64::new(0);
     let mut group = c.benchmark_group("memory");
@@ -25,14 +30,25 @@ fn lifecycle(c: &mut Criterion) {
             block_on(async {
                 let n = counter.fetch_add(1, Ordering::Relaxed);
                 let key = format!("bench-key-{n}");
-                let ticket = w.queue.run_graph_session(&w.agent, run_args(1, &key, json!({"n": n}))).await.expect("run");
+                let ticket = w
+                    .queue
+                    .run_graph_session(&w.agent, run_args(1, &key, json!({"n": n})))
+                    .await
+                    .expect("run");
                 let queued = w.queue.sync(&w.device, &sync).await.expect("sync");
                 assert_eq!(queued.commands.len(), 1);
                 let id = ticket.command.id;
                 let execution = exec(&format!("exec-{n}"));
-                w.queue.start(&w.device, &id, &execution).await.expect("start");
                 w.queue
-                    .complete(&w.device, &id, &completed(execution.as_str(), json!({"ok": n})))
+                    .start(&w.device, &id, &execution)
+                    .await
+                    .expect("start");
+                w.queue
+                    .complete(
+                        &w.device,
+                        &id,
+                        &completed(execution.as_str(), json!({"ok": n})),
+                    )
                     .await
                     .expect("complete");
                 let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");

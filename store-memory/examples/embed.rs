@@ -20,7 +20,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         let owner = OwnerId::parse("alice")?;
         let project = ProjectId::parse("research")?;
-        let agent = Agent::new(AgentId::parse("assistant")?, owner.clone(), [project.clone()]);
+        let agent = Agent::new(
+            AgentId::parse("assistant")?,
+            owner.clone(),
+            [project.clone()],
+        );
         let desktop = Device::new(DeviceId::parse("alice-desktop")?, owner);
 
         // The desktop shares one saved Graph with the project on its first pass.
@@ -47,7 +51,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &agent,
                 RunArgs {
                     graph_session_id: session,
-                    arguments: json!({"folder": "~/notes"}).as_object().cloned().unwrap_or_default(),
+                    arguments: json!({"folder": "~/notes"})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
                     idempotency_key: IdempotencyKey::parse("summarise-2026-11-30")?,
                 },
             )
@@ -59,7 +66,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for command in work.commands {
             let execution = ExecutionId::parse("exec-0001")?;
             queue.start(&desktop, &command.id, &execution).await?;
-            println!("desktop runs {} on channel {}", command.id, command.id.channel());
+            println!(
+                "desktop runs {} on channel {}",
+                command.id,
+                command.id.channel()
+            );
             let envelope = ResultEnvelope::build(
                 execution,
                 FinishStatus::Completed,

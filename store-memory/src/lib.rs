@@ -48,7 +48,9 @@ type QueueKey = (OwnerId, ProjectId, DeviceId);
 struct Inner {
     commands: HashMap<CommandId, CommandRecord>,
     keys: HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>,
-    queued: HashMap<QueueKey, BTreeSet<(Timestamp, CommandId)>>,
+    queued: HashMap<QueueKey, BTreeSet<(Timestamp, u64, CommandId)>>,
+    inserted: HashMap<CommandId, u64>,
+    next_insert: u64,
     sessions: HashMap<(OwnerId, ProjectId), BTreeMap<(GraphSessionId, DeviceId), SharedSession>>,
     devices: HashMap<(OwnerId, DeviceId), DeviceRecord>,
 }
@@ -56,7 +58,8 @@ struct Inner {
 impl Inner {
     fn index(&mut self, c: &CommandRecord) {
         let key = (c.owner.clone(), c.project.clone(), c.device.clone());
-        let entry = (c.created_at, c.id);
+        let order = self.inserted.get(&c.id).copied().unwrap_or(0);
+        let entry = (c.created_at, order, c.id);
         if c.status == CommandStatus::Queued {
             self.queued.entry(key).or_default().insert(entry);
         } else if let Some(set) = self.queued.get_mut(&key) {
@@ -138,6 +141,9 @@ impl Store for MemoryStore {
             )));
         }
         inner.keys.insert(slot, key.clone());
+        inner.next_insert += 1;
+        let order = inner.next_insert;
+        inner.inserted.insert(command.id, order);
         inner.index(command);
         inner.commands.insert(command.id, command.clone());
         Ok(InsertOutcome::Inserted)
@@ -196,7 +202,7 @@ impl Store for MemoryStore {
             .into_iter()
             .flatten()
             .take(limit)
-            .filter_map(|(_, id)| inner.commands.get(id).cloned())
+            .filter_map(|(_, _, id)| inner.commands.get(id).cloned())
             .collect())
     }
 
@@ -329,6 +335,7 @@ impl Store for MemoryStore {
                 .collect();
             for id in &old {
                 inner.commands.remove(id);
+                inner.inserted.remove(id);
             }
             commands = old.len();
         }

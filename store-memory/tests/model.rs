@@ -19,15 +19,48 @@ use serde_json::json;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Run { agent: usize, session: u32, key: u8, arg: u8 },
-    Get { agent: usize, command: usize },
-    Cancel { agent: usize, command: usize },
-    Sync { device: usize, project: bool, sessions: std::collections::BTreeSet<u32> },
-    Start { device: usize, command: usize, execution: u8 },
-    Control { device: usize, command: usize },
-    Complete { device: usize, command: usize, execution: u8, status: u8, result: u8 },
-    Decline { device: usize, command: usize },
-    Advance { secs: u16 },
+    Run {
+        agent: usize,
+        session: u32,
+        key: u8,
+        arg: u8,
+    },
+    Get {
+        agent: usize,
+        command: usize,
+    },
+    Cancel {
+        agent: usize,
+        command: usize,
+    },
+    Sync {
+        device: usize,
+        project: bool,
+        sessions: std::collections::BTreeSet<u32>,
+    },
+    Start {
+        device: usize,
+        command: usize,
+        execution: u8,
+    },
+    Control {
+        device: usize,
+        command: usize,
+    },
+    Complete {
+        device: usize,
+        command: usize,
+        execution: u8,
+        status: u8,
+        result: u8,
+    },
+    Decline {
+        device: usize,
+        command: usize,
+    },
+    Advance {
+        secs: u16,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,9 +98,17 @@ fn check(ops: Vec<Op>) {
     for op in ops {
         let pick = |i: usize| commands.get(i % commands.len().max(1)).copied();
         match op {
-            Op::Run { agent, session, key, arg } => {
+            Op::Run {
+                agent,
+                session,
+                key,
+                arg,
+            } => {
                 let key_text = format!("model-key-{key}");
-                let result = block_on(w.queue.run_graph_session(agents[agent], run_args(session, &key_text, json!({"v": arg}))));
+                let result = block_on(w.queue.run_graph_session(
+                    agents[agent],
+                    run_args(session, &key_text, json!({"v": arg})),
+                ));
                 match (result, keys.get(&(agent, key))) {
                     (Ok(ticket), Some(&(first, first_arg, first_session))) => {
                         assert!(ticket.replayed);
@@ -79,9 +120,19 @@ fn check(ops: Vec<Op>) {
                         assert_eq!(ticket.command.agent, agents[agent].id);
                         keys.insert((agent, key), (ticket.command.id, arg, session));
                         commands.push(ticket.command.id);
-                        known.insert(ticket.command.id, Known { owner: agent, terminal: None, completions_applied: 0 });
+                        known.insert(
+                            ticket.command.id,
+                            Known {
+                                owner: agent,
+                                terminal: None,
+                                completions_applied: 0,
+                            },
+                        );
                     }
-                    (Err(RunError::KeyReused { command }), Some(&(first, first_arg, first_session))) => {
+                    (
+                        Err(RunError::KeyReused { command }),
+                        Some(&(first, first_arg, first_session)),
+                    ) => {
                         assert_eq!(command, first);
                         assert_ne!((arg, session), (first_arg, first_session));
                     }
@@ -102,18 +153,37 @@ fn check(ops: Vec<Op>) {
                         Err(e) => panic!("{e}"),
                     }
                 };
-                assert_eq!(visible, agent == owner, "only the owning agent sees a command");
+                assert_eq!(
+                    visible,
+                    agent == owner,
+                    "only the owning agent sees a command"
+                );
             }
-            Op::Sync { device, project, sessions } => {
+            Op::Sync {
+                device,
+                project,
+                sessions,
+            } => {
                 let project = if project { p1() } else { p2() };
                 let sessions: Vec<u32> = sessions.into_iter().collect();
                 block_on(w.sync(devices[device], project, &sessions));
             }
-            Op::Start { device, command, execution } => {
+            Op::Start {
+                device,
+                command,
+                execution,
+            } => {
                 let Some(id) = pick(command) else { continue };
                 let before = known[&id].terminal.clone();
-                if let Ok(rec) = block_on(w.queue.start(devices[device], &id, &exec(&format!("x{execution}")))) {
-                    assert!(before.is_none(), "a terminal (e.g. cancelled) command never starts");
+                if let Ok(rec) = block_on(w.queue.start(
+                    devices[device],
+                    &id,
+                    &exec(&format!("x{execution}")),
+                )) {
+                    assert!(
+                        before.is_none(),
+                        "a terminal (e.g. cancelled) command never starts"
+                    );
                     assert_eq!(rec.status, CommandStatus::Running);
                     assert_eq!(rec.device, devices[device].id);
                 }
@@ -122,18 +192,36 @@ fn check(ops: Vec<Op>) {
                 let Some(id) = pick(command) else { continue };
                 let _ = block_on(w.queue.control(devices[device], &id));
             }
-            Op::Complete { device, command, execution, status, result } => {
+            Op::Complete {
+                device,
+                command,
+                execution,
+                status,
+                result,
+            } => {
                 let Some(id) = pick(command) else { continue };
-                let status = [FinishStatus::Completed, FinishStatus::Failed, FinishStatus::Cancelled][status as usize];
+                let status = [
+                    FinishStatus::Completed,
+                    FinishStatus::Failed,
+                    FinishStatus::Cancelled,
+                ][status as usize];
                 let envelope = ResultEnvelope::build(
                     exec(&format!("x{execution}")),
                     status,
-                    EnvelopeBody { result: json!(result), ..EnvelopeBody::default() },
+                    EnvelopeBody {
+                        result: json!(result),
+                        ..EnvelopeBody::default()
+                    },
                 );
-                if let Ok(CompleteAck::Recorded(_)) = block_on(w.queue.complete(devices[device], &id, &envelope)) {
+                if let Ok(CompleteAck::Recorded(_)) =
+                    block_on(w.queue.complete(devices[device], &id, &envelope))
+                {
                     let k = known.get_mut(&id).expect("known");
                     k.completions_applied += 1;
-                    assert_eq!(k.completions_applied, 1, "a completion applies at most once");
+                    assert_eq!(
+                        k.completions_applied, 1,
+                        "a completion applies at most once"
+                    );
                 }
             }
             Op::Decline { device, command } => {
@@ -145,7 +233,9 @@ fn check(ops: Vec<Op>) {
 
         // Invariants over every known command, after every step.
         for (id, k) in known.iter_mut() {
-            let now = block_on(w.queue.get_graph_run(agents[k.owner], id)).expect("owner always sees it").command;
+            let now = block_on(w.queue.get_graph_run(agents[k.owner], id))
+                .expect("owner always sees it")
+                .command;
             if let Some(frozen) = &k.terminal {
                 assert_eq!(&now, frozen, "terminal states never change");
             } else if now.status.is_terminal() {
@@ -153,7 +243,10 @@ fn check(ops: Vec<Op>) {
             }
             for (other, agent) in agents.iter().enumerate() {
                 if other != k.owner {
-                    assert!(matches!(block_on(w.queue.get_graph_run(agent, id)), Err(GetError::NotFound)));
+                    assert!(matches!(
+                        block_on(w.queue.get_graph_run(agent, id)),
+                        Err(GetError::NotFound)
+                    ));
                 }
             }
         }

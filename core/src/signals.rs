@@ -1,0 +1,172 @@
+//! Wake-ups without a runtime.
+//!
+//! A held request (a relay's long-poll sync or control call, an agent's
+//! `wait_seconds`) subscribes to a [`Topic`] *before* it looks at the store,
+//! then awaits the [`Subscription`] (with a timeout from its own runtime).
+//! The [`Queue`](crate::queue::Queue) notifies a topic after every write that
+//! matters to it, so a waiter wakes as soon as the state it waits for can
+//! have changed, and costs nothing while it waits.
+//!
+//! Notifications are hints, never data: a woken waiter re-reads the store.
+//! Processes that share a store (several servers on one database) forward
+//! notifications to each other through [`Signals::set_forwarder`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use futures::channel::oneshot;
+
+use crate::ids::{CommandId, DeviceId, OwnerId};
+
+/// What a waiter waits for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Topic {
+    /// A command was queued for this device (of this owner).
+    DeviceWork(OwnerId, DeviceId),
+    /// This command changed (started, cancel requested, finished).
+    Command(CommandId),
+}
+
+/// Receives every local notification, e.g. to publish it to other processes.
+pub trait Forwarder: Send + Sync {
+    /// Called after local waiters on `topic` were woken.
+    fn forward(&self, topic: &Topic);
+}
+
+/// The registry of waiters. Cheap to share (`Arc`).
+#[derive(Default)]
+pub struct Signals {
+    waiters: Mutex<HashMap<Topic, Vec<oneshot::Sender<()>>>>,
+    forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
+}
+
+impl std::fmt::Debug for Signals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signals")
+            .field("topics", &self.lock().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Signals {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<Topic, Vec<oneshot::Sender<()>>>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Registers interest in `topic`. Subscribe first, then check the store,
+    /// then await: a change between the check and the await is not lost.
+    pub fn subscribe(&self, topic: Topic) -> Subscription {
+        let (tx, rx) = oneshot::channel();
+        let mut waiters = self.lock();
+        let list = waiters.entry(topic).or_default();
+        // Drop senders whose waiters gave up (timed out) so idle topics do not grow.
+        list.retain(|s| !s.is_canceled());
+        list.push(tx);
+        Subscription(rx)
+    }
+
+    /// Wakes every waiter on `topic` (here, and through the forwarder elsewhere).
+    pub fn notify(&self, topic: &Topic) {
+        self.notify_local(topic);
+        let forwarder = self
+            .forwarder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(f) = forwarder {
+            f.forward(topic);
+        }
+    }
+
+    /// Wakes the waiters of this process only (for a notification that came
+    /// from another process).
+    pub fn notify_local(&self, topic: &Topic) {
+        let senders = self.lock().remove(topic);
+        for s in senders.into_iter().flatten() {
+            let _ = s.send(());
+        }
+    }
+
+    /// Installs the forwarder that publishes notifications to other processes.
+    pub fn set_forwarder(&self, forwarder: Arc<dyn Forwarder>) {
+        *self.forwarder.lock().unwrap_or_else(|p| p.into_inner()) = Some(forwarder);
+    }
+
+    /// Number of live waiters (for tests and metrics).
+    pub fn waiting(&self) -> usize {
+        self.lock()
+            .values()
+            .map(|l| l.iter().filter(|s| !s.is_canceled()).count())
+            .sum()
+    }
+}
+
+/// A future that resolves when its topic is notified. Dropping it unsubscribes.
+#[derive(Debug)]
+#[must_use = "a subscription does nothing unless awaited"]
+pub struct Subscription(oneshot::Receiver<()>);
+
+impl Future for Subscription {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        // A dropped registry also wakes the waiter: it must re-check the store.
+        Pin::new(&mut self.0).poll(cx).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+
+    #[test]
+    fn notify_wakes_subscribers_of_that_topic_only() {
+        let s = Signals::new();
+        let id = CommandId::from_uuid(uuid::Uuid::from_u128(1));
+        let other = CommandId::from_uuid(uuid::Uuid::from_u128(2));
+        let mut a = s.subscribe(Topic::Command(id));
+        let mut b = s.subscribe(Topic::Command(other));
+        assert_eq!(s.waiting(), 2);
+        assert!((&mut a).now_or_never().is_none());
+        s.notify(&Topic::Command(id));
+        assert!((&mut a).now_or_never().is_some());
+        assert!((&mut b).now_or_never().is_none());
+        assert_eq!(s.waiting(), 1);
+    }
+
+    #[test]
+    fn abandoned_subscriptions_are_cleaned_up() {
+        let s = Signals::new();
+        let id = CommandId::from_uuid(uuid::Uuid::from_u128(1));
+        for _ in 0..1000 {
+            drop(s.subscribe(Topic::Command(id)));
+        }
+        let _live = s.subscribe(Topic::Command(id));
+        assert_eq!(s.lock().get(&Topic::Command(id)).map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn forwarder_sees_every_notification() {
+        struct Count(Mutex<Vec<Topic>>);
+        impl Forwarder for Count {
+            fn forward(&self, topic: &Topic) {
+                self.0.lock().unwrap().push(topic.clone());
+            }
+        }
+        let s = Signals::new();
+        let count = Arc::new(Count(Mutex::new(Vec::new())));
+        s.set_forwarder(count.clone());
+        let id = CommandId::from_uuid(uuid::Uuid::from_u128(3));
+        s.notify(&Topic::Command(id));
+        s.notify_local(&Topic::Command(id));
+        assert_eq!(count.0.lock().unwrap().as_slice(), &[Topic::Command(id)]);
+    }
+}

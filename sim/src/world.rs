@@ -1,0 +1,701 @@
+//! The harness: the real `Queue` (memory store) and the real relay state
+//! machine, on one virtual clock.
+//!
+//! Only what lies outside the system is simulated: network latency, the
+//! Graph's run time, lost requests and the agent's script. Time moves from
+//! one deadline to the next (as quinn-proto's test `Pair` does): the earliest
+//! of the scheduled deliveries and the relay's own timer.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::executor::block_on;
+use graph_relay_core::command::{CommandRecord, CommandStatus};
+use graph_relay_core::envelope::FinishStatus;
+use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
+use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
+use graph_relay_core::principal::{Agent, Device};
+use graph_relay_core::queue::{
+    CompleteError, DeclineError, Queue, QueueConfig, StartError, SyncRequest,
+};
+use graph_relay_core::relay::{
+    Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Relay, RelayCommand, RelayConfig,
+    RelayMode, SharedSet, SyncFailure,
+};
+use graph_relay_core::session::SessionMeta;
+use graph_relay_core::signals::{Subscription, Topic};
+use graph_relay_core::time::{Clock, ManualClock, SeededIds, Timestamp};
+use graph_relay_store_memory::{MemoryOutbox, MemoryStore};
+use serde_json::json;
+
+use crate::rng::SimRng;
+
+/// The simulated start of time: 2026-01-01T00:00:00Z.
+pub const START: Timestamp = Timestamp(1_767_225_600_000);
+
+/// Synthetic Graph run times: lognormal with a median and a floor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunTime {
+    /// Median run time in seconds (60).
+    pub median_secs: f64,
+    /// Lognormal shape (0.75).
+    pub sigma: f64,
+    /// Shortest run in seconds (5).
+    pub min_secs: f64,
+}
+
+impl Default for RunTime {
+    fn default() -> Self {
+        Self {
+            median_secs: 60.0,
+            sigma: 0.75,
+            min_secs: 5.0,
+        }
+    }
+}
+
+/// How a world is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorldConfig {
+    /// Interval (published) or long-poll relay.
+    pub mode: RelayMode,
+    /// One-way network latency of every relay request (25 ms).
+    pub latency: Duration,
+    /// How long the server holds a long-poll request (25 s).
+    pub hold: Duration,
+    /// Whether the relay's outbox is durable (on) or absent (off).
+    pub outbox: bool,
+    /// Graph run times.
+    pub run_time: RunTime,
+    /// When the relay's first pass happens, from the start (its phase).
+    pub relay_start: Duration,
+    /// Seed of run times and the relay's jitter.
+    pub seed: u64,
+}
+
+impl Default for WorldConfig {
+    fn default() -> Self {
+        Self {
+            mode: RelayMode::Interval,
+            latency: Duration::from_millis(25),
+            hold: Duration::from_secs(25),
+            outbox: true,
+            run_time: RunTime::default(),
+            relay_start: Duration::ZERO,
+            seed: 1,
+        }
+    }
+}
+
+/// What the executor saw of one execution.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionRecord {
+    /// The command.
+    pub command: CommandId,
+    /// When the executor started it.
+    pub started: Timestamp,
+    /// When it stopped.
+    pub ended: Option<Timestamp>,
+    /// How it ended.
+    pub status: Option<FinishStatus>,
+}
+
+/// A request on its way to the server.
+#[derive(Debug)]
+enum Request {
+    Sync {
+        project: ProjectId,
+        sessions: Vec<SessionMeta>,
+        long_poll: bool,
+    },
+    Claim {
+        command: CommandId,
+        execution: graph_relay_core::ids::ExecutionId,
+    },
+    Control {
+        command: CommandId,
+        long_poll: bool,
+    },
+    Post(OutboxItem),
+}
+
+/// An answer on its way to the relay.
+#[derive(Debug)]
+enum Answer {
+    Sync(Result<Vec<RelayCommand>, SyncFailure>),
+    Claim(CommandId, ClaimOutcome),
+    Control(CommandId, Result<bool, String>),
+    Posted(CommandId, PostOutcome),
+}
+
+#[derive(Debug)]
+enum Event {
+    Arrive(Request),
+    Answer(Answer),
+    ExecutionDone {
+        command: CommandId,
+        generation: u64,
+        status: FinishStatus,
+    },
+    HoldExpired {
+        generation: u64,
+    },
+}
+
+struct Scheduled {
+    at: Timestamp,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+/// A long-poll request the server is holding.
+enum Held {
+    Sync {
+        project: ProjectId,
+        subscription: Subscription,
+        generation: u64,
+    },
+    Control {
+        command: CommandId,
+        subscription: Subscription,
+        generation: u64,
+    },
+}
+
+/// One simulated world: an owner, one desktop with one project and one
+/// shared session, the agent that queues runs, and a second agent.
+pub struct World {
+    clock: Arc<ManualClock>,
+    /// The real queue over the memory store.
+    pub queue: Queue,
+    relay: Relay,
+    outbox: Option<MemoryOutbox>,
+    config: WorldConfig,
+    heap: BinaryHeap<Reverse<Scheduled>>,
+    seq: u64,
+    rng: SimRng,
+    held: Vec<Held>,
+    hold_generation: u64,
+    running: Option<(CommandId, u64)>,
+    exec_generation: u64,
+    lose_posts: usize,
+    /// Every execution the desktop started, in order.
+    pub executions: Vec<ExecutionRecord>,
+    /// The agent that queues runs.
+    pub agent: Agent,
+    /// Another agent of the same owner, connected to the same project.
+    pub other_agent: Agent,
+    /// The desktop.
+    pub device: Device,
+    /// The project the session is shared to.
+    pub project: ProjectId,
+    /// The shared session.
+    pub session: GraphSessionId,
+}
+
+fn valid<T, E: std::fmt::Debug>(r: Result<T, E>) -> T {
+    r.unwrap_or_else(|e| unreachable!("literal ids are valid: {e:?}"))
+}
+
+impl World {
+    /// A world at [`START`] with the desktop's first pass at `config.relay_start`.
+    pub fn new(config: WorldConfig) -> Self {
+        let clock = Arc::new(ManualClock::new(START));
+        let queue_config = QueueConfig {
+            long_poll_hold: config.hold,
+            ..QueueConfig::default()
+        };
+        let queue = Queue::new(
+            Arc::new(MemoryStore::new()),
+            clock.clone(),
+            Arc::new(SeededIds::new(config.seed)),
+            queue_config,
+        );
+        let owner = valid(OwnerId::parse("owner"));
+        let project = valid(ProjectId::parse("project"));
+        let session = valid(GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef"));
+        let mut shared = SharedSet::new();
+        shared.share(
+            project.clone(),
+            SessionMeta {
+                graph_session_id: session.clone(),
+                name: "Synthetic graph".into(),
+                description: "Runs for a lognormal time".into(),
+                slug: "synthetic".into(),
+                version: "1".into(),
+                status: "ready".into(),
+            },
+        );
+        let relay_config = RelayConfig {
+            mode: config.mode,
+            seed: config.seed,
+            ..RelayConfig::default()
+        };
+        let relay = Relay::new(relay_config, shared.clone(), START.plus(config.relay_start));
+        let device = Device::new(valid(DeviceId::parse("desktop")), owner.clone());
+        // The desktop shared its session once before the experiment starts.
+        let share = SyncRequest {
+            project: project.clone(),
+            sessions: shared.sessions(&project),
+            long_poll: false,
+        };
+        let _ = block_on(queue.sync(&device, &share));
+        let rng = SimRng::new(config.seed ^ 0x5eed);
+        Self {
+            outbox: config.outbox.then(MemoryOutbox::new),
+            clock,
+            queue,
+            relay,
+            heap: BinaryHeap::new(),
+            seq: 0,
+            rng,
+            held: Vec::new(),
+            hold_generation: 0,
+            running: None,
+            exec_generation: 0,
+            lose_posts: 0,
+            executions: Vec::new(),
+            agent: Agent::new(
+                valid(AgentId::parse("agent")),
+                owner.clone(),
+                [project.clone()],
+            ),
+            other_agent: Agent::new(
+                valid(AgentId::parse("second-agent")),
+                owner,
+                [project.clone()],
+            ),
+            project,
+            device,
+            session,
+            config,
+        }
+    }
+
+    /// The virtual time.
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorldConfig {
+        &self.config
+    }
+
+    /// Loses the next `n` report POSTs (they never reach the server).
+    pub fn lose_next_posts(&mut self, n: usize) {
+        self.lose_posts += n;
+    }
+
+    /// A command as its agent sees it.
+    pub fn command(&self, agent: &Agent, id: &CommandId) -> Option<CommandRecord> {
+        block_on(self.queue.get_graph_run(agent, id))
+            .ok()
+            .map(|v| v.command)
+    }
+
+    fn schedule(&mut self, at: Timestamp, event: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        }));
+    }
+
+    fn after_latency(&self) -> Timestamp {
+        self.now().plus(self.config.latency)
+    }
+
+    /// Advances virtual time to `until`, processing everything due on the way.
+    pub fn run_until(&mut self, until: Timestamp) {
+        loop {
+            self.perform_actions();
+            self.wake_held();
+            let relay_due = self.relay.poll_timeout();
+            let heap_due = self.heap.peek().map(|Reverse(s)| s.at);
+            let next = match (relay_due, heap_due) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) => a,
+                (None, Some(b)) => b,
+                (None, None) => break,
+            };
+            if next > until {
+                break;
+            }
+            self.clock.set(next.max(self.now()));
+            if heap_due == Some(next) {
+                if let Some(Reverse(s)) = self.heap.pop() {
+                    self.dispatch(s.event);
+                }
+            } else {
+                let now = self.now();
+                self.relay.handle_timeout(now);
+            }
+        }
+        if until > self.now() {
+            self.clock.set(until);
+        }
+    }
+
+    /// Runs until `done` holds (checked after every step) or `limit` passes.
+    pub fn run_while(&mut self, limit: Timestamp, mut done: impl FnMut(&World) -> bool) {
+        while !done(self) && self.now() < limit {
+            let next = self.next_due().unwrap_or(limit).min(limit);
+            self.run_until(next.max(self.now()));
+            if self.next_due().is_none() && !done(self) {
+                self.run_until(limit);
+                break;
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<Timestamp> {
+        let relay = self.relay.poll_timeout();
+        let heap = self.heap.peek().map(|Reverse(s)| s.at);
+        match (relay, heap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn perform_actions(&mut self) {
+        while let Some(action) = self.relay.poll_action() {
+            let now = self.now();
+            match action {
+                Action::LoadOutbox => {
+                    let items = match &self.outbox {
+                        Some(o) => block_on(o.pending()).unwrap_or_default(),
+                        None => Vec::new(),
+                    };
+                    self.relay.handle_outbox_loaded(items, now);
+                }
+                Action::Sync {
+                    project,
+                    sessions,
+                    long_poll,
+                } => {
+                    let at = self.after_latency();
+                    self.schedule(
+                        at,
+                        Event::Arrive(Request::Sync {
+                            project,
+                            sessions,
+                            long_poll,
+                        }),
+                    );
+                }
+                Action::AbortHeldSync => {
+                    self.held.retain(|h| !matches!(h, Held::Sync { .. }));
+                    self.relay
+                        .handle_sync_response(Err(SyncFailure::Aborted), now);
+                }
+                Action::Claim { command, execution } => {
+                    let at = self.after_latency();
+                    self.schedule(at, Event::Arrive(Request::Claim { command, execution }));
+                }
+                Action::Execute(job) => self.execute(job),
+                Action::Control { command, long_poll } => {
+                    let at = self.after_latency();
+                    self.schedule(at, Event::Arrive(Request::Control { command, long_poll }));
+                }
+                Action::CancelExecution { command } => {
+                    // The engine stops the execution at once.
+                    if let Some((running, generation)) = self.running {
+                        if running == command {
+                            self.schedule(
+                                now,
+                                Event::ExecutionDone {
+                                    command,
+                                    generation,
+                                    status: FinishStatus::Cancelled,
+                                },
+                            );
+                        }
+                    }
+                }
+                Action::StoreReport(item) => {
+                    if let Some(o) = &self.outbox {
+                        let _ = block_on(o.put(&item));
+                    }
+                    self.relay.handle_report_stored(item.command, now);
+                }
+                Action::PostReport(item) => {
+                    if self.lose_posts > 0 && matches!(item.report, RelayReport::Completion { .. })
+                    {
+                        self.lose_posts -= 1;
+                        let at = now.plus(self.config.latency * 2);
+                        self.schedule(
+                            at,
+                            Event::Answer(Answer::Posted(
+                                item.command,
+                                PostOutcome::Retry("lost".into()),
+                            )),
+                        );
+                    } else {
+                        let at = self.after_latency();
+                        self.schedule(at, Event::Arrive(Request::Post(item)));
+                    }
+                }
+                Action::RemoveReport(command) => {
+                    if let Some(o) = &self.outbox {
+                        let _ = block_on(o.remove(&command));
+                    }
+                }
+                Action::RecordAttempt(command) => {
+                    if let Some(o) = &self.outbox {
+                        let _ = block_on(o.record_attempt(&command));
+                    }
+                }
+            }
+        }
+    }
+
+    fn execute(&mut self, job: Job) {
+        let now = self.now();
+        self.exec_generation += 1;
+        let generation = self.exec_generation;
+        let rt = self.config.run_time;
+        let secs = self.rng.lognormal(rt.median_secs, rt.sigma, rt.min_secs);
+        let command = job.command.id;
+        self.running = Some((command, generation));
+        self.executions.push(ExecutionRecord {
+            command,
+            started: now,
+            ended: None,
+            status: None,
+        });
+        let at = now.plus(Duration::from_secs_f64(secs));
+        self.schedule(
+            at,
+            Event::ExecutionDone {
+                command,
+                generation,
+                status: FinishStatus::Completed,
+            },
+        );
+    }
+
+    fn dispatch(&mut self, event: Event) {
+        let now = self.now();
+        match event {
+            Event::Arrive(request) => self.serve(request),
+            Event::Answer(answer) => match answer {
+                Answer::Sync(result) => self.relay.handle_sync_response(result, now),
+                Answer::Claim(command, outcome) => {
+                    self.relay.handle_claim_response(command, outcome, now)
+                }
+                Answer::Control(command, result) => {
+                    self.relay.handle_control_response(command, result, now)
+                }
+                Answer::Posted(command, outcome) => {
+                    self.relay.handle_report_posted(command, outcome, now)
+                }
+            },
+            Event::ExecutionDone {
+                command,
+                generation,
+                status,
+            } => {
+                if self.running != Some((command, generation)) {
+                    return;
+                }
+                self.running = None;
+                if let Some(record) = self
+                    .executions
+                    .iter_mut()
+                    .rev()
+                    .find(|e| e.command == command)
+                {
+                    record.ended = Some(now);
+                    record.status = Some(status);
+                }
+                let outcome = ExecutionOutcome {
+                    status: Some(status),
+                    result: json!({"text": "synthetic result"}),
+                    total_tokens: Some(1000),
+                    reported_cost: None,
+                    error: None,
+                };
+                self.relay.handle_execution_finished(command, outcome, now);
+            }
+            Event::HoldExpired { generation } => {
+                let Some(index) = self.held.iter().position(|h| match h {
+                    Held::Sync { generation: g, .. } | Held::Control { generation: g, .. } => {
+                        *g == generation
+                    }
+                }) else {
+                    return;
+                };
+                let held = self.held.remove(index);
+                self.answer_held(held);
+            }
+        }
+    }
+
+    /// The server side of each relay request: the real queue.
+    fn serve(&mut self, request: Request) {
+        let reply_at = self.after_latency();
+        let device = self.device.clone();
+        match request {
+            Request::Sync {
+                project,
+                sessions,
+                long_poll,
+            } => {
+                let topic = Topic::DeviceWork(device.owner.clone(), device.id.clone());
+                let subscription = self.queue.signals().subscribe(topic);
+                let request = SyncRequest {
+                    project: project.clone(),
+                    sessions,
+                    long_poll,
+                };
+                let answer = match block_on(self.queue.sync(&device, &request)) {
+                    Ok(response) if long_poll && response.commands.is_empty() => {
+                        self.hold(Held::Sync {
+                            project,
+                            subscription,
+                            generation: 0,
+                        });
+                        return;
+                    }
+                    Ok(response) => Ok(response.commands.iter().map(relay_command).collect()),
+                    Err(e) => Err(SyncFailure::Refused(e.to_string())),
+                };
+                self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
+            }
+            Request::Claim { command, execution } => {
+                let outcome = match block_on(self.queue.start(&device, &command, &execution)) {
+                    Ok(_) => ClaimOutcome::Granted,
+                    Err(StartError::Store(e)) => ClaimOutcome::Network(e.to_string()),
+                    Err(e) => ClaimOutcome::Refused(e.to_string()),
+                };
+                self.schedule(reply_at, Event::Answer(Answer::Claim(command, outcome)));
+            }
+            Request::Control { command, long_poll } => {
+                let subscription = self.queue.signals().subscribe(Topic::Command(command));
+                let answer = match block_on(self.queue.control(&device, &command)) {
+                    Ok(a) if long_poll && !a.cancel_requested && !a.status.is_terminal() => {
+                        self.hold(Held::Control {
+                            command,
+                            subscription,
+                            generation: 0,
+                        });
+                        return;
+                    }
+                    Ok(a) => Ok(a.cancel_requested),
+                    Err(e) => Err(e.to_string()),
+                };
+                self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
+            }
+            Request::Post(item) => {
+                let outcome = match &item.report {
+                    RelayReport::Completion { envelope } => {
+                        match block_on(self.queue.complete(&device, &item.command, envelope)) {
+                            Ok(_) => PostOutcome::Acknowledged,
+                            Err(CompleteError::Store(e)) => PostOutcome::Retry(e.to_string()),
+                            Err(e) => PostOutcome::Rejected(e.to_string()),
+                        }
+                    }
+                    RelayReport::Declined => {
+                        match block_on(self.queue.decline(&device, &item.command)) {
+                            Ok(_) => PostOutcome::Acknowledged,
+                            Err(DeclineError::Store(e)) => PostOutcome::Retry(e.to_string()),
+                            Err(e) => PostOutcome::Rejected(e.to_string()),
+                        }
+                    }
+                };
+                self.schedule(
+                    reply_at,
+                    Event::Answer(Answer::Posted(item.command, outcome)),
+                );
+            }
+        }
+    }
+
+    fn hold(&mut self, mut held: Held) {
+        self.hold_generation += 1;
+        let generation = self.hold_generation;
+        match &mut held {
+            Held::Sync { generation: g, .. } | Held::Control { generation: g, .. } => {
+                *g = generation
+            }
+        }
+        self.held.push(held);
+        let at = self.now().plus(self.config.hold);
+        self.schedule(at, Event::HoldExpired { generation });
+    }
+
+    /// Answers held requests whose topic was notified.
+    fn wake_held(&mut self) {
+        let mut index = 0;
+        while index < self.held.len() {
+            let ready = match &mut self.held[index] {
+                Held::Sync { subscription, .. } | Held::Control { subscription, .. } => {
+                    subscription.now_or_never().is_some()
+                }
+            };
+            if ready {
+                let held = self.held.remove(index);
+                self.answer_held(held);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    fn answer_held(&mut self, held: Held) {
+        let reply_at = self.after_latency();
+        let device = self.device.clone();
+        match held {
+            Held::Sync { project, .. } => {
+                let answer = block_on(self.queue.queued_for(&device, &project))
+                    .map(|cs| cs.iter().map(relay_command).collect())
+                    .map_err(|e| SyncFailure::Network(e.to_string()));
+                self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
+            }
+            Held::Control { command, .. } => {
+                let answer = block_on(self.queue.control(&device, &command))
+                    .map(|a| a.cancel_requested)
+                    .map_err(|e| e.to_string());
+                self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
+            }
+        }
+    }
+
+    /// Status of a command straight from the queue (as its agent sees it).
+    pub fn status(&self, id: &CommandId) -> Option<CommandStatus> {
+        self.command(&self.agent, id).map(|c| c.status)
+    }
+}
+
+/// What a sync hands the relay for one command.
+pub fn relay_command(c: &CommandRecord) -> RelayCommand {
+    RelayCommand {
+        id: c.id,
+        project: c.project.clone(),
+        graph_session_id: c.graph_session_id.clone(),
+        arguments: c.arguments.clone(),
+        slug: c.slug.clone(),
+    }
+}

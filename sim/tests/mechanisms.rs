@@ -1,0 +1,165 @@
+//! Tests that pin mechanisms of the simulated system, not figures.
+
+use std::time::Duration;
+
+use futures::executor::block_on;
+use graph_relay_core::args::RunArgs;
+use graph_relay_core::command::CommandStatus;
+use graph_relay_core::ids::{CommandId, IdempotencyKey};
+use graph_relay_core::relay::RelayMode;
+use graph_relay_sim::experiments;
+use graph_relay_sim::world::{START, World, WorldConfig};
+
+fn queue(w: &mut World, n: u32) -> CommandId {
+    let args = RunArgs {
+        graph_session_id: w.session.clone(),
+        arguments: Default::default(),
+        idempotency_key: IdempotencyKey::parse(&format!("mech-key-{n:04}")).expect("key"),
+    };
+    block_on(w.queue.run_graph_session(&w.agent, args))
+        .expect("run")
+        .command
+        .id
+}
+
+#[test]
+fn same_seed_prints_byte_identical_output() {
+    let render = |seed| {
+        let outcomes = vec![
+            experiments::pickup(seed, 60),
+            experiments::five_at_once(seed),
+            experiments::polling(seed, 15),
+            experiments::cancellation(seed, 60),
+            experiments::idempotency(seed, 20, 2),
+            experiments::offline(seed),
+            experiments::result_size(),
+            experiments::second_agent(seed, 20),
+        ];
+        (
+            graph_relay_sim::render_text(&outcomes, seed),
+            graph_relay_sim::render_json(&outcomes, seed).to_string(),
+        )
+    };
+    let (a, b) = (render(7), render(7));
+    assert_eq!(a, b);
+    assert_ne!(a.0, render(8).0, "another seed gives other figures");
+}
+
+#[test]
+fn interval_mode_never_waits_more_than_one_interval_for_pickup() {
+    for seed in 0..40 {
+        let mut w = World::new(WorldConfig {
+            mode: RelayMode::Interval,
+            relay_start: Duration::from_millis(seed * 487 % 20_000),
+            seed,
+            ..WorldConfig::default()
+        });
+        w.run_until(START.plus(Duration::from_secs(20)));
+        let id = queue(&mut w, 1);
+        let limit = w.now().plus(Duration::from_secs(60));
+        w.run_while(limit, |w| {
+            w.command(&w.agent, &id)
+                .is_some_and(|c| c.started_at.is_some())
+        });
+        let c = w.command(&w.agent, &id).expect("visible");
+        let wait = c.started_at.expect("started").since(c.created_at);
+        // One interval plus the request round trips (25 ms each way).
+        assert!(
+            wait <= Duration::from_millis(20_000 + 100),
+            "waited {wait:?}"
+        );
+    }
+}
+
+#[test]
+fn a_run_cancelled_while_queued_never_reaches_the_executor() {
+    for mode in [RelayMode::Interval, RelayMode::LongPoll] {
+        let mut w = World::new(WorldConfig {
+            mode,
+            relay_start: Duration::from_secs(30),
+            ..WorldConfig::default()
+        });
+        let id = queue(&mut w, 1);
+        let view = block_on(w.queue.cancel_graph_run(&w.agent, &id)).expect("cancel");
+        assert_eq!(view.command.status, CommandStatus::Cancelled);
+        assert_eq!(
+            view.command.finished_at,
+            Some(w.now()),
+            "terminal after 0 s"
+        );
+        w.run_until(START.plus(Duration::from_secs(300)));
+        assert!(w.executions.is_empty(), "{mode:?}: {:?}", w.executions);
+    }
+}
+
+#[test]
+fn a_lost_completion_is_delivered_only_with_the_outbox() {
+    for mode in [RelayMode::Interval, RelayMode::LongPoll] {
+        for outbox in [true, false] {
+            let mut w = World::new(WorldConfig {
+                mode,
+                outbox,
+                ..WorldConfig::default()
+            });
+            w.lose_next_posts(1);
+            let id = queue(&mut w, 1);
+            w.run_until(START.plus(Duration::from_secs(3600)));
+            assert_eq!(w.executions.len(), 1);
+            let expected = if outbox {
+                CommandStatus::Completed
+            } else {
+                CommandStatus::Running
+            };
+            assert_eq!(w.status(&id), Some(expected), "{mode:?}, outbox {outbox}");
+        }
+    }
+}
+
+#[test]
+fn a_second_agent_always_gets_the_hidden_error() {
+    let outcome = experiments::second_agent(3, 50);
+    assert_eq!(outcome.figures["leaked"], 0);
+    assert_eq!(outcome.figures["get_hidden"], 50);
+    assert_eq!(outcome.figures["cancel_hidden"], 50);
+    assert_eq!(outcome.figures["same_as_unknown"], 100);
+}
+
+#[test]
+fn five_runs_queued_at_once_run_one_after_another_in_order() {
+    for mode in [RelayMode::Interval, RelayMode::LongPoll] {
+        let mut w = World::new(WorldConfig {
+            mode,
+            ..WorldConfig::default()
+        });
+        let ids: Vec<CommandId> = (0..5).map(|i| queue(&mut w, i)).collect();
+        w.run_until(START.plus(Duration::from_secs(4 * 3600)));
+        let order: Vec<CommandId> = w.executions.iter().map(|e| e.command).collect();
+        assert_eq!(order, ids, "{mode:?}: first queued, first run");
+        for pair in w.executions.windows(2) {
+            assert!(
+                pair[0].ended.expect("ended") <= pair[1].started,
+                "never two at once"
+            );
+        }
+    }
+}
+
+#[test]
+fn plots_are_written_as_svg() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outcomes = vec![
+        experiments::pickup(1, 30),
+        experiments::polling(1, 5),
+        experiments::cancellation(1, 30),
+    ];
+    let files = graph_relay_sim::plot::write_all(&outcomes, dir.path()).expect("plots");
+    assert_eq!(files.len(), 3);
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("svg");
+        assert!(
+            text.starts_with("<svg") && text.contains("</svg>"),
+            "{}",
+            f.display()
+        );
+    }
+}
