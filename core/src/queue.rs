@@ -563,15 +563,12 @@ impl Queue {
         id: &CommandId,
     ) -> Result<RunView, CancelError> {
         let record = self
-            .transition(
-                async || self.store.command_for_agent(&agent.id, id).await,
-                |current, now| {
-                    Ok::<_, std::convert::Infallible>(match current.cancel(now) {
-                        CancelDecision::Apply(next) => Some(*next),
-                        CancelDecision::Unchanged => None,
-                    })
-                },
-            )
+            .transition(Owner::Agent(&agent.id), id, |current, now| {
+                Ok::<_, std::convert::Infallible>(match current.cancel(now) {
+                    CancelDecision::Apply(next) => Some(*next),
+                    CancelDecision::Unchanged => None,
+                })
+            })
             .await
             .map_err(|e| match e {
                 TransitionError::NotFound => CancelError::NotFound,
@@ -682,13 +679,12 @@ impl Queue {
         execution: &ExecutionId,
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
-        self.transition(
-            async || self.store.command_for_device(&device.id, id).await,
-            |current, now| match current.start(execution, now)? {
-                StartDecision::Apply(next) => Ok(Some(*next)),
-                StartDecision::AlreadyStarted => Ok(None),
-            },
-        )
+        self.transition(Owner::Device(&device.id), id, |current, now| match current
+            .start(execution, now)?
+        {
+            StartDecision::Apply(next) => Ok(Some(*next)),
+            StartDecision::AlreadyStarted => Ok(None),
+        })
         .await
         .map_err(|e| match e {
             TransitionError::NotFound => StartError::NotFound,
@@ -726,16 +722,15 @@ impl Queue {
         self.touch(device).await?;
         let mut duplicate = false;
         let record = self
-            .transition(
-                async || self.store.command_for_device(&device.id, id).await,
-                |current, now| match current.complete(envelope, now)? {
-                    CompleteDecision::Apply(next) => Ok(Some(*next)),
-                    CompleteDecision::Duplicate => {
-                        duplicate = true;
-                        Ok(None)
-                    }
-                },
-            )
+            .transition(Owner::Device(&device.id), id, |current, now| match current
+                .complete(envelope, now)?
+            {
+                CompleteDecision::Apply(next) => Ok(Some(*next)),
+                CompleteDecision::Duplicate => {
+                    duplicate = true;
+                    Ok(None)
+                }
+            })
             .await
             .map_err(|e| match e {
                 TransitionError::NotFound => CompleteError::NotFound,
@@ -758,7 +753,8 @@ impl Queue {
     ) -> Result<CommandRecord, DeclineError> {
         self.touch(device).await?;
         self.transition(
-            async || self.store.command_for_device(&device.id, id).await,
+            Owner::Device(&device.id),
+            id,
             |current, now| match current.decline(now)? {
                 DeclineDecision::Apply(next) => Ok(Some(*next)),
                 DeclineDecision::Unchanged => Ok(None),
@@ -798,14 +794,17 @@ impl Queue {
     /// Returns the record as it stands afterwards.
     async fn transition<E>(
         &self,
-        load: impl AsyncFn() -> Result<Option<CommandRecord>, StoreError>,
+        owner: Owner<'_>,
+        id: &CommandId,
         mut decide: impl FnMut(&CommandRecord, Timestamp) -> Result<Option<CommandRecord>, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let current = load()
-                .await
-                .map_err(TransitionError::Store)?
-                .ok_or(TransitionError::NotFound)?;
+            let current = match owner {
+                Owner::Agent(agent) => self.store.command_for_agent(agent, id).await,
+                Owner::Device(device) => self.store.command_for_device(device, id).await,
+            }
+            .map_err(TransitionError::Store)?
+            .ok_or(TransitionError::NotFound)?;
             let now = self.clock.now();
             match decide(&current, now).map_err(TransitionError::Refused)? {
                 None => return Ok(current),
@@ -892,6 +891,13 @@ fn pickup_hint(
     (wait_ms.div_ceil(1000).clamp(1, interval_secs) + 1, None)
 }
 
+/// Whose view a transition loads the command through (ownership is hidden by the key).
+#[derive(Clone, Copy)]
+enum Owner<'a> {
+    Agent(&'a crate::ids::AgentId),
+    Device(&'a crate::ids::DeviceId),
+}
+
 enum TransitionError<E> {
     NotFound,
     Refused(E),
@@ -901,6 +907,26 @@ enum TransitionError<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Multi-threaded runtimes need every queue future to be `Send`.
+    #[allow(dead_code)]
+    fn queue_futures_are_send(
+        q: &Queue,
+        agent: &Agent,
+        device: &Device,
+        id: &CommandId,
+        env: &ResultEnvelope,
+    ) {
+        fn send<T: Send>(_: T) {}
+        let exec = ExecutionId::parse("e").expect("valid");
+        send(q.cancel_graph_run(agent, id));
+        send(q.get_graph_run(agent, id));
+        send(q.start(device, id, &exec));
+        send(q.complete(device, id, env));
+        send(q.decline(device, id));
+        send(q.control(device, id));
+        send(q.prune());
+    }
     use crate::ids::{DeviceId, OwnerId};
 
     fn device(last_sync: Option<u64>, last_seen: u64, long_poll: bool) -> DeviceRecord {
