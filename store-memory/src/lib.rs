@@ -97,6 +97,14 @@ impl MemoryStore {
         self.lock().commands.len()
     }
 
+    /// Every command held, ordered by id: a snapshot for tests that check
+    /// that a refused request changed nothing.
+    pub fn commands(&self) -> Vec<CommandRecord> {
+        let mut all: Vec<CommandRecord> = self.lock().commands.values().cloned().collect();
+        all.sort_by_key(|c| c.id);
+        all
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-written in a
         // way later readers would misread (each method writes at the end), so

@@ -1,0 +1,297 @@
+//! A reference model for random sequences of agent and relay operations.
+//!
+//! [`check`] applies [`Op`]s to the real [`Queue`] over any store and asserts,
+//! after every step, what must always hold: terminal states never change, at
+//! most one command per (agent, key), no agent ever sees another's command,
+//! a completion applies at most once, and a cancelled command never starts.
+//! The store's proptest and the fuzz target `queue_ops` both drive it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use serde_json::json;
+
+use super::{World, exec, p1, p2, run_args};
+use crate::command::{CommandRecord, CommandStatus};
+use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+use crate::ids::CommandId;
+use crate::principal::{Agent, Device};
+use crate::queue::{CompleteAck, GetError, QueueConfig, RunError};
+use crate::store::Store;
+
+/// One operation by an agent or a relay. Indices are taken modulo the
+/// number of parties / known commands, so any values are meaningful.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
+pub enum Op {
+    /// An agent queues session `session % 4` with key `key % 4` and argument `arg % 2`.
+    Run {
+        /// Which agent.
+        agent: u8,
+        /// Which session.
+        session: u8,
+        /// Which key.
+        key: u8,
+        /// Which argument value.
+        arg: u8,
+    },
+    /// An agent reads a command.
+    Get {
+        /// Which agent.
+        agent: u8,
+        /// Which known command.
+        command: u8,
+    },
+    /// An agent cancels a command.
+    Cancel {
+        /// Which agent.
+        agent: u8,
+        /// Which known command.
+        command: u8,
+    },
+    /// A device syncs a project with the sessions in the bit set `sessions`.
+    Sync {
+        /// Which device.
+        device: u8,
+        /// Project p1 (true) or p2.
+        first_project: bool,
+        /// Bits 0..3: sessions 1..=4.
+        sessions: u8,
+    },
+    /// A device starts a command under execution `x{execution % 2}`.
+    Start {
+        /// Which device.
+        device: u8,
+        /// Which known command.
+        command: u8,
+        /// Which execution id.
+        execution: u8,
+    },
+    /// A device's control poll.
+    Control {
+        /// Which device.
+        device: u8,
+        /// Which known command.
+        command: u8,
+    },
+    /// A device completes a command.
+    Complete {
+        /// Which device.
+        device: u8,
+        /// Which known command.
+        command: u8,
+        /// Which execution id.
+        execution: u8,
+        /// completed / failed / cancelled.
+        status: u8,
+        /// The result value.
+        result: u8,
+    },
+    /// A device declines a command (re-check failed).
+    Decline {
+        /// Which device.
+        device: u8,
+        /// Which known command.
+        command: u8,
+    },
+    /// Time passes.
+    Advance {
+        /// Seconds.
+        secs: u16,
+    },
+}
+
+struct Known {
+    owner: usize,
+    terminal: Option<CommandRecord>,
+    completions: usize,
+}
+
+/// Applies `ops` to a fresh queue over `store`, asserting the invariants after each.
+pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
+    // Keys outlive any sequence (at most 65,535 s per step, 24 h TTL is checked per key below).
+    let w = World::with_config(
+        store,
+        QueueConfig {
+            idempotency_ttl: Duration::from_secs(u64::MAX / 4_000),
+            ..QueueConfig::default()
+        },
+    );
+    let agents: [&Agent; 3] = [&w.agent, &w.other_agent, &w.stranger];
+    let devices: [&Device; 3] = [&w.device, &w.other_device, &w.stranger_device];
+    let mut commands: Vec<CommandId> = Vec::new();
+    let mut known: HashMap<CommandId, Known> = HashMap::new();
+    let mut keys: HashMap<(usize, u8), (CommandId, u8, u8)> = HashMap::new();
+
+    for op in ops {
+        let pick =
+            |i: u8| (!commands.is_empty()).then(|| commands[usize::from(i) % commands.len()]);
+        match *op {
+            Op::Run {
+                agent,
+                session,
+                key,
+                arg,
+            } => {
+                let (agent, session, key, arg) =
+                    (usize::from(agent) % 3, session % 4 + 1, key % 4, arg % 2);
+                let text = format!("model-key-{key}");
+                let result = block_on(w.queue.run_graph_session(
+                    agents[agent],
+                    run_args(u32::from(session), &text, json!({"v": arg})),
+                ));
+                match (result, keys.get(&(agent, key)).copied()) {
+                    (Ok(ticket), Some((first, first_session, first_arg))) => {
+                        assert!(ticket.replayed, "a reused key must replay");
+                        assert_eq!(ticket.command.id, first, "one command per (agent, key)");
+                        assert_eq!((session, arg), (first_session, first_arg));
+                    }
+                    (Ok(ticket), None) => {
+                        assert!(!ticket.replayed);
+                        assert_eq!(ticket.command.agent, agents[agent].id);
+                        keys.insert((agent, key), (ticket.command.id, session, arg));
+                        commands.push(ticket.command.id);
+                        known.insert(
+                            ticket.command.id,
+                            Known {
+                                owner: agent,
+                                terminal: None,
+                                completions: 0,
+                            },
+                        );
+                    }
+                    (
+                        Err(RunError::KeyReused { command }),
+                        Some((first, first_session, first_arg)),
+                    ) => {
+                        assert_eq!(command, first);
+                        assert_ne!(
+                            (session, arg),
+                            (first_session, first_arg),
+                            "same request must replay"
+                        );
+                    }
+                    (Err(RunError::SessionNotFound), None) => {}
+                    (other, state) => {
+                        panic!("unexpected run outcome {other:?} with key state {state:?}")
+                    }
+                }
+            }
+            Op::Get { agent, command } | Op::Cancel { agent, command } => {
+                let Some(id) = pick(command) else { continue };
+                let agent = usize::from(agent) % 3;
+                let visible = if matches!(op, Op::Cancel { .. }) {
+                    block_on(w.queue.cancel_graph_run(agents[agent], &id)).is_ok()
+                } else {
+                    match block_on(w.queue.get_graph_run(agents[agent], &id)) {
+                        Ok(_) => true,
+                        Err(GetError::NotFound) => false,
+                        Err(e) => panic!("{e}"),
+                    }
+                };
+                assert_eq!(
+                    visible,
+                    agent == known[&id].owner,
+                    "only the owning agent sees a command"
+                );
+            }
+            Op::Sync {
+                device,
+                first_project,
+                sessions,
+            } => {
+                let project = if first_project { p1() } else { p2() };
+                let set: Vec<u32> = (0..4)
+                    .filter(|b| sessions & (1 << b) != 0)
+                    .map(|b| b + 1)
+                    .collect();
+                block_on(w.sync(devices[usize::from(device) % 3], project, &set));
+            }
+            Op::Start {
+                device,
+                command,
+                execution,
+            } => {
+                let Some(id) = pick(command) else { continue };
+                let frozen = known[&id].terminal.is_some();
+                let device = devices[usize::from(device) % 3];
+                if let Ok(record) = block_on(w.queue.start(
+                    device,
+                    &id,
+                    &exec(&format!("x{}", execution % 2)),
+                )) {
+                    assert!(!frozen, "a terminal (e.g. cancelled) command never starts");
+                    assert_eq!(record.status, CommandStatus::Running);
+                    assert_eq!(record.device, device.id);
+                }
+            }
+            Op::Control { device, command } => {
+                let Some(id) = pick(command) else { continue };
+                let _ = block_on(w.queue.control(devices[usize::from(device) % 3], &id));
+            }
+            Op::Complete {
+                device,
+                command,
+                execution,
+                status,
+                result,
+            } => {
+                let Some(id) = pick(command) else { continue };
+                let status = [
+                    FinishStatus::Completed,
+                    FinishStatus::Failed,
+                    FinishStatus::Cancelled,
+                ][usize::from(status % 3)];
+                let envelope = ResultEnvelope::build(
+                    exec(&format!("x{}", execution % 2)),
+                    status,
+                    EnvelopeBody {
+                        result: json!(result),
+                        ..EnvelopeBody::default()
+                    },
+                );
+                if let Ok(CompleteAck::Recorded(_)) = block_on(w.queue.complete(
+                    devices[usize::from(device) % 3],
+                    &id,
+                    &envelope,
+                )) {
+                    let k = known.get_mut(&id).expect("known command");
+                    k.completions += 1;
+                    assert_eq!(k.completions, 1, "a completion applies at most once");
+                }
+            }
+            Op::Decline { device, command } => {
+                let Some(id) = pick(command) else { continue };
+                let _ = block_on(w.queue.decline(devices[usize::from(device) % 3], &id));
+            }
+            Op::Advance { secs } => w.clock.advance(Duration::from_secs(u64::from(secs))),
+        }
+
+        for (id, k) in known.iter_mut() {
+            let now = block_on(w.queue.get_graph_run(agents[k.owner], id))
+                .expect("the owner always sees its command")
+                .command;
+            if let Some(frozen) = &k.terminal {
+                assert_eq!(&now, frozen, "terminal states never change");
+            } else if now.status.is_terminal() {
+                k.terminal = Some(now);
+            }
+            for (other, agent) in agents.iter().enumerate() {
+                if other != k.owner {
+                    assert!(matches!(
+                        block_on(w.queue.get_graph_run(agent, id)),
+                        Err(GetError::NotFound)
+                    ));
+                }
+            }
+        }
+    }
+    let distinct: BTreeSet<_> = keys.values().map(|(id, _, _)| *id).collect();
+    assert_eq!(
+        distinct.len(),
+        keys.len(),
+        "every (agent, key) has its own command"
+    );
+}

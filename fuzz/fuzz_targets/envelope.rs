@@ -1,0 +1,4 @@
+//! cargo-fuzz entry point; the body is `graph_relay_fuzz::envelope`.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| graph_relay_fuzz::envelope(data));
