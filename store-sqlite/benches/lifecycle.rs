@@ -1,2 +1,332 @@
-//! Placeholder; replaced below.
-fn main() {}
+//! Lifecycles per second for the memory store and the SQLite store, and
+//! `sync` / `get_graph_run` latency on an empty SQLite database against one
+//! holding 1,000,000 commands.
+//!
+//! Run with `cargo bench -p graph-relay-store-sqlite`. A lifecycle is
+//! `run_graph_session → sync → start → complete → get_graph_run` through the
+//! core's `Queue`. The 1,000,000-command database is built once (in chunks of
+//! one transaction each) and cached under the target directory
+//! (`target/tmp/graph-relay-store-sqlite-bench/`); delete it to rebuild.
+//! Each run works on a copy, so the cached file stays pristine.
+//!
+//! After criterion's own report, a summary prints lifecycles/s of both
+//! stores and their ratio, and the latency ratio 1M / empty (means over
+//! every measured iteration).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput};
+use futures::executor::block_on;
+use graph_relay_core::command::{CommandRecord, CommandStatus};
+use graph_relay_core::ids::{DeviceId, IdempotencyKey, ProjectId};
+use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::store::Store;
+use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
+use graph_relay_core::time::{IdSource, SeededIds};
+use graph_relay_store_memory::MemoryStore;
+use graph_relay_store_sqlite::{SCHEMA_VERSION, SqliteStore};
+use serde_json::json;
+
+/// Commands in the big database.
+const MILLION: u64 = 1_000_000;
+/// Commands written per transaction while building it.
+const CHUNK: u64 = 50_000;
+
+/// Total time and iterations per measured function, for the summary.
+static TOTALS: Mutex<BTreeMap<&'static str, (Duration, u64)>> = Mutex::new(BTreeMap::new());
+
+fn record(name: &'static str, elapsed: Duration, iterations: u64) {
+    let mut totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = totals.entry(name).or_default();
+    entry.0 += elapsed;
+    entry.1 += iterations;
+}
+
+/// One full lifecycle of a fresh command; panics if any step misbehaves.
+async fn lifecycle(w: &World, n: u64) {
+    let key = format!("bench-key-{n:012}");
+    let ticket = w
+        .queue
+        .run_graph_session(&w.agent, run_args(1, &key, json!({"n": n})))
+        .await
+        .expect("run");
+    let id = ticket.command.id;
+    let request = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: false,
+    };
+    let synced = w.queue.sync(&w.device, &request).await.expect("sync");
+    assert!(
+        synced.commands.iter().any(|c| c.id == id),
+        "queued command handed out"
+    );
+    let execution = exec(&format!("exec-{n}"));
+    w.queue
+        .start(&w.device, &id, &execution)
+        .await
+        .expect("start");
+    w.queue
+        .complete(
+            &w.device,
+            &id,
+            &completed(execution.as_str(), json!({"n": n})),
+        )
+        .await
+        .expect("complete");
+    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
+    assert_eq!(view.command.status, CommandStatus::Completed);
+}
+
+fn world(store: Arc<dyn Store>) -> World {
+    let w = World::new(store);
+    block_on(w.sync(&w.device, p1(), &[1]));
+    w
+}
+
+fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
+    let counter = AtomicU64::new(0);
+    let mut group = c.benchmark_group("lifecycle");
+    group.throughput(Throughput::Elements(1));
+
+    let memory = world(Arc::new(MemoryStore::new()));
+    group.bench_function("memory", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                block_on(lifecycle(&memory, counter.fetch_add(1, Ordering::Relaxed)));
+            }
+            let elapsed = start.elapsed();
+            record("lifecycle/memory", elapsed, iters);
+            elapsed
+        });
+    });
+
+    let sqlite = world(Arc::new(
+        SqliteStore::open(scratch.join("lifecycle.sqlite")).expect("open"),
+    ));
+    group.bench_function("sqlite", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                block_on(lifecycle(&sqlite, counter.fetch_add(1, Ordering::Relaxed)));
+            }
+            let elapsed = start.elapsed();
+            record("lifecycle/sqlite", elapsed, iters);
+            elapsed
+        });
+    });
+
+    // Eight agents' lifecycles in flight at once: the writer commits their
+    // writes together.
+    const IN_FLIGHT: u64 = 8;
+    group.throughput(Throughput::Elements(IN_FLIGHT));
+    group.bench_function("sqlite_8_in_flight", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                let runs = (0..IN_FLIGHT)
+                    .map(|_| lifecycle(&sqlite, counter.fetch_add(1, Ordering::Relaxed)));
+                block_on(futures::future::join_all(runs));
+            }
+            let elapsed = start.elapsed();
+            record("lifecycle/sqlite_8_in_flight", elapsed, iters * IN_FLIGHT);
+            elapsed
+        });
+    });
+    group.finish();
+}
+
+/// The pristine 1M database, built if missing.
+fn million_database() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("graph-relay-store-sqlite-bench");
+    std::fs::create_dir_all(&dir).expect("bench cache dir");
+    let path = dir.join(format!("million-v{SCHEMA_VERSION}.sqlite"));
+    let done = path.with_extension("done");
+    if done.exists() && path.exists() {
+        return path;
+    }
+    for stale in [&path, &done] {
+        // Missing files are fine: this only clears a half-built cache.
+        let _ = std::fs::remove_file(stale);
+    }
+    eprintln!("building {} (1,000,000 commands) ...", path.display());
+    let started = Instant::now();
+    let store = SqliteStore::open(&path).expect("open the big database");
+    let w = World::new(Arc::new(MemoryStore::new()));
+    let ids = SeededIds::new(0x5eed);
+    let devices: Vec<DeviceId> = (0..100)
+        .map(|d| DeviceId::parse(&format!("desktop-{d}")).expect("device id"))
+        .collect();
+    let projects: Vec<ProjectId> = (0..10)
+        .map(|p| ProjectId::parse(&format!("project-{p}")).expect("project id"))
+        .collect();
+    let mut n = 0u64;
+    while n < MILLION {
+        let chunk: Vec<CommandRecord> = (n..(n + CHUNK).min(MILLION))
+            .map(|i| {
+                let mut c = w.sync_template(0);
+                c.id = ids.new_command_id();
+                c.idempotency_key = IdempotencyKey::parse(&format!("big-key-{i:08}")).expect("key");
+                c.device = devices[(i % 100) as usize].clone();
+                c.project = projects[(i % 10) as usize].clone();
+                c.arguments = json!({"n": i}).as_object().cloned().unwrap_or_default();
+                c.created_at = c.created_at.plus(Duration::from_millis(i));
+                if i % 100 == 0 {
+                    // 1% still queued (for other devices than the one measured).
+                    return c;
+                }
+                c.status = CommandStatus::Completed;
+                c.execution_id = Some(exec(&format!("exec-{i}")));
+                c.started_at = Some(c.created_at.plus(Duration::from_secs(5)));
+                c.finished_at = Some(c.created_at.plus(Duration::from_secs(65)));
+                c.completion = Some(completed(&format!("exec-{i}"), json!({"answer": i})));
+                c.revision = 2;
+                c
+            })
+            .collect();
+        n += chunk.len() as u64;
+        block_on(store.import_commands(chunk)).expect("import a chunk");
+    }
+    assert_eq!(block_on(store.command_count()).expect("count"), MILLION);
+    drop(store);
+    std::fs::write(&done, b"complete\n").expect("marker");
+    eprintln!("built in {:.1} s", started.elapsed().as_secs_f64());
+    path
+}
+
+/// A world whose device has 5 queued commands and one completed command.
+fn latency_world(store: SqliteStore) -> (World, graph_relay_core::ids::CommandId) {
+    let w = world(Arc::new(store));
+    for i in 0..5 {
+        block_on(w.run(&w.agent, 1, &format!("latency-queued-{i}")));
+    }
+    let done = block_on(w.run(&w.agent, 1, "latency-done-0"));
+    block_on(w.queue.start(&w.device, &done.id, &exec("latency-exec"))).expect("start");
+    block_on(w.queue.complete(
+        &w.device,
+        &done.id,
+        &completed("latency-exec", json!({"answer": 1})),
+    ))
+    .expect("complete");
+    (w, done.id)
+}
+
+fn bench_latency(c: &mut Criterion, scratch: &Path) {
+    let empty = SqliteStore::open(scratch.join("empty.sqlite")).expect("open empty");
+    let big_copy = scratch.join("million.sqlite");
+    std::fs::copy(million_database(), &big_copy).expect("copy the big database");
+    let big = SqliteStore::open(&big_copy).expect("open big");
+    // Some of the million, spread over the key space, for get_graph_run.
+    let ids = SeededIds::new(0x5eed);
+    let sample: Vec<_> = (0..MILLION)
+        .map(|_| ids.new_command_id())
+        .step_by(997)
+        .collect();
+
+    let mut group = c.benchmark_group("latency");
+    for (label, store) in [("empty", empty), ("1m", big)] {
+        let (w, done) = latency_world(store);
+        let request = SyncRequest {
+            project: p1(),
+            sessions: vec![meta(1)],
+            long_poll: false,
+        };
+        let sync_name: &'static str = if label == "empty" {
+            "sync/empty"
+        } else {
+            "sync/1m"
+        };
+        group.bench_function(sync_name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let r = block_on(w.queue.sync(&w.device, &request)).expect("sync");
+                    assert_eq!(r.commands.len(), 5);
+                }
+                let elapsed = start.elapsed();
+                record(sync_name, elapsed, iters);
+                elapsed
+            });
+        });
+        let get_name: &'static str = if label == "empty" {
+            "get_graph_run/empty"
+        } else {
+            "get_graph_run/1m"
+        };
+        let mut next = 0usize;
+        group.bench_function(get_name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    // In the big database, a different one of the million each time.
+                    let id = if label == "empty" {
+                        done
+                    } else {
+                        next = (next + 1) % sample.len();
+                        sample[next]
+                    };
+                    let view = block_on(w.queue.get_graph_run(&w.agent, &id)).expect("get");
+                    assert!(view.command.status.is_terminal() || label == "1m");
+                }
+                let elapsed = start.elapsed();
+                record(get_name, elapsed, iters);
+                elapsed
+            });
+        });
+    }
+    group.finish();
+}
+
+fn summary() {
+    let totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
+    let per_op = |name: &str| {
+        totals
+            .get(name)
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| t.as_secs_f64() / *n as f64)
+    };
+    println!("\n== summary (means over every measured iteration)");
+    for name in [
+        "lifecycle/memory",
+        "lifecycle/sqlite",
+        "lifecycle/sqlite_8_in_flight",
+    ] {
+        if let Some(s) = per_op(name) {
+            println!("{name:32} {:>10.0} lifecycles/s", 1.0 / s);
+        }
+    }
+    if let (Some(m), Some(s)) = (per_op("lifecycle/memory"), per_op("lifecycle/sqlite")) {
+        println!(
+            "{:32} {:>10.1}x slower than memory",
+            "sqlite / memory",
+            s / m
+        );
+    }
+    for op in ["sync", "get_graph_run"] {
+        let empty = per_op(&format!("{op}/empty"));
+        let big = per_op(&format!("{op}/1m"));
+        if let (Some(e), Some(b)) = (empty, big) {
+            println!(
+                "{op:14} empty {:>8.1} µs   1M {:>8.1} µs   ratio {:.2}",
+                e * 1e6,
+                b * 1e6,
+                b / e
+            );
+        }
+    }
+}
+
+fn main() {
+    let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("scratch dir");
+    let mut c = Criterion::default().configure_from_args();
+    bench_lifecycles(&mut c, scratch.path());
+    bench_latency(&mut c, scratch.path());
+    c.final_summary();
+    summary();
+}

@@ -14,8 +14,9 @@
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,8 @@ use rusqlite::Connection;
 
 /// Most write jobs committed together in one transaction.
 const MAX_GROUP: usize = 64;
+/// How long an idle worker keeps polling for the next job before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// A failure inside the database threads, before it is mapped to the
 /// error type of the trait being implemented.
@@ -100,8 +103,14 @@ type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
 /// The writer and reader threads of one database file.
 pub(crate) struct Database {
     writer: Option<Sender<WriteJob>>,
-    readers: Option<Sender<ReadJob>>,
+    readers: Vec<Reader>,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// One reader thread's queue and how many jobs it has not finished.
+struct Reader {
+    jobs: Sender<ReadJob>,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Database {
@@ -122,11 +131,9 @@ impl Database {
         busy_timeout: Duration,
     ) -> std::io::Result<Self> {
         let (write_tx, write_rx) = std::sync::mpsc::channel::<WriteJob>();
-        let (read_tx, read_rx) = std::sync::mpsc::channel::<ReadJob>();
-        let read_rx = Arc::new(Mutex::new(read_rx));
         let mut db = Self {
             writer: Some(write_tx),
-            readers: Some(read_tx),
+            readers: Vec::with_capacity(readers.len()),
             threads: Vec::with_capacity(1 + readers.len()),
         };
         let handle = std::thread::Builder::new()
@@ -137,14 +144,17 @@ impl Database {
             })?;
         db.threads.push(handle);
         for (i, conn) in readers.into_iter().enumerate() {
-            let jobs = Arc::clone(&read_rx);
+            let (jobs, rx) = std::sync::mpsc::channel::<ReadJob>();
+            let in_flight = Arc::new(AtomicUsize::new(0));
+            let count = Arc::clone(&in_flight);
             let handle = std::thread::Builder::new()
                 .name(format!("{name}-reader-{i}"))
                 .spawn(move || {
                     BUSY_BUDGET.set(busy_timeout);
-                    reader_loop(conn, jobs);
+                    reader_loop(conn, rx, count);
                 })?;
             db.threads.push(handle);
+            db.readers.push(Reader { jobs, in_flight });
         }
         Ok(db)
     }
@@ -184,11 +194,18 @@ impl Database {
                 catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked));
             let _ = reply.send(result);
         });
-        self.readers
-            .as_ref()
-            .ok_or(DbError::Stopped)?
-            .send(work)
-            .map_err(|_| DbError::Stopped)?;
+        // The least busy reader, the first one on a tie: a caller that reads
+        // one thing after another keeps meeting the same, still-awake thread.
+        let reader = self
+            .readers
+            .iter()
+            .min_by_key(|r| r.in_flight.load(Ordering::Relaxed))
+            .ok_or(DbError::Stopped)?;
+        reader.in_flight.fetch_add(1, Ordering::Relaxed);
+        if reader.jobs.send(work).is_err() {
+            reader.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return Err(DbError::Stopped);
+        }
         answer.await.map_err(|_| DbError::Stopped)?
     }
 }
@@ -199,7 +216,7 @@ impl Drop for Database {
     /// `drop` returns.
     fn drop(&mut self) {
         self.writer.take();
-        self.readers.take();
+        self.readers.clear();
         for handle in self.threads.drain(..) {
             // A panicked worker has nothing left to clean up.
             let _ = handle.join();
@@ -209,7 +226,7 @@ impl Drop for Database {
 
 fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>) {
     let mut group: Vec<WriteJob> = Vec::with_capacity(MAX_GROUP);
-    while let Ok(first) = jobs.recv() {
+    while let Some(first) = next_job(&jobs) {
         group.push(first);
         while group.len() < MAX_GROUP {
             match jobs.try_recv() {
@@ -274,15 +291,27 @@ fn rollback(conn: &Connection) {
     }
 }
 
-fn reader_loop(conn: Connection, jobs: Arc<Mutex<Receiver<ReadJob>>>) {
+fn reader_loop(conn: Connection, jobs: Receiver<ReadJob>, in_flight: Arc<AtomicUsize>) {
+    while let Some(job) = next_job(&jobs) {
+        job(&conn);
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The next job, or `None` once the channel is closed and drained.
+///
+/// Right after a job the thread keeps polling for [`SPIN`] (yielding the CPU
+/// between polls) before it sleeps: a caller working through a sequence of
+/// calls sends the next one within microseconds, and waking a sleeping
+/// thread costs far more than that on a busy machine.
+fn next_job<T>(jobs: &Receiver<T>) -> Option<T> {
+    let start = Instant::now();
     loop {
-        let next = {
-            let jobs = jobs.lock().unwrap_or_else(PoisonError::into_inner);
-            jobs.recv()
-        };
-        match next {
-            Ok(job) => job(&conn),
-            Err(_) => return,
+        match jobs.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::thread::yield_now(),
+            Err(TryRecvError::Empty) => return jobs.recv().ok(),
         }
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! Nothing is written to a file before it is known to be empty, missing or
 //! ours: the checks read the header with plain file IO and then look inside
-//! through a read-only connection. Only then are read-write connections
-//! opened and the migrations applied, in one `BEGIN IMMEDIATE` transaction
-//! that repeats the checks (another process may be opening the same file).
+//! through a read-only connection. Only then is the read-write connection
+//! opened, the journal switched to WAL and the migrations applied, in one
+//! `BEGIN IMMEDIATE` transaction that repeats the checks (another process
+//! may be opening the same file at the same moment).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -109,12 +110,12 @@ pub(crate) fn open(
         source,
     };
     let writer = connect(path, OpenFlags::default()).map_err(sqlite)?;
-    migrate(&writer, path)?;
-    writer
-        .pragma_update(None, "journal_mode", "WAL")
-        .map_err(sqlite)?;
+    // WAL first, so that even the first migration is crash-safe in a way a
+    // read-only connection can inspect afterwards (an interrupted WAL
+    // transaction is simply ignored; a hot rollback journal would need a
+    // write to recover).
     let journal: String = writer
-        .pragma_query_value(None, "journal_mode", |row| row.get(0))
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
         .map_err(sqlite)?;
     if !journal.eq_ignore_ascii_case("wal") {
         return Err(OpenError::NoWal {
@@ -122,6 +123,7 @@ pub(crate) fn open(
             journal_mode: journal,
         });
     }
+    migrate(&writer, path)?;
     writer
         .pragma_update(None, "synchronous", options.synchronous.pragma())
         .map_err(sqlite)?;
