@@ -29,10 +29,21 @@
 //!   time out (408).
 //!
 //! The state ([`HttpState`]) carries the MCP server, the authenticator and
-//! the configuration; further route groups (the relay API) share it.
+//! the configuration; the relay API shares it:
+//!
+//! - `POST /external-assistants/graph-relays/sync`, `…/commands/{id}/start`,
+//!   `…/control`, `…/complete`, `…/decline` with a *device* token, and
+//!   `GET …/openapi.json` describing every body ([`relay_wire`],
+//!   [`relay_api`]). Long-poll syncs and controls are held up to
+//!   [`RelayApiConfig::hold`].
+//! - [`relay_client`] is the other end: the desktop relay's HTTP client and
+//!   the driver that runs `core::relay` over it.
 
 pub mod auth;
 mod mcp_endpoint;
+pub mod relay_api;
+pub mod relay_client;
+pub mod relay_wire;
 mod sessions;
 
 use std::sync::Arc;
@@ -47,6 +58,7 @@ use graph_relay_core::mcp::McpServer;
 use serde_json::json;
 
 pub use crate::auth::{AuthError, Authenticator, Principal};
+pub use crate::relay_api::RelayApiConfig;
 pub use crate::sessions::SessionLimits;
 use crate::sessions::Sessions;
 
@@ -75,6 +87,8 @@ pub struct HttpConfig {
     pub request_timeout: Duration,
     /// Bounds on initialize-era sessions.
     pub sessions: SessionLimits,
+    /// The relay API (hold bound of long-poll requests).
+    pub relay: RelayApiConfig,
 }
 
 impl Default for HttpConfig {
@@ -87,6 +101,7 @@ impl Default for HttpConfig {
             max_body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             sessions: SessionLimits::default(),
+            relay: RelayApiConfig::default(),
         }
     }
 }
@@ -293,11 +308,32 @@ fn forbidden(code: &str, description: &str) -> Response {
         .into_response()
 }
 
-/// The router: `/mcp` and the resource metadata, with body limit and timeout.
+/// The router: `/mcp`, the resource metadata and the relay API, with body
+/// limit and timeout.
 pub fn router(state: HttpState) -> Router {
+    use axum::routing::post;
     let limit = state.config().max_body_bytes;
     let timeout = state.config().request_timeout;
+    let prefix = relay_wire::RELAY_PREFIX;
     Router::new()
+        .route(&format!("{prefix}/sync"), post(relay_api::sync))
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/start"),
+            post(relay_api::start),
+        )
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/control"),
+            post(relay_api::control),
+        )
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/complete"),
+            post(relay_api::complete),
+        )
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/decline"),
+            post(relay_api::decline),
+        )
+        .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
         .route(
             MCP_PATH,
             axum::routing::post(mcp_endpoint::post)

@@ -1,0 +1,450 @@
+//! The relay API handlers (server side): sync, start, control, complete, decline.
+//!
+//! Plain async handlers over [`Queue`]; the wire types are in
+//! [`crate::relay_wire`]. Each request passes the Host/Origin check, then
+//! needs a *device* token (an agent token gets 403). The core keys every
+//! relay operation by the device's owner and id, so a device never sees or
+//! touches another owner's projects or another device's commands.
+//!
+//! # Held requests
+//! A long-poll sync subscribes to [`Topic::DeviceWork`] *before* it syncs;
+//! if the sync found nothing it waits until the topic fires (then answers at
+//! once with what is queued for the project, possibly nothing, so the relay
+//! starts a fresh pass), until the hold bound passes, or until a periodic
+//! look at the store (every [`RelayApiConfig::recheck`]) finds a command
+//! queued by another process on the same database. A long-poll control
+//! request does the same on [`Topic::Command`] and answers as soon as
+//! cancellation is requested or the command ended.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use graph_relay_core::command::CommandRecord;
+use graph_relay_core::envelope::ResultEnvelope;
+use graph_relay_core::ids::{CommandId, ProjectId};
+use graph_relay_core::principal::Device;
+use graph_relay_core::queue::{
+    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineError, Queue, StartError,
+    SyncError, SyncRequest,
+};
+use graph_relay_core::signals::{Subscription, Topic};
+use graph_relay_core::store::StoreError;
+use serde::de::DeserializeOwned;
+
+use crate::relay_wire::{
+    ControlBody, ControlReply, ErrorReply, ReportReply, StartBody, StartReply, SyncBody, SyncReply,
+    WireCommand,
+};
+use crate::{HttpState, Principal};
+
+/// Tunables of the relay API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayApiConfig {
+    /// Longest hold of a long-poll sync or control request; `None` uses the
+    /// queue's [`long_poll_hold`](graph_relay_core::queue::QueueConfig::long_poll_hold)
+    /// (25 s). Always kept below the request timeout.
+    pub hold: Option<Duration>,
+    /// While holding, how often the store is looked at directly, for work
+    /// queued by another process on the same database (500 ms).
+    pub recheck: Duration,
+}
+
+impl Default for RelayApiConfig {
+    fn default() -> Self {
+        Self {
+            hold: None,
+            recheck: Duration::from_millis(500),
+        }
+    }
+}
+
+/// A refusal, rendered as [`ErrorReply`].
+struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn store(e: &StoreError) -> Self {
+        tracing::error!(error = %e, "relay API: store failed");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            "the queue is unavailable; retry later",
+        )
+    }
+
+    fn not_found() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "command_not_found",
+            "command not found for this device",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let retryable = self.status.is_server_error()
+            || matches!(
+                self.status,
+                StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
+            );
+        (
+            self.status,
+            axum::Json(ErrorReply {
+                error: self.code.to_owned(),
+                message: self.message,
+                retryable,
+            }),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult<T> = Result<axum::Json<T>, Response>;
+
+/// Host/Origin, then a device token.
+async fn device_of(state: &HttpState, headers: &HeaderMap) -> Result<Device, Response> {
+    state.check_host_and_origin(headers)?;
+    match state.authenticate(headers).await? {
+        Principal::Device(device) => Ok(device),
+        Principal::Agent(_) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "device_token_required",
+            "the relay API needs a device token; agent tokens are for /mcp",
+        )
+        .into_response()),
+    }
+}
+
+#[allow(clippy::result_large_err)]
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Response> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                "the request body is larger than this server accepts",
+            )
+        } else {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                rejection.body_text(),
+            )
+        }
+        .into_response()
+    })?;
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("invalid JSON body: {e}"),
+        )
+        .into_response()
+    })
+}
+
+#[allow(clippy::result_large_err)]
+fn parse_command(text: &str) -> Result<CommandId, Response> {
+    CommandId::parse(text).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", e.to_string()).into_response()
+    })
+}
+
+fn hold_bound(state: &HttpState) -> Duration {
+    let queue_hold = state.mcp().queue().config().long_poll_hold;
+    let hold = state.config().relay.hold.unwrap_or(queue_hold);
+    // Answer before the request timeout turns the held request into a 408.
+    let ceiling = state
+        .config()
+        .request_timeout
+        .saturating_sub(Duration::from_secs(1));
+    hold.min(ceiling)
+}
+
+/// `POST /sync`.
+pub(crate) async fn sync(
+    State(state): State<HttpState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<SyncReply> {
+    let device = device_of(&state, &headers).await?;
+    let body: SyncBody = parse_body(body)?;
+    let queue = state.mcp().queue();
+    let subscription = body.long_poll.then(|| {
+        queue
+            .signals()
+            .subscribe(Topic::DeviceWork(device.owner.clone(), device.id.clone()))
+    });
+    let request = SyncRequest {
+        project: body.project_id,
+        sessions: body.sessions,
+        long_poll: body.long_poll,
+    };
+    let response = queue.sync(&device, &request).await.map_err(|e| {
+        match e {
+            SyncError::Store(e) => ApiError::store(&e),
+            other => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_sessions",
+                other.to_string(),
+            ),
+        }
+        .into_response()
+    })?;
+    let mut commands = response.commands;
+    if let Some(subscription) = subscription {
+        if commands.is_empty() {
+            commands = hold_sync(&state, &device, &request.project, subscription)
+                .await
+                .map_err(|e| ApiError::store(&e).into_response())?;
+        }
+    }
+    Ok(axum::Json(SyncReply {
+        commands: commands.iter().map(WireCommand::from_record).collect(),
+        poll_after_seconds: response.poll_after.as_secs(),
+    }))
+}
+
+async fn hold_sync(
+    state: &HttpState,
+    device: &Device,
+    project: &ProjectId,
+    mut subscription: Subscription,
+) -> Result<Vec<CommandRecord>, StoreError> {
+    let queue: &Queue = state.mcp().queue();
+    let deadline = tokio::time::Instant::now() + hold_bound(state);
+    let recheck = state.config().relay.recheck.max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            () = &mut subscription => return queue.queued_for(device, project).await,
+            () = tokio::time::sleep_until(deadline) => return queue.queued_for(device, project).await,
+            () = tokio::time::sleep(recheck) => {
+                let commands = queue.queued_for(device, project).await?;
+                if !commands.is_empty() {
+                    return Ok(commands);
+                }
+            }
+        }
+    }
+}
+
+/// `POST /commands/{id}/start`.
+pub(crate) async fn start(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<StartReply> {
+    let device = device_of(&state, &headers).await?;
+    let id = parse_command(&id)?;
+    let body: StartBody = parse_body(body)?;
+    let record = state
+        .mcp()
+        .queue()
+        .start(&device, &id, &body.execution_id)
+        .await
+        .map_err(|e| {
+            match e {
+                StartError::NotFound => ApiError::not_found(),
+                StartError::Refused(r) => {
+                    ApiError::new(StatusCode::CONFLICT, "start_refused", r.to_string())
+                }
+                StartError::Store(e) => ApiError::store(&e),
+            }
+            .into_response()
+        })?;
+    Ok(axum::Json(StartReply {
+        command_id: record.id,
+        status: record.status.as_str().to_owned(),
+        execution_id: body.execution_id,
+    }))
+}
+
+/// `POST /commands/{id}/control`.
+pub(crate) async fn control(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<ControlReply> {
+    let device = device_of(&state, &headers).await?;
+    let id = parse_command(&id)?;
+    let body: ControlBody = parse_body(body)?;
+    let queue = state.mcp().queue();
+    let subscription = body
+        .long_poll
+        .then(|| queue.signals().subscribe(Topic::Command(id)));
+    let control_error = |e: ControlError| {
+        match e {
+            ControlError::NotFound => ApiError::not_found(),
+            ControlError::Store(e) => ApiError::store(&e),
+        }
+        .into_response()
+    };
+    let mut answer = queue.control(&device, &id).await.map_err(control_error)?;
+    if let Some(subscription) = subscription {
+        if !settled(&answer) {
+            answer = hold_control(&state, &device, &id, subscription)
+                .await
+                .map_err(control_error)?;
+        }
+    }
+    Ok(axum::Json(ControlReply {
+        cancel_requested: answer.cancel_requested,
+        status: answer.status.as_str().to_owned(),
+    }))
+}
+
+fn settled(answer: &ControlAnswer) -> bool {
+    answer.cancel_requested || answer.status.is_terminal()
+}
+
+async fn hold_control(
+    state: &HttpState,
+    device: &Device,
+    id: &CommandId,
+    mut subscription: Subscription,
+) -> Result<ControlAnswer, ControlError> {
+    let queue: &Queue = state.mcp().queue();
+    let deadline = tokio::time::Instant::now() + hold_bound(state);
+    let recheck = state.config().relay.recheck.max(Duration::from_millis(10));
+    // A read without touching the device, for the periodic look.
+    let look = || async {
+        let record = queue
+            .store()
+            .command_for_device(&device.id, id)
+            .await?
+            .ok_or(ControlError::NotFound)?;
+        Ok::<_, ControlError>(ControlAnswer {
+            cancel_requested: record.cancel_requested,
+            status: record.status,
+        })
+    };
+    loop {
+        tokio::select! {
+            () = &mut subscription => return look().await,
+            () = tokio::time::sleep_until(deadline) => return look().await,
+            () = tokio::time::sleep(recheck) => {
+                let answer = look().await?;
+                if settled(&answer) {
+                    return Ok(answer);
+                }
+            }
+        }
+    }
+}
+
+/// `POST /commands/{id}/complete`.
+pub(crate) async fn complete(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<ReportReply> {
+    let device = device_of(&state, &headers).await?;
+    let id = parse_command(&id)?;
+    let envelope: ResultEnvelope = parse_body(body).map_err(|_| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_envelope",
+            "the body is not a result envelope (SPEC §7)",
+        )
+        .into_response()
+    })?;
+    let queue = state.mcp().queue();
+    let ack = queue.complete(&device, &id, &envelope).await.map_err(|e| {
+        match e {
+            CompleteError::NotFound => ApiError::not_found(),
+            CompleteError::Invalid(e) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_envelope",
+                e.to_string(),
+            ),
+            CompleteError::Refused(r) => {
+                ApiError::new(StatusCode::CONFLICT, "completion_refused", r.to_string())
+            }
+            CompleteError::Store(e) => ApiError::store(&e),
+        }
+        .into_response()
+    })?;
+    let reply = match ack {
+        CompleteAck::Recorded(record) => ReportReply {
+            status: record.status.as_str().to_owned(),
+            duplicate: false,
+        },
+        CompleteAck::Duplicate => {
+            let status = queue
+                .store()
+                .command_for_device(&device.id, &id)
+                .await
+                .ok()
+                .flatten()
+                .map_or("completed", |c| c.status.as_str());
+            ReportReply {
+                status: status.to_owned(),
+                duplicate: true,
+            }
+        }
+    };
+    Ok(axum::Json(reply))
+}
+
+/// `POST /commands/{id}/decline`.
+pub(crate) async fn decline(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<ReportReply> {
+    let device = device_of(&state, &headers).await?;
+    let id = parse_command(&id)?;
+    let _: serde_json::Map<String, serde_json::Value> = parse_body(body)?;
+    let record = state
+        .mcp()
+        .queue()
+        .decline(&device, &id)
+        .await
+        .map_err(|e| {
+            match e {
+                DeclineError::NotFound => ApiError::not_found(),
+                DeclineError::Refused(r) => {
+                    ApiError::new(StatusCode::CONFLICT, "decline_refused", r.to_string())
+                }
+                DeclineError::Store(e) => ApiError::store(&e),
+            }
+            .into_response()
+        })?;
+    Ok(axum::Json(ReportReply {
+        status: record.status.as_str().to_owned(),
+        duplicate: false,
+    }))
+}
+
+/// `GET /openapi.json`.
+pub(crate) async fn openapi(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    if let Err(response) = state.check_host_and_origin(&headers) {
+        return response;
+    }
+    axum::Json(crate::relay_wire::openapi()).into_response()
+}

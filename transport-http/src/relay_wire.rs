@@ -1,0 +1,372 @@
+//! The relay HTTP API on the wire: paths, bodies and the OpenAPI document.
+//!
+//! Shared by the server handlers ([`crate::relay_api`]) and the relay's
+//! client ([`crate::relay_client`]), so both sides agree by construction.
+//! [`openapi`] describes every body; the server serves it at
+//! [`OPENAPI_PATH`] and the repository keeps a copy in
+//! `transport-http/relay-api.openapi.json` that a test compares with it.
+//!
+//! | method | path (under [`RELAY_PREFIX`]) | body | answer |
+//! |---|---|---|---|
+//! | POST | `/sync` | [`SyncBody`] | [`SyncReply`] |
+//! | POST | `/commands/{command_id}/start` | [`StartBody`] | [`StartReply`] |
+//! | POST | `/commands/{command_id}/control` | [`ControlBody`] | [`ControlReply`] |
+//! | POST | `/commands/{command_id}/complete` | the result envelope (SPEC §7) | [`ReportReply`] |
+//! | POST | `/commands/{command_id}/decline` | `{}` | [`ReportReply`] |
+//! | GET | `/openapi.json` | | this document |
+//!
+//! Every refusal is an [`ErrorReply`] with `retryable` telling the relay
+//! whether sending the same request again can ever succeed.
+
+use graph_relay_core::command::CommandRecord;
+use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use graph_relay_core::relay::RelayCommand;
+use graph_relay_core::session::SessionMeta;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Prefix of every relay route.
+pub const RELAY_PREFIX: &str = "/external-assistants/graph-relays";
+/// Where the OpenAPI document is served.
+pub const OPENAPI_PATH: &str = "/external-assistants/graph-relays/openapi.json";
+
+/// The path of the sync route.
+pub fn sync_path() -> String {
+    format!("{RELAY_PREFIX}/sync")
+}
+
+/// The path of a per-command route (`start`, `control`, `complete`, `decline`).
+pub fn command_path(command: &CommandId, verb: &str) -> String {
+    format!("{RELAY_PREFIX}/commands/{command}/{verb}")
+}
+
+/// `POST /sync`: the sessions shared to one project; asks for its queued commands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncBody {
+    /// The project the owner enabled on the desktop.
+    pub project_id: ProjectId,
+    /// The sessions shared to it (at most 100).
+    #[serde(default)]
+    pub sessions: Vec<SessionMeta>,
+    /// Hold the request until work is queued for this device (or the hold bound passes).
+    #[serde(default)]
+    pub long_poll: bool,
+}
+
+/// One queued command as a sync hands it out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireCommand {
+    /// The ticket.
+    pub command_id: CommandId,
+    /// The saved Graph to run.
+    pub graph_session_id: GraphSessionId,
+    /// The project it was filed under.
+    pub project_id: ProjectId,
+    /// Input for the Graph.
+    #[serde(default)]
+    pub arguments: Map<String, Value>,
+    /// The session's slug when the run was queued.
+    #[serde(default)]
+    pub slug: String,
+    /// `graph:external:<command id>`.
+    pub channel: String,
+}
+
+impl WireCommand {
+    /// The wire form of a queued command.
+    pub fn from_record(c: &CommandRecord) -> Self {
+        Self {
+            command_id: c.id,
+            graph_session_id: c.graph_session_id.clone(),
+            project_id: c.project.clone(),
+            arguments: c.arguments.clone(),
+            slug: c.slug.clone(),
+            channel: c.id.channel(),
+        }
+    }
+
+    /// What the relay state machine consumes.
+    pub fn into_relay_command(self) -> RelayCommand {
+        RelayCommand {
+            id: self.command_id,
+            project: self.project_id,
+            graph_session_id: self.graph_session_id,
+            arguments: self.arguments,
+            slug: self.slug,
+        }
+    }
+}
+
+/// The answer to a sync.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyncReply {
+    /// Queued commands of the project for this device, oldest first.
+    pub commands: Vec<WireCommand>,
+    /// When to sync again if nothing changes (0 for a long-poll sync).
+    pub poll_after_seconds: u64,
+}
+
+/// `POST /commands/{id}/start`: claim the command under an execution id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartBody {
+    /// The execution id the relay will run it under.
+    pub execution_id: ExecutionId,
+}
+
+/// The command is running under the execution id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartReply {
+    /// The command.
+    pub command_id: CommandId,
+    /// Always `running`.
+    pub status: String,
+    /// The execution id it runs under.
+    pub execution_id: ExecutionId,
+}
+
+/// `POST /commands/{id}/control`: did the agent cancel?
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlBody {
+    /// Hold the request until cancellation is requested (or the hold bound passes).
+    #[serde(default)]
+    pub long_poll: bool,
+}
+
+/// The answer to a control request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlReply {
+    /// The agent asked to cancel: stop the execution.
+    pub cancel_requested: bool,
+    /// The command's status now.
+    pub status: String,
+}
+
+/// A completion or decline was recorded (or had been recorded already).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportReply {
+    /// The command's status now.
+    pub status: String,
+    /// True when the same report had been recorded before (nothing changed).
+    pub duplicate: bool,
+}
+
+/// Every refusal of the relay API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// A stable code, e.g. `command_not_found`, `completion_refused`.
+    pub error: String,
+    /// What went wrong, for people.
+    pub message: String,
+    /// False: the same request can never succeed (drop it); true: try again later.
+    pub retryable: bool,
+}
+
+/// The OpenAPI 3.1 document of the relay API.
+pub fn openapi() -> Value {
+    let error = json!({"$ref": "#/components/schemas/ErrorReply"});
+    let err = |text: &str| json!({"description": text, "content": {"application/json": {"schema": error}}});
+    let ok = |schema: &str, text: &str| json!({"description": text, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+    let command_param = json!([{"name": "command_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}]);
+    let body = |schema: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+    let common = |mut responses: Map<String, Value>| {
+        responses.insert(
+            "400".into(),
+            err("The body or the path is malformed (not retryable)."),
+        );
+        responses.insert("401".into(), err("No valid bearer token."));
+        responses.insert(
+            "403".into(),
+            err("The token is not a device token, or the Host/Origin is refused."),
+        );
+        responses.insert(
+            "413".into(),
+            err("The body is larger than the server accepts (not retryable)."),
+        );
+        responses.insert("503".into(), err("The queue is unavailable; retry later."));
+        Value::Object(responses)
+    };
+    let responses = |pairs: Vec<(&str, Value)>| {
+        common(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    };
+    let string = json!({"type": "string"});
+    let status = json!({"type": "string", "enum": ["queued", "running", "completed", "failed", "cancelled"]});
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "graph-relay relay API",
+            "version": "1",
+            "description": "The HTTP API a desktop relay uses to pull queued Graph runs, claim them, poll for cancellation and report results. Every request carries `Authorization: Bearer <device token>`; a device sees only its own owner's projects and the commands assigned to it."
+        },
+        "components": {
+            "securitySchemes": {"deviceToken": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "SessionMeta": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["graph_session_id", "name", "slug"],
+                    "properties": {
+                        "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "description": {"type": "string", "maxLength": 2000},
+                        "slug": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "version": {"type": "string", "maxLength": 64},
+                        "status": {"type": "string", "maxLength": 64}
+                    }
+                },
+                "SyncBody": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["project_id"],
+                    "properties": {
+                        "project_id": string,
+                        "sessions": {"type": "array", "maxItems": 100, "items": {"$ref": "#/components/schemas/SessionMeta"}},
+                        "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."}
+                    }
+                },
+                "Command": {
+                    "type": "object",
+                    "required": ["command_id", "graph_session_id", "project_id", "arguments", "slug", "channel"],
+                    "properties": {
+                        "command_id": {"type": "string", "format": "uuid"},
+                        "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
+                        "project_id": string,
+                        "arguments": {"type": "object"},
+                        "slug": string,
+                        "channel": {"type": "string", "description": "graph:external:<command id>"}
+                    }
+                },
+                "SyncReply": {
+                    "type": "object",
+                    "required": ["commands", "poll_after_seconds"],
+                    "properties": {
+                        "commands": {"type": "array", "items": {"$ref": "#/components/schemas/Command"}},
+                        "poll_after_seconds": {"type": "integer", "minimum": 0}
+                    }
+                },
+                "StartBody": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["execution_id"],
+                    "properties": {"execution_id": string}
+                },
+                "StartReply": {
+                    "type": "object",
+                    "required": ["command_id", "status", "execution_id"],
+                    "properties": {"command_id": {"type": "string", "format": "uuid"}, "status": {"const": "running"}, "execution_id": string}
+                },
+                "ControlBody": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {"long_poll": {"type": "boolean", "default": false, "description": "Hold the request until the agent cancels, the command ends, or the hold bound passes."}}
+                },
+                "ControlReply": {
+                    "type": "object",
+                    "required": ["cancel_requested", "status"],
+                    "properties": {"cancel_requested": {"type": "boolean"}, "status": status}
+                },
+                "ResultEnvelope": {
+                    "description": "SPEC §7: the full form when its compact JSON is at most 100,000 UTF-16 code units, otherwise the truncated form. `error` is at most 2,000 UTF-16 code units.",
+                    "oneOf": [
+                        {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "required": ["execution_id", "status", "result", "total_tokens", "reported_cost"],
+                            "properties": {
+                                "execution_id": string,
+                                "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
+                                "result": {},
+                                "total_tokens": {"type": ["integer", "null"], "minimum": 0},
+                                "reported_cost": {"type": ["number", "null"]},
+                                "error": {"type": "string"}
+                            }
+                        },
+                        {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "required": ["execution_id", "status", "result_truncated"],
+                            "properties": {
+                                "execution_id": string,
+                                "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
+                                "result_truncated": {"const": true}
+                            }
+                        }
+                    ]
+                },
+                "DeclineBody": {"type": "object", "additionalProperties": false, "properties": {}},
+                "ReportReply": {
+                    "type": "object",
+                    "required": ["status", "duplicate"],
+                    "properties": {"status": status, "duplicate": {"type": "boolean"}}
+                },
+                "ErrorReply": {
+                    "type": "object",
+                    "required": ["error", "message", "retryable"],
+                    "properties": {
+                        "error": {"type": "string", "description": "invalid_request, invalid_sessions, invalid_envelope, command_not_found, start_refused, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
+                        "message": string,
+                        "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
+                    }
+                }
+            }
+        },
+        "security": [{"deviceToken": []}],
+        "paths": {
+            "/external-assistants/graph-relays/sync": {"post": {
+                "summary": "Upload the sessions shared to a project and receive its queued commands",
+                "requestBody": body("SyncBody"),
+                "responses": responses(vec![
+                    ("200", ok("SyncReply", "The queued commands (possibly none).")),
+                    ("422", err("A session breaks a rule, is listed twice, or there are more than 100 (not retryable).")),
+                ])
+            }},
+            "/external-assistants/graph-relays/commands/{command_id}/start": {"post": {
+                "summary": "Claim a queued command: it becomes running under the execution id",
+                "parameters": command_param,
+                "requestBody": body("StartBody"),
+                "responses": responses(vec![
+                    ("200", ok("StartReply", "Run it (also for a retried claim with the same execution id).")),
+                    ("404", err("Unknown, or not assigned to this device.")),
+                    ("409", err("Cancelled meanwhile or running under another execution: do not run it.")),
+                ])
+            }},
+            "/external-assistants/graph-relays/commands/{command_id}/control": {"post": {
+                "summary": "Ask whether the agent cancelled a running command (optionally held)",
+                "parameters": command_param,
+                "requestBody": body("ControlBody"),
+                "responses": responses(vec![
+                    ("200", ok("ControlReply", "Whether to stop the execution.")),
+                    ("404", err("Unknown, or not assigned to this device.")),
+                ])
+            }},
+            "/external-assistants/graph-relays/commands/{command_id}/complete": {"post": {
+                "summary": "Report how an execution ended (fenced by execution id)",
+                "parameters": command_param,
+                "requestBody": body("ResultEnvelope"),
+                "responses": responses(vec![
+                    ("200", ok("ReportReply", "Recorded, or the same completion had been recorded (duplicate: true).")),
+                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
+                    ("409", err("Stale execution, not started, or finished differently (not retryable).")),
+                    ("422", err("The envelope breaks SPEC §7 (not retryable).")),
+                ])
+            }},
+            "/external-assistants/graph-relays/commands/{command_id}/decline": {"post": {
+                "summary": "Close a queued command as cancelled: the session is no longer shared with this project",
+                "parameters": command_param,
+                "requestBody": body("DeclineBody"),
+                "responses": responses(vec![
+                    ("200", ok("ReportReply", "Closed (or already terminal).")),
+                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
+                    ("409", err("Already running (not retryable).")),
+                ])
+            }},
+            "/external-assistants/graph-relays/openapi.json": {"get": {
+                "summary": "This document",
+                "security": [],
+                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {}}}}
+            }}
+        }
+    })
+}

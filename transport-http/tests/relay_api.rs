@@ -1,0 +1,583 @@
+//! The relay API over a real socket, and the relay driver against it.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
+use graph_relay_core::executor::{CancelSignal, Executor};
+use graph_relay_core::mcp::{McpServer, ServerInfo};
+use graph_relay_core::outbox::Outbox;
+use graph_relay_core::prelude::*;
+use graph_relay_core::relay::{ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, SharedSet};
+use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
+use graph_relay_transport_http::auth::{
+    AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
+};
+use graph_relay_transport_http::relay_client::{
+    DriverEvent, DriverOptions, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver,
+    RelayTransport,
+};
+use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX, openapi};
+use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, router};
+use serde_json::{Value, json};
+
+const GS: &str = "gs_0123456789abcdef0123456789abcdef";
+const AGENT: &str = "tok-agent";
+const DEVICE: &str = "tok-device";
+const STRANGER: &str = "tok-stranger";
+
+struct Server {
+    base: String,
+    queue: Queue,
+    db: PathBuf,
+    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+fn agent() -> Agent {
+    Agent::new(
+        AgentId::parse("assistant").unwrap(),
+        OwnerId::parse("alice").unwrap(),
+        [ProjectId::parse("p1").unwrap()],
+    )
+}
+
+fn device() -> Device {
+    Device::new(
+        DeviceId::parse("desktop").unwrap(),
+        OwnerId::parse("alice").unwrap(),
+    )
+}
+
+fn session() -> SessionMeta {
+    SessionMeta {
+        graph_session_id: GraphSessionId::parse(GS).unwrap(),
+        name: "Drafts".into(),
+        description: String::new(),
+        slug: "drafts".into(),
+        version: "1".into(),
+        status: "ready".into(),
+    }
+}
+
+fn queue_on(db: &std::path::Path) -> Queue {
+    Queue::new(
+        Arc::new(SqliteStore::open(db).unwrap()),
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    )
+}
+
+async fn server(hold: Duration) -> Server {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("queue.db");
+    let queue = queue_on(&db);
+    queue
+        .sync(
+            &device(),
+            &SyncRequest {
+                project: ProjectId::parse("p1").unwrap(),
+                sessions: vec![session()],
+                long_poll: false,
+            },
+        )
+        .await
+        .unwrap();
+    let tokens = TokenConfig {
+        agents: vec![AgentToken {
+            name: "assistant".into(),
+            owner: "alice".into(),
+            projects: vec!["p1".into()],
+            scopes: vec![READ_SCOPE.into(), RUN_SCOPE.into()],
+            token_sha256: hash_token(AGENT),
+            revoked: false,
+        }],
+        devices: vec![
+            DeviceToken {
+                name: "desktop".into(),
+                owner: "alice".into(),
+                token_sha256: hash_token(DEVICE),
+                revoked: false,
+            },
+            DeviceToken {
+                name: "intruder".into(),
+                owner: "mallory".into(),
+                token_sha256: hash_token(STRANGER),
+                revoked: false,
+            },
+        ],
+    };
+    let mcp = McpServer::new(
+        queue.clone(),
+        ToolCatalog::published(),
+        ServerInfo::new("t", "1"),
+    );
+    let config = HttpConfig {
+        max_body_bytes: 512 * 1024,
+        relay: RelayApiConfig {
+            hold: Some(hold),
+            recheck: Duration::from_millis(100),
+        },
+        ..HttpConfig::default()
+    };
+    let state = HttpState::new(mcp, Arc::new(StaticTokens::new(&tokens).unwrap()), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, router(state)).await.unwrap();
+    });
+    Server {
+        base: format!("http://{addr}"),
+        queue,
+        db,
+        _dir: dir,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl Server {
+    async fn post(&self, token: Option<&str>, path: &str, body: Value) -> (u16, Value) {
+        let mut request = self
+            .http
+            .post(format!("{}{RELAY_PREFIX}{path}", self.base))
+            .json(&body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn run(&self, key: &str) -> CommandId {
+        self.queue
+            .run_graph_session(
+                &agent(),
+                RunArgs {
+                    graph_session_id: GraphSessionId::parse(GS).unwrap(),
+                    arguments: json!({"n": 1}).as_object().unwrap().clone(),
+                    idempotency_key: IdempotencyKey::parse(key).unwrap(),
+                },
+            )
+            .await
+            .unwrap()
+            .command
+            .id
+    }
+
+    async fn status(&self, id: &CommandId) -> CommandStatus {
+        self.queue
+            .get_graph_run(&agent(), id)
+            .await
+            .unwrap()
+            .command
+            .status
+    }
+
+    fn sync_body(long_poll: bool) -> Value {
+        json!({"project_id": "p1", "sessions": [{"graph_session_id": GS, "name": "Drafts", "slug": "drafts", "version": "1", "status": "ready"}], "long_poll": long_poll})
+    }
+}
+
+#[tokio::test]
+async fn the_served_openapi_document_matches_the_committed_file() {
+    let s = server(Duration::from_secs(5)).await;
+    let served: Value = s
+        .http
+        .get(format!("{}{OPENAPI_PATH}", s.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/relay-api.openapi.json");
+    if std::env::var_os("GRAPH_RELAY_BLESS").is_some() {
+        let text = serde_json::to_string_pretty(&openapi()).unwrap() + "\n";
+        std::fs::write(path, text).unwrap();
+    }
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(path)
+            .expect("relay-api.openapi.json is missing; regenerate with GRAPH_RELAY_BLESS=1"),
+    )
+    .unwrap();
+    assert_eq!(
+        served, committed,
+        "the relay API changed; regenerate with GRAPH_RELAY_BLESS=1 and review the diff"
+    );
+    assert_eq!(served["openapi"], "3.1.0");
+}
+
+#[tokio::test]
+async fn tokens_other_than_a_device_token_are_refused() {
+    let s = server(Duration::from_secs(5)).await;
+    let (status, _) = s.post(None, "/sync", Server::sync_body(false)).await;
+    assert_eq!(status, 401);
+    let (status, body) = s.post(Some(AGENT), "/sync", Server::sync_body(false)).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"], "device_token_required");
+    assert_eq!(body["retryable"], false);
+}
+
+#[tokio::test]
+async fn sync_hands_out_queued_commands_and_validates_sessions() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-sync-1").await;
+    let (status, body) = s
+        .post(Some(DEVICE), "/sync", Server::sync_body(false))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["poll_after_seconds"], 20);
+    let command = &body["commands"][0];
+    assert_eq!(command["command_id"], id.to_string());
+    assert_eq!(command["graph_session_id"], GS);
+    assert_eq!(command["project_id"], "p1");
+    assert_eq!(command["arguments"], json!({"n": 1}));
+    assert_eq!(command["slug"], "drafts");
+    assert_eq!(command["channel"], format!("graph:external:{id}"));
+
+    let many: Vec<Value> = (0..101)
+        .map(|i| json!({"graph_session_id": format!("gs_{i:032x}"), "name": "g", "slug": "g"}))
+        .collect();
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            "/sync",
+            json!({"project_id": "p1", "sessions": many}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["retryable"], false);
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            "/sync",
+            json!({"project_id": "p1", "bogus": 1}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let big = json!({"project_id": "p1", "sessions": [], "pad": "x".repeat(600 * 1024)});
+    let (status, _) = s.post(Some(DEVICE), "/sync", big).await;
+    assert_eq!(status, 413);
+}
+
+#[tokio::test]
+async fn another_owners_device_sees_and_touches_nothing() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-owner-1").await;
+    let (status, body) = s
+        .post(Some(STRANGER), "/sync", json!({"project_id": "p1"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["commands"], json!([]));
+    let (status, body) = s
+        .post(
+            Some(STRANGER),
+            &format!("/commands/{id}/start"),
+            json!({"execution_id": "exec-1"}),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(s.status(&id).await, CommandStatus::Queued);
+}
+
+#[tokio::test]
+async fn start_complete_and_the_answers_the_relay_relies_on() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-life-1").await;
+    let start = format!("/commands/{id}/start");
+    let (status, body) = s
+        .post(Some(DEVICE), &start, json!({"execution_id": "exec-a"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "running");
+    let (status, body) = s
+        .post(Some(DEVICE), &start, json!({"execution_id": "exec-b"}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "start_refused");
+
+    let (status, body) = s
+        .post(Some(DEVICE), &format!("/commands/{id}/control"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        json!({"cancel_requested": false, "status": "running"})
+    );
+
+    let complete = format!("/commands/{id}/complete");
+    let envelope = json!({"execution_id": "exec-a", "status": "completed", "result": {"ok": true}, "total_tokens": 5, "reported_cost": null});
+    let (status, body) = s.post(Some(DEVICE), &complete, envelope.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"status": "completed", "duplicate": false}));
+    let (status, body) = s.post(Some(DEVICE), &complete, envelope).await;
+    assert_eq!(
+        status, 200,
+        "a duplicate completion is acknowledged: {body}"
+    );
+    assert_eq!(body["duplicate"], true);
+
+    let stale = json!({"execution_id": "exec-z", "status": "failed", "result": null, "total_tokens": null, "reported_cost": null});
+    let (status, body) = s.post(Some(DEVICE), &complete, stale).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["retryable"], false);
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &complete,
+            json!({"execution_id": "exec-a", "status": "done"}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"], "invalid_envelope");
+    let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(7));
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &format!("/commands/{unknown}/complete"),
+            json!({"execution_id": "exec-a", "status": "completed", "result_truncated": true}),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = s
+        .post(Some(DEVICE), "/commands/not-a-uuid/decline", json!({}))
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(s.status(&id).await, CommandStatus::Completed);
+}
+
+#[tokio::test]
+async fn decline_closes_a_queued_command_with_the_exact_message() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-decline-1").await;
+    let (status, body) = s
+        .post(Some(DEVICE), &format!("/commands/{id}/decline"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    let view = s.queue.get_graph_run(&agent(), &id).await.unwrap();
+    assert_eq!(
+        view.to_json()["error"],
+        "Graph session is no longer shared with this project"
+    );
+}
+
+#[tokio::test]
+async fn a_held_sync_answers_when_work_is_queued_here_or_by_another_process() {
+    let s = server(Duration::from_secs(20)).await;
+    // Queued through this server's queue: the signal wakes the held sync.
+    let held = {
+        let http = s.http.clone();
+        let url = format!("{}{RELAY_PREFIX}/sync", s.base);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let body: Value = http
+                .post(url)
+                .bearer_auth(DEVICE)
+                .json(&Server::sync_body(true))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (body, started.elapsed())
+        })
+    };
+    wait_for(|| s.queue.signals().waiting() > 0).await;
+    let id = s.run("key-held-1").await;
+    let (body, elapsed) = held.await.unwrap();
+    assert_eq!(body["commands"][0]["command_id"], id.to_string());
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+
+    // Queued by another process on the same file: found by the periodic look.
+    let (status, _) = s
+        .post(Some(DEVICE), &format!("/commands/{id}/decline"), json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let other = queue_on(&s.db);
+    let http = s.http.clone();
+    let url = format!("{}{RELAY_PREFIX}/sync", s.base);
+    let held = tokio::spawn(async move {
+        let started = Instant::now();
+        let body: Value = http
+            .post(url)
+            .bearer_auth(DEVICE)
+            .json(&Server::sync_body(true))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        (body, started.elapsed())
+    });
+    wait_for(|| s.queue.signals().waiting() > 0).await;
+    let id2 = other
+        .run_graph_session(
+            &agent(),
+            RunArgs {
+                graph_session_id: GraphSessionId::parse(GS).unwrap(),
+                arguments: Default::default(),
+                idempotency_key: IdempotencyKey::parse("key-held-2").unwrap(),
+            },
+        )
+        .await
+        .unwrap()
+        .command
+        .id;
+    let (body, elapsed) = held.await.unwrap();
+    assert_eq!(body["commands"][0]["command_id"], id2.to_string());
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+}
+
+#[tokio::test]
+async fn a_held_sync_ends_at_the_hold_bound_and_a_held_control_on_cancel() {
+    let s = server(Duration::from_millis(300)).await;
+    let (status, body) = s.post(Some(DEVICE), "/sync", Server::sync_body(true)).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"commands": [], "poll_after_seconds": 0}));
+
+    let s = server(Duration::from_secs(20)).await;
+    let id = s.run("key-control-1").await;
+    s.post(
+        Some(DEVICE),
+        &format!("/commands/{id}/start"),
+        json!({"execution_id": "exec-a"}),
+    )
+    .await;
+    let http = s.http.clone();
+    let url = format!("{}{RELAY_PREFIX}/commands/{id}/control", s.base);
+    let held = tokio::spawn(async move {
+        let body: Value = http
+            .post(url)
+            .bearer_auth(DEVICE)
+            .json(&json!({"long_poll": true}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body
+    });
+    wait_for(|| s.queue.signals().waiting() > 0).await;
+    s.queue.cancel_graph_run(&agent(), &id).await.unwrap();
+    let body = held.await.unwrap();
+    assert_eq!(body, json!({"cancel_requested": true, "status": "running"}));
+}
+
+/// Polls `check` every 10 ms for up to 10 s.
+async fn wait_for(mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "condition not met within 10 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Finishes at once with the arguments as result, counting executions.
+struct EchoExecutor(Mutex<Vec<CommandId>>);
+
+#[async_trait]
+impl Executor for EchoExecutor {
+    async fn execute(&self, job: Job, _cancel: CancelSignal) -> ExecutionOutcome {
+        self.0.lock().unwrap().push(job.command.id);
+        ExecutionOutcome {
+            result: Value::Object(job.command.arguments),
+            total_tokens: Some(3),
+            ..Default::default()
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_outbox() {
+    // A short hold: a pending report waits for the next pass, which follows the held sync.
+    let s = server(Duration::from_secs(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    let http = HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap();
+    // The first completion never leaves; the second is recorded but its answer is lost.
+    let transport: Arc<dyn RelayTransport> = Arc::new(FaultyTransport::new(http, 1, 1));
+    let executor = Arc::new(EchoExecutor(Mutex::new(Vec::new())));
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        executor.clone(),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |e| sink.lock().unwrap().push(e),
+    ));
+
+    let id = s.run("key-driver-1").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.status(&id).await != CommandStatus::Completed {
+        assert!(
+            Instant::now() < deadline,
+            "never completed: {:?}",
+            events.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let view = s
+        .queue
+        .get_graph_run(&agent(), &id)
+        .await
+        .unwrap()
+        .to_json();
+    assert_eq!(view["result"], json!({"n": 1}));
+    assert_eq!(view["total_tokens"], 3);
+    // Delivered on a later pass, then removed from the outbox.
+    while !outbox.pending().await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "outbox not emptied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        executor.0.lock().unwrap().as_slice(),
+        &[id],
+        "ran exactly once"
+    );
+    let failures = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, DriverEvent::Relay(RelayEvent::DeliveryFailed { .. })))
+        .count();
+    assert_eq!(failures, 2, "{:?}", events.lock().unwrap());
+    drop(shared_tx);
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+    assert!(
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, DriverEvent::Flushed { kept: 0, .. }))
+    );
+}
