@@ -1,10 +1,15 @@
 //! # graph-relay
 //!
 //! The `graph-relay` binary: the MCP server over Streamable HTTP (`serve`)
-//! or stdio (`stdio`), on a SQLite database (default) or in memory, and the
-//! token commands that maintain `graph-relay.toml` (hashes only).
+//! or stdio (`stdio`), on a SQLite database (default) or in memory; the
+//! desktop relay (`worker`) that runs the Graphs declared in `graphs.toml`;
+//! the token commands that maintain `graph-relay.toml` (hashes only); and
+//! the simulator of the published experiments (`sim`).
 
 mod config;
+mod graphs;
+mod process_executor;
+mod worker;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -76,6 +81,23 @@ enum Command {
         /// Longest accepted input line in bytes.
         #[arg(long, default_value_t = graph_relay_transport_stdio::DEFAULT_MAX_LINE_BYTES)]
         max_line_bytes: usize,
+    },
+    /// Run the desktop relay: pull queued runs from a server and run the
+    /// Graphs declared in a graphs file.
+    Worker(worker::WorkerArgs),
+    /// Rerun the published experiments on a virtual clock.
+    Sim {
+        /// Experiments to run (all when none is given).
+        experiments: Vec<String>,
+        /// Seed of the run.
+        #[arg(long, default_value_t = graph_relay_sim::DEFAULT_SEED)]
+        seed: u64,
+        /// Print every figure as one JSON document instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Also write SVG plots into this folder.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
     },
     /// Create, list and revoke tokens.
     Token {
@@ -154,6 +176,12 @@ enum CliError {
     Usage(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Worker(#[from] worker::WorkerError),
+    #[error(transparent)]
+    Sim(#[from] graph_relay_sim::UnknownExperiment),
+    #[error(transparent)]
+    Plot(#[from] graph_relay_sim::plot::PlotError),
 }
 
 fn main() -> ExitCode {
@@ -190,6 +218,13 @@ fn run(cli: Cli) -> Result<(), CliError> {
             max_line_bytes,
         } => stdio(&store, &config, &agent, max_line_bytes),
         Command::Token { config, command } => token(&config, command),
+        Command::Worker(args) => Ok(worker::run(args)?),
+        Command::Sim {
+            experiments,
+            seed,
+            json,
+            plot,
+        } => sim(&experiments, seed, json, plot.as_deref()),
         Command::DevShare {
             store,
             config,
@@ -298,6 +333,7 @@ fn serve(
             .request_timeout_secs
             .map_or(defaults.request_timeout, Duration::from_secs),
         sessions: defaults.sessions.clone(),
+        relay: defaults.relay.clone(),
     };
     let state = HttpState::new(mcp_server(open_store(store)?), auth, http);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -316,6 +352,26 @@ fn serve(
     Ok(())
 }
 
+fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(), CliError> {
+    let outcomes = graph_relay_sim::run(names, seed)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&graph_relay_sim::render_json(&outcomes, seed))
+                .unwrap_or_default()
+        );
+    } else {
+        print!("{}", graph_relay_sim::render_text(&outcomes, seed));
+    }
+    if let Some(dir) = plot {
+        for path in graph_relay_sim::plot::write_all(&outcomes, dir)? {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {

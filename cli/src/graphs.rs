@@ -1,0 +1,285 @@
+//! `graphs.toml`: the Graphs a desktop shares, and how to run each one.
+//!
+//! ```toml
+//! # Projects enabled on this desktop even if no Graph is shared to them now
+//! # (a command queued there is then closed by the re-check instead of waiting).
+//! projects = ["default"]
+//!
+//! [[graph]]
+//! id = "gs_0123456789abcdef0123456789abcdef"
+//! name = "Draft replies"
+//! description = "Drafts replies to unread mail"
+//! slug = "draft-replies"
+//! version = "3"
+//! projects = ["default"]
+//! command = ["/usr/bin/env", "python3", "draft.py"]   # argv, no shell
+//! working_dir = "/home/me/graphs"                       # optional; relative to this file
+//! timeout_seconds = 600                                 # optional; default 3600
+//! env = { MODEL = "local" }                             # optional
+//! ```
+//!
+//! The file is re-read when its modification time or size changes
+//! ([`watch`]); an edit that does not parse is logged and the previous set
+//! kept.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use graph_relay_core::ids::{GraphSessionId, ProjectId};
+use graph_relay_core::relay::SharedSet;
+use graph_relay_core::session::SessionMeta;
+use serde::Deserialize;
+
+/// Default run time limit of a Graph.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileForm {
+    #[serde(default)]
+    projects: Vec<String>,
+    #[serde(default, rename = "graph")]
+    graphs: Vec<GraphForm>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GraphForm {
+    id: String,
+    name: String,
+    #[serde(default)]
+    description: String,
+    slug: String,
+    #[serde(default)]
+    version: String,
+    #[serde(default = "ready")]
+    status: String,
+    #[serde(default)]
+    projects: Vec<String>,
+    command: Vec<String>,
+    working_dir: Option<PathBuf>,
+    timeout_seconds: Option<u64>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+fn ready() -> String {
+    "ready".into()
+}
+
+/// How to run one Graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GraphSpec {
+    /// argv: program and arguments (no shell).
+    pub command: Vec<String>,
+    /// Working directory (absolute, or relative to the graphs file's folder).
+    pub working_dir: Option<PathBuf>,
+    /// Run time limit; the run fails when it passes.
+    pub timeout: Duration,
+    /// Extra environment variables.
+    pub env: BTreeMap<String, String>,
+}
+
+/// The parsed file: what is shared, and how to run each Graph.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Graphs {
+    /// The consent the relay syncs and re-checks.
+    pub shared: SharedSet,
+    /// Run specifications by session id.
+    pub specs: HashMap<GraphSessionId, GraphSpec>,
+}
+
+/// Why the graphs file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphsError {
+    /// Reading failed.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Not TOML of the expected shape.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: Box<toml::de::Error>,
+    },
+    /// A value breaks a rule.
+    #[error("{path}: graph `{graph}`: {problem}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The graph id or name.
+        graph: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl Graphs {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, GraphsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GraphsError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses `text` (read from `path`, used in errors and for relative folders).
+    pub fn parse(path: &Path, text: &str) -> Result<Self, GraphsError> {
+        let form: FileForm = toml::from_str(text).map_err(|source| GraphsError::Parse {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })?;
+        let invalid = |graph: &str, problem: String| GraphsError::Invalid {
+            path: path.to_owned(),
+            graph: graph.to_owned(),
+            problem,
+        };
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut graphs = Graphs::default();
+        for p in &form.projects {
+            let project = ProjectId::parse(p).map_err(|e| invalid("(projects)", e.to_string()))?;
+            graphs.shared.enable(project);
+        }
+        for (index, g) in form.graphs.into_iter().enumerate() {
+            let id = GraphSessionId::parse(&g.id).map_err(|e| invalid(&g.id, e.to_string()))?;
+            if graphs.specs.contains_key(&id) {
+                return Err(invalid(&g.id, "declared twice".into()));
+            }
+            if g.command.first().is_none_or(|p| p.is_empty()) {
+                return Err(invalid(&g.id, "`command` needs at least a program".into()));
+            }
+            let meta = SessionMeta {
+                graph_session_id: id.clone(),
+                name: g.name,
+                description: g.description,
+                slug: g.slug,
+                version: g.version,
+                status: g.status,
+            };
+            meta.validate(index)
+                .map_err(|e| invalid(&g.id, e.to_string()))?;
+            for p in &g.projects {
+                let project = ProjectId::parse(p).map_err(|e| invalid(&g.id, e.to_string()))?;
+                graphs.shared.share(project, meta.clone());
+            }
+            graphs.specs.insert(
+                id,
+                GraphSpec {
+                    command: g.command,
+                    working_dir: g.working_dir.map(|d| base.join(d)),
+                    timeout: g
+                        .timeout_seconds
+                        .map_or(DEFAULT_TIMEOUT, Duration::from_secs),
+                    env: g.env,
+                },
+            );
+        }
+        Ok(graphs)
+    }
+}
+
+/// The current run specifications, shared with the executor.
+pub type SpecTable = Arc<RwLock<HashMap<GraphSessionId, GraphSpec>>>;
+
+fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// Polls `path` every `every`; on a valid change publishes the new shared set
+/// on `shared` and the new specifications in `specs`, and calls `report`
+/// with a status line. Runs until `shared` has no receiver left.
+pub async fn watch(
+    path: PathBuf,
+    every: Duration,
+    shared: tokio::sync::watch::Sender<SharedSet>,
+    specs: SpecTable,
+    mut report: impl FnMut(String) + Send,
+) {
+    let mut last = stamp(&path);
+    loop {
+        tokio::time::sleep(every).await;
+        if shared.is_closed() {
+            return;
+        }
+        let now = stamp(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        match Graphs::load(&path) {
+            Ok(graphs) => {
+                let count = graphs.specs.len();
+                if let Ok(mut table) = specs.write() {
+                    *table = graphs.specs;
+                }
+                shared.send_replace(graphs.shared);
+                report(format!(
+                    "graphs: reloaded {} ({count} graph(s))",
+                    path.display()
+                ));
+            }
+            Err(e) => report(format!("graphs: {e}; keeping the previous set")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GS: &str = "gs_0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_graph_is_shared_to_its_projects_and_keeps_its_run_spec() {
+        let text = format!(
+            r#"
+projects = ["spare"]
+[[graph]]
+id = "{GS}"
+name = "Drafts"
+slug = "drafts"
+projects = ["p1"]
+command = ["sh", "run.sh"]
+working_dir = "work"
+timeout_seconds = 5
+env = {{ A = "b" }}
+"#
+        );
+        let g = Graphs::parse(Path::new("/etc/graphs.toml"), &text).unwrap();
+        let p1 = ProjectId::parse("p1").unwrap();
+        let gs = GraphSessionId::parse(GS).unwrap();
+        assert!(g.shared.still_shared(&p1, &gs, "drafts"));
+        assert!(!g.shared.still_shared(&p1, &gs, "renamed"));
+        assert_eq!(g.shared.projects().count(), 2, "spare is enabled too");
+        let spec = &g.specs[&gs];
+        assert_eq!(spec.working_dir.as_deref(), Some(Path::new("/etc/work")));
+        assert_eq!(spec.timeout, Duration::from_secs(5));
+        assert_eq!(spec.env["A"], "b");
+    }
+
+    #[test]
+    fn invalid_files_are_refused_with_the_reason() {
+        let p = Path::new("g.toml");
+        assert!(Graphs::parse(p, "[[graph]]\nid = 1").is_err());
+        let bad_id = "[[graph]]\nid = \"gs_x\"\nname = \"a\"\nslug = \"a\"\ncommand = [\"x\"]";
+        assert!(matches!(
+            Graphs::parse(p, bad_id),
+            Err(GraphsError::Invalid { .. })
+        ));
+        let no_cmd = format!("[[graph]]\nid = \"{GS}\"\nname = \"a\"\nslug = \"a\"\ncommand = []");
+        assert!(matches!(
+            Graphs::parse(p, &no_cmd),
+            Err(GraphsError::Invalid { .. })
+        ));
+    }
+}

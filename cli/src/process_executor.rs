@@ -1,0 +1,330 @@
+//! The process executor: one OS process per run, as declared in `graphs.toml`.
+//!
+//! - The process starts in its own process group, in the Graph's working
+//!   directory, with the Graph's environment plus `GRAPH_RELAY_COMMAND_ID`,
+//!   `GRAPH_RELAY_EXECUTION_ID` and `GRAPH_RELAY_CHANNEL`.
+//! - The arguments are written to its stdin as one JSON object, then stdin
+//!   is closed.
+//! - Its stdout is the result: parsed as JSON if the whole text is JSON,
+//!   otherwise kept as a string (trailing newlines removed; empty → `null`).
+//! - Usage: if the **last non-empty line** of stdout is exactly a JSON object
+//!   with the single key `graph_relay`, e.g.
+//!   `{"graph_relay": {"total_tokens": 1234, "reported_cost": 0.02}}`,
+//!   that line is removed from the result and its `total_tokens` (a
+//!   non-negative integer) and `reported_cost` (a number) are reported; both
+//!   are optional and `null` otherwise.
+//! - Exit status 0 is `completed`; anything else is `failed` with the tail of
+//!   stderr (at most 2,000 UTF-16 units) as the error. Passing the Graph's
+//!   `timeout_seconds` is `failed` too.
+//! - Cancellation (and the timeout) send SIGTERM to the whole process group,
+//!   then SIGKILL after the grace period. When the main process ends, the
+//!   group is sent SIGKILL as well, so no child it left behind outlives the run.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use graph_relay_core::envelope::{ERROR_LIMIT, FinishStatus, cut_utf16};
+use graph_relay_core::executor::{CancelSignal, Executor};
+use graph_relay_core::relay::{ExecutionOutcome, Job};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::graphs::SpecTable;
+
+/// Most stdout bytes kept (a larger result is truncated by the envelope anyway).
+const STDOUT_CAP: usize = 16 * 1024 * 1024;
+/// Most stderr bytes kept (only the tail is reported).
+const STDERR_TAIL: usize = 64 * 1024;
+/// How long to wait for the pipes to close after the process group is gone.
+const PIPE_DRAIN: Duration = Duration::from_secs(5);
+
+/// Runs Graphs as processes; see the module docs.
+#[derive(Debug, Clone)]
+pub struct ProcessExecutor {
+    specs: SpecTable,
+    grace: Duration,
+}
+
+impl ProcessExecutor {
+    /// An executor reading run specifications from `specs`; SIGKILL follows
+    /// SIGTERM after `grace`.
+    pub fn new(specs: SpecTable, grace: Duration) -> Self {
+        Self { specs, grace }
+    }
+}
+
+enum Ending {
+    Exited(std::io::Result<ExitStatus>),
+    Cancelled,
+    TimedOut,
+}
+
+fn failed(error: String) -> ExecutionOutcome {
+    ExecutionOutcome {
+        status: Some(FinishStatus::Failed),
+        error: Some(error),
+        ..Default::default()
+    }
+}
+
+fn signal_group(pgid: Option<i32>, signal: Signal) {
+    if let Some(pgid) = pgid.filter(|p| *p > 0) {
+        // ESRCH: the group is already gone.
+        let _ = killpg(Pid::from_raw(pgid), signal);
+    }
+}
+
+#[async_trait]
+impl Executor for ProcessExecutor {
+    async fn execute(&self, job: Job, cancel: CancelSignal) -> ExecutionOutcome {
+        let spec = self
+            .specs
+            .read()
+            .ok()
+            .and_then(|t| t.get(&job.command.graph_session_id).cloned());
+        let Some(spec) = spec else {
+            return failed(format!(
+                "Graph session {} is not declared in the graphs file",
+                job.command.graph_session_id
+            ));
+        };
+        if cancel.is_cancelled() {
+            return ExecutionOutcome {
+                status: Some(FinishStatus::Cancelled),
+                ..Default::default()
+            };
+        }
+        let (program, args) = match spec.command.split_first() {
+            Some(split) => split,
+            None => return failed("the Graph has no command".into()),
+        };
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .envs(&spec.env)
+            .env("GRAPH_RELAY_COMMAND_ID", job.command.id.to_string())
+            .env("GRAPH_RELAY_EXECUTION_ID", job.execution.as_str())
+            .env("GRAPH_RELAY_CHANNEL", &job.channel)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if let Some(dir) = &spec.working_dir {
+            command.current_dir(dir);
+        }
+        let mut child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) => return failed(format!("cannot start `{program}`: {e}")),
+        };
+        let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+        let input = serde_json::to_vec(&Value::Object(job.command.arguments.clone()))
+            .unwrap_or_else(|_| b"{}".to_vec());
+        if let Some(mut stdin) = child.stdin.take() {
+            tokio::spawn(async move {
+                // A process that does not read its stdin is fine.
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            });
+        }
+        let stdout = child.stdout.take().map(|mut out| {
+            tokio::spawn(async move {
+                let mut kept = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = out.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = STDOUT_CAP.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+                kept
+            })
+        });
+        let stderr = child.stderr.take().map(|mut err| {
+            tokio::spawn(async move {
+                let mut kept = Vec::new();
+                let mut buf = vec![0u8; 16 * 1024];
+                while let Ok(n) = err.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    kept.extend_from_slice(&buf[..n]);
+                    if kept.len() > STDERR_TAIL {
+                        kept.drain(..kept.len() - STDERR_TAIL);
+                    }
+                }
+                kept
+            })
+        });
+
+        let ending = tokio::select! {
+            status = child.wait() => Ending::Exited(status),
+            () = cancel => Ending::Cancelled,
+            () = tokio::time::sleep(spec.timeout) => Ending::TimedOut,
+        };
+        if !matches!(ending, Ending::Exited(_)) {
+            signal_group(pgid, Signal::SIGTERM);
+            if tokio::time::timeout(self.grace, child.wait())
+                .await
+                .is_err()
+            {
+                signal_group(pgid, Signal::SIGKILL);
+                let _ = child.wait().await;
+            }
+        }
+        // Whatever the main process left behind in its group goes too.
+        signal_group(pgid, Signal::SIGKILL);
+
+        let drain = |task: Option<tokio::task::JoinHandle<Vec<u8>>>| async move {
+            match task {
+                Some(t) => tokio::time::timeout(PIPE_DRAIN, t)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            }
+        };
+        let out = drain(stdout).await;
+        let err = drain(stderr).await;
+        let stderr_tail = tail_utf16(&String::from_utf8_lossy(&err), ERROR_LIMIT);
+        let (result, total_tokens, reported_cost) = parse_stdout(&String::from_utf8_lossy(&out));
+        let with_stderr = |head: String| {
+            if stderr_tail.trim().is_empty() {
+                head
+            } else {
+                stderr_tail.clone()
+            }
+        };
+        match ending {
+            Ending::Cancelled => ExecutionOutcome {
+                status: Some(FinishStatus::Cancelled),
+                ..Default::default()
+            },
+            Ending::TimedOut => ExecutionOutcome {
+                result,
+                total_tokens,
+                reported_cost,
+                ..failed(format!(
+                    "timed out after {} s{}",
+                    spec.timeout.as_secs(),
+                    if stderr_tail.trim().is_empty() {
+                        String::new()
+                    } else {
+                        format!("; stderr: {stderr_tail}")
+                    }
+                ))
+            },
+            Ending::Exited(Err(e)) => failed(format!("cannot wait for the process: {e}")),
+            Ending::Exited(Ok(status)) if status.success() => ExecutionOutcome {
+                status: Some(FinishStatus::Completed),
+                result,
+                total_tokens,
+                reported_cost,
+                error: None,
+            },
+            Ending::Exited(Ok(status)) => ExecutionOutcome {
+                result,
+                total_tokens,
+                reported_cost,
+                ..failed(with_stderr(format!("the process exited with {status}")))
+            },
+        }
+    }
+}
+
+/// The last `limit` UTF-16 units of `text` (whole characters only).
+fn tail_utf16(text: &str, limit: usize) -> String {
+    let mut units = 0;
+    let mut start = text.len();
+    for (index, ch) in text.char_indices().rev() {
+        units += ch.len_utf16();
+        if units > limit {
+            break;
+        }
+        start = index;
+    }
+    let mut tail = text[start..].to_owned();
+    cut_utf16(&mut tail, limit);
+    tail
+}
+
+/// Splits the optional usage line off stdout and parses the rest.
+fn parse_stdout(text: &str) -> (Value, Option<u64>, Option<f64>) {
+    let trimmed = text.trim_end();
+    let (body, last) = match trimmed.rsplit_once('\n') {
+        Some((body, last)) => (body, last),
+        None => ("", trimmed),
+    };
+    let usage = serde_json::from_str::<Value>(last.trim())
+        .ok()
+        .and_then(|v| match v {
+            Value::Object(mut map) if map.len() == 1 => match map.remove("graph_relay") {
+                Some(Value::Object(u)) => Some(u),
+                _ => None,
+            },
+            _ => None,
+        });
+    let (rest, tokens, cost) = match usage {
+        Some(u) => (
+            body,
+            u.get("total_tokens").and_then(Value::as_u64),
+            u.get("reported_cost").and_then(Value::as_f64),
+        ),
+        None => (trimmed, None, None),
+    };
+    let rest = rest.trim_end_matches(['\n', '\r']);
+    let result = if rest.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(rest).unwrap_or_else(|_| Value::String(rest.to_owned()))
+    };
+    (result, tokens, cost)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn stdout_is_json_or_text_and_the_usage_line_is_split_off() {
+        assert_eq!(parse_stdout("{\"a\": 1}\n"), (json!({"a": 1}), None, None));
+        assert_eq!(
+            parse_stdout("hello\nworld\n"),
+            (json!("hello\nworld"), None, None)
+        );
+        assert_eq!(parse_stdout(""), (Value::Null, None, None));
+        assert_eq!(
+            parse_stdout(
+                "[1,2]\n{\"graph_relay\": {\"total_tokens\": 12, \"reported_cost\": 0.5}}\n"
+            ),
+            (json!([1, 2]), Some(12), Some(0.5))
+        );
+        assert_eq!(
+            parse_stdout("{\"graph_relay\": {\"total_tokens\": 7}}"),
+            (Value::Null, Some(7), None)
+        );
+        // Another object on the last line is part of the result.
+        assert_eq!(
+            parse_stdout("{\"graph_relay\": 1, \"x\": 2}"),
+            (json!({"graph_relay": 1, "x": 2}), None, None)
+        );
+    }
+
+    #[test]
+    fn the_stderr_tail_keeps_the_end_within_the_limit() {
+        let text = format!("{}END", "あ".repeat(3000));
+        let tail = tail_utf16(&text, ERROR_LIMIT);
+        assert!(tail.ends_with("END"));
+        assert_eq!(graph_relay_core::envelope::utf16_len(&tail), ERROR_LIMIT);
+        let emoji = "😀".repeat(1500);
+        let tail = tail_utf16(&emoji, ERROR_LIMIT);
+        assert_eq!(graph_relay_core::envelope::utf16_len(&tail), ERROR_LIMIT);
+        assert_eq!(tail_utf16("short", ERROR_LIMIT), "short");
+    }
+}

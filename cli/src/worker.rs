@@ -1,0 +1,233 @@
+//! `graph-relay worker`: the desktop relay over HTTP.
+//!
+//! Wires the pieces together: the graphs file (consent and run
+//! specifications, re-read on change), the relay state machine, the HTTP
+//! transport, the SQLite outbox and the process executor, and prints one
+//! status line per event on stderr. SIGINT/SIGTERM cancel the current run
+//! (SIGTERM to its process group, SIGKILL after the grace), report it
+//! through the outbox and try once more to deliver every pending report.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use graph_relay_core::Clock;
+use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
+use graph_relay_core::time::SystemClock;
+use graph_relay_store_sqlite::SqliteOutbox;
+use graph_relay_transport_http::relay_client::{
+    DriverEvent, DriverOptions, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver,
+    RelayTransport,
+};
+
+use crate::graphs::{self, Graphs};
+use crate::process_executor::ProcessExecutor;
+
+/// How the relay asks for work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Held requests: work and cancellations arrive at once (default).
+    LongPoll,
+    /// The published relay: a pass every 20 s, a control poll every 3 s.
+    Interval,
+}
+
+/// Options of `graph-relay worker`.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Base URL of the server, e.g. http://127.0.0.1:8787.
+    #[arg(long)]
+    pub server: String,
+    /// File holding the device token (`grd_…`).
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// The Graphs this desktop shares and how to run them (re-read on change).
+    #[arg(long)]
+    pub graphs: PathBuf,
+    /// long-poll (default) or interval.
+    #[arg(long, value_enum, default_value = "long-poll")]
+    pub mode: Mode,
+    /// SQLite file of the outbox (reports not yet delivered).
+    #[arg(long, default_value = "graph-relay-outbox.db")]
+    pub outbox: PathBuf,
+    /// Seconds between SIGTERM and SIGKILL when a run is cancelled.
+    #[arg(long, default_value_t = 5)]
+    pub grace_seconds: u64,
+    /// Testing: lose this many completion POSTs before sending them.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub fault_lose_completion_posts: u32,
+}
+
+/// Why the worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The graphs file is unusable.
+    #[error(transparent)]
+    Graphs(#[from] graphs::GraphsError),
+    /// The token file could not be read.
+    #[error("cannot read the token file {path}: {source}")]
+    Token {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The outbox could not be opened.
+    #[error("cannot open the outbox {path}: {message}")]
+    Outbox {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+    /// The HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] graph_relay_transport_http::relay_client::ClientBuildError),
+    /// The runtime could not start.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs the worker until SIGINT/SIGTERM.
+pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
+    let graphs = Graphs::load(&args.graphs)?;
+    let token = std::fs::read_to_string(&args.token_file)
+        .map_err(|source| WorkerError::Token {
+            path: args.token_file.clone(),
+            source,
+        })?
+        .trim()
+        .to_owned();
+    let outbox = SqliteOutbox::open(&args.outbox).map_err(|e| WorkerError::Outbox {
+        path: args.outbox.clone(),
+        message: e.to_string(),
+    })?;
+    let http = HttpRelayTransport::new(HttpRelayConfig::new(&args.server, token))?;
+    let transport: Arc<dyn RelayTransport> = if args.fault_lose_completion_posts > 0 {
+        Arc::new(FaultyTransport::new(
+            http,
+            args.fault_lose_completion_posts,
+            0,
+        ))
+    } else {
+        Arc::new(http)
+    };
+    let specs = Arc::new(RwLock::new(graphs.specs));
+    let executor = Arc::new(ProcessExecutor::new(
+        specs.clone(),
+        Duration::from_secs(args.grace_seconds),
+    ));
+    let clock = Arc::new(SystemClock);
+    let config = RelayConfig {
+        mode: match args.mode {
+            Mode::LongPoll => RelayMode::LongPoll,
+            Mode::Interval => RelayMode::Interval,
+        },
+        seed: uuid::Uuid::new_v4().as_u128() as u64,
+        ..RelayConfig::default()
+    };
+    let relay = Relay::new(config, graphs.shared.clone(), clock.now());
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        Arc::new(outbox),
+        executor,
+        clock,
+        DriverOptions {
+            shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
+        },
+    );
+    let (shared_tx, shared_rx) = tokio::sync::watch::channel(graphs.shared);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        status(&format!(
+            "worker: relaying {} for {} ({:?} mode; outbox {})",
+            args.graphs.display(),
+            args.server,
+            args.mode,
+            args.outbox.display()
+        ));
+        tokio::spawn(graphs::watch(
+            args.graphs.clone(),
+            Duration::from_secs(1),
+            shared_tx,
+            specs,
+            |line| status(&line),
+        ));
+        driver
+            .run(shared_rx, crate::shutdown_signal(), |event| {
+                if let Some(line) = describe(&event) {
+                    status(&line);
+                }
+            })
+            .await;
+        status("worker: stopped");
+    });
+    Ok(())
+}
+
+fn status(line: &str) {
+    eprintln!("{line}");
+}
+
+/// The status line of an event (`None`: not worth a line).
+pub fn describe(event: &DriverEvent) -> Option<String> {
+    Some(match event {
+        DriverEvent::Relay(e) => match e {
+            RelayEvent::PassStarted => "pass: started".into(),
+            RelayEvent::PassFinished { .. } => "pass: finished".into(),
+            RelayEvent::Synced { project, commands } => {
+                if *commands == 0 {
+                    return None;
+                }
+                format!("sync: project {project}: {commands} command(s) queued")
+            }
+            RelayEvent::SyncFailed { project, reason } => {
+                format!("sync: project {project} failed: {reason}")
+            }
+            RelayEvent::Declined { command } => format!(
+                "declined {command}: {}",
+                graph_relay_core::command::NO_LONGER_SHARED
+            ),
+            RelayEvent::ClaimRefused { command, reason } => {
+                format!("not run {command}: {reason}")
+            }
+            RelayEvent::Started { command, execution } => {
+                format!("started {command} (execution {execution})")
+            }
+            RelayEvent::CancelSent { command } => {
+                format!("cancelling {command}: the agent asked to stop it")
+            }
+            RelayEvent::Finished {
+                command,
+                status,
+                truncated,
+            } => format!(
+                "finished {command}: {}{}",
+                status.as_str(),
+                if *truncated {
+                    " (result truncated)"
+                } else {
+                    ""
+                }
+            ),
+            RelayEvent::Delivered { command } => format!("delivered {command}"),
+            RelayEvent::DeliveryFailed { command, reason } => {
+                format!("delivery of {command} failed (kept in the outbox): {reason}")
+            }
+            RelayEvent::Dropped { command, reason } => {
+                format!("report for {command} dropped: {reason}")
+            }
+        },
+        DriverEvent::OutboxError(e) => format!("outbox: {e}"),
+        DriverEvent::Stopping { running } => match running {
+            Some(c) => format!("stopping: cancelling {c}"),
+            None => "stopping".into(),
+        },
+        DriverEvent::Flushed { delivered, kept } => {
+            format!("outbox flushed: {delivered} delivered, {kept} kept")
+        }
+    })
+}
