@@ -24,6 +24,7 @@ use criterion::{Criterion, Throughput};
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::{DeviceId, IdempotencyKey, ProjectId};
+use graph_relay_core::principal::Device;
 use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::store::Store;
 use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
@@ -34,6 +35,8 @@ use serde_json::json;
 
 /// Commands in the big database.
 const MILLION: u64 = 1_000_000;
+/// Lifecycles in flight at once in the concurrent variant.
+const IN_FLIGHT: u64 = 64;
 /// Commands written per transaction while building it.
 const CHUNK: u64 = 50_000;
 
@@ -47,40 +50,50 @@ fn record(name: &'static str, elapsed: Duration, iterations: u64) {
     entry.1 += iterations;
 }
 
-/// One full lifecycle of a fresh command; panics if any step misbehaves.
-async fn lifecycle(w: &World, n: u64) {
+/// One full lifecycle of a fresh command of session `session`, which only
+/// `device` shares; panics if any step misbehaves.
+async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
     let key = format!("bench-key-{n:012}");
     let ticket = w
         .queue
-        .run_graph_session(&w.agent, run_args(1, &key, json!({"n": n})))
+        .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
         .await
         .expect("run");
     let id = ticket.command.id;
+    assert_eq!(&ticket.command.device, &device.id);
     let request = SyncRequest {
         project: p1(),
-        sessions: vec![meta(1)],
+        sessions: vec![meta(session)],
         long_poll: false,
     };
-    let synced = w.queue.sync(&w.device, &request).await.expect("sync");
-    assert!(
-        synced.commands.iter().any(|c| c.id == id),
-        "queued command handed out"
+    let synced = w.queue.sync(device, &request).await.expect("sync");
+    assert_eq!(
+        synced.commands.len(),
+        1,
+        "the one queued command is handed out"
     );
     let execution = exec(&format!("exec-{n}"));
+    w.queue.start(device, &id, &execution).await.expect("start");
     w.queue
-        .start(&w.device, &id, &execution)
-        .await
-        .expect("start");
-    w.queue
-        .complete(
-            &w.device,
-            &id,
-            &completed(execution.as_str(), json!({"n": n})),
-        )
+        .complete(device, &id, &completed(execution.as_str(), json!({"n": n})))
         .await
         .expect("complete");
     let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
     assert_eq!(view.command.status, CommandStatus::Completed);
+}
+
+/// Devices `desk-k` (k < count), each the only one sharing session `k + 1`.
+fn desks(w: &World, count: u32) -> Vec<(Device, u32)> {
+    (0..count)
+        .map(|k| {
+            let device = Device::new(
+                DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
+                w.device.owner.clone(),
+            );
+            block_on(w.sync(&device, p1(), &[k + 1]));
+            (device, k + 1)
+        })
+        .collect()
 }
 
 fn world(store: Arc<dyn Store>) -> World {
@@ -89,53 +102,49 @@ fn world(store: Arc<dyn Store>) -> World {
     w
 }
 
+/// Measures `IN_FLIGHT` lifecycles at a time on `w` (1 = one after another).
+fn measure(w: &World, desks: &[(Device, u32)], counter: &AtomicU64, iters: u64) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let runs = desks.iter().map(|(device, session)| {
+            lifecycle(w, device, *session, counter.fetch_add(1, Ordering::Relaxed))
+        });
+        block_on(futures::future::join_all(runs));
+    }
+    start.elapsed()
+}
+
 fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
     let counter = AtomicU64::new(0);
     let mut group = c.benchmark_group("lifecycle");
-    group.throughput(Throughput::Elements(1));
-
-    let memory = world(Arc::new(MemoryStore::new()));
-    group.bench_function("memory", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                block_on(lifecycle(&memory, counter.fetch_add(1, Ordering::Relaxed)));
-            }
-            let elapsed = start.elapsed();
-            record("lifecycle/memory", elapsed, iters);
-            elapsed
-        });
-    });
-
-    let sqlite = world(Arc::new(
+    let memory = World::new(Arc::new(MemoryStore::new()));
+    let sqlite = World::new(Arc::new(
         SqliteStore::open(scratch.join("lifecycle.sqlite")).expect("open"),
     ));
-    group.bench_function("sqlite", |b| {
-        b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                block_on(lifecycle(&sqlite, counter.fetch_add(1, Ordering::Relaxed)));
-            }
-            let elapsed = start.elapsed();
-            record("lifecycle/sqlite", elapsed, iters);
-            elapsed
+    for (name, w) in [("memory", &memory), ("sqlite", &sqlite)] {
+        let one = desks(w, 1);
+        group.throughput(Throughput::Elements(1));
+        let label: &'static str = if name == "memory" {
+            "lifecycle/memory"
+        } else {
+            "lifecycle/sqlite"
+        };
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let elapsed = measure(w, &one, &counter, iters);
+                record(label, elapsed, iters);
+                elapsed
+            });
         });
-    });
-
-    // Eight agents' lifecycles in flight at once: the writer commits their
-    // writes together.
-    const IN_FLIGHT: u64 = 8;
+    }
+    // Many lifecycles in flight at once, as on a server with many agents and
+    // desktops: the writer commits their writes together.
+    let many = desks(&sqlite, IN_FLIGHT as u32);
     group.throughput(Throughput::Elements(IN_FLIGHT));
-    group.bench_function("sqlite_8_in_flight", |b| {
+    group.bench_function("sqlite_64_in_flight", |b| {
         b.iter_custom(|iters| {
-            let start = Instant::now();
-            for _ in 0..iters {
-                let runs = (0..IN_FLIGHT)
-                    .map(|_| lifecycle(&sqlite, counter.fetch_add(1, Ordering::Relaxed)));
-                block_on(futures::future::join_all(runs));
-            }
-            let elapsed = start.elapsed();
-            record("lifecycle/sqlite_8_in_flight", elapsed, iters * IN_FLIGHT);
+            let elapsed = measure(&sqlite, &many, &counter, iters);
+            record("lifecycle/sqlite_64_in_flight", elapsed, iters * IN_FLIGHT);
             elapsed
         });
     });
@@ -295,7 +304,7 @@ fn summary() {
     for name in [
         "lifecycle/memory",
         "lifecycle/sqlite",
-        "lifecycle/sqlite_8_in_flight",
+        "lifecycle/sqlite_64_in_flight",
     ] {
         if let Some(s) = per_op(name) {
             println!("{name:32} {:>10.0} lifecycles/s", 1.0 / s);

@@ -230,14 +230,19 @@ impl Store for SqliteStore {
         let limit = sql_limit(limit);
         self.db
             .read(move |conn| {
-                // `status = 'queued'` literally, so the partial index applies.
-                let mut stmt = conn.prepare_cached(select_commands!(
-                    "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
-                    " ORDER BY created_at, id LIMIT ?4"
-                ))?;
+                // `status = 'queued'` literally, so the partial index applies;
+                // the limit as a literal too (see `sql_limit`).
+                let sql = format!(
+                    "{} LIMIT {limit}",
+                    select_commands!(
+                        "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
+                        " ORDER BY created_at, id"
+                    )
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
                 let rows = stmt
                     .query_map(
-                        params![owner.as_str(), project.as_str(), device.as_str(), limit],
+                        params![owner.as_str(), project.as_str(), device.as_str()],
                         CommandRow::read,
                     )?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -302,16 +307,13 @@ impl Store for SqliteStore {
         let limit = sql_limit(limit);
         self.db
             .read(move |conn| {
-                let mut stmt = conn.prepare_cached(
+                let mut stmt = conn.prepare_cached(&format!(
                     "SELECT project, device, synced_at, meta FROM shared_sessions
                      WHERE owner = ?1 AND project = ?2
-                     ORDER BY graph_session_id, device LIMIT ?3",
-                )?;
+                     ORDER BY graph_session_id, device LIMIT {limit}"
+                ))?;
                 let rows = stmt
-                    .query_map(
-                        params![owner.as_str(), project.as_str(), limit],
-                        SessionRow::read,
-                    )?
+                    .query_map(params![owner.as_str(), project.as_str()], SessionRow::read)?
                     .collect::<rusqlite::Result<Vec<_>>>()?;
                 rows.into_iter().map(SessionRow::decode).collect()
             })
@@ -425,16 +427,16 @@ impl Store for SqliteStore {
         self.db
             .write(move |conn| {
                 let keys = conn
-                    .prepare_cached(
+                    .prepare_cached(&format!(
                         "DELETE FROM idempotency_keys WHERE (agent, key) IN (
                             SELECT agent, key FROM idempotency_keys
-                            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT ?2)",
-                    )?
-                    .execute(params![now, batch])?;
+                            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT {batch})"
+                    ))?
+                    .execute(params![now])?;
                 let commands = match cutoff {
                     None => 0,
                     Some(cutoff) => conn
-                        .prepare_cached(
+                        .prepare_cached(&format!(
                             "DELETE FROM commands WHERE rowid IN (
                                 SELECT c.rowid FROM commands AS c
                                 WHERE c.finished_at IS NOT NULL AND c.finished_at <= ?1
@@ -442,9 +444,9 @@ impl Store for SqliteStore {
                                   AND NOT EXISTS (
                                     SELECT 1 FROM idempotency_keys AS k
                                     WHERE k.command = c.id AND k.expires_at > ?2)
-                                ORDER BY c.finished_at LIMIT ?3)",
-                        )?
-                        .execute(params![cutoff, now, batch])?,
+                                ORDER BY c.finished_at LIMIT {batch})"
+                        ))?
+                        .execute(params![cutoff, now])?,
                 };
                 Ok(PruneReport { keys, commands })
             })
@@ -634,6 +636,10 @@ pub(crate) fn timestamp(ms: i64) -> Result<Timestamp, DbError> {
         .map_err(|_| DbError::Corrupt(format!("negative timestamp {ms}")))
 }
 
+/// A limit, to be written into the SQL text as a literal: SQLite re-plans a
+/// statement whenever a `LIMIT ?` parameter is bound again (its value may
+/// change the plan), which costs more than the query. The text, and so the
+/// cached statement, is the same for every call with the same limit.
 pub(crate) fn sql_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
