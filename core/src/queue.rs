@@ -43,7 +43,7 @@ use crate::store::{
     DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
     Store, StoreError,
 };
-use crate::time::{Clock, IdSource, Timestamp};
+use crate::time::{Clock, IdSource, Sleeper, Timestamp};
 
 /// What an agent reads for a run that does not exist or is not its own.
 pub const RUN_NOT_FOUND: &str = "Graph run not found or access removed";
@@ -75,6 +75,9 @@ pub struct QueueConfig {
     pub max_commands_per_sync: usize,
     /// Most keys and commands deleted by one pruning step (500).
     pub prune_batch: usize,
+    /// While a `wait_seconds` call waits, the store is re-read at least this
+    /// often (1 s), for changes made by another process on the same store.
+    pub wait_recheck: Duration,
 }
 
 impl Default for QueueConfig {
@@ -89,6 +92,7 @@ impl Default for QueueConfig {
             running_poll_hint: Duration::from_secs(5),
             max_commands_per_sync: 100,
             prune_batch: 500,
+            wait_recheck: Duration::from_secs(1),
         }
     }
 }
@@ -554,6 +558,42 @@ impl Queue {
             .await?
             .ok_or(GetError::NotFound)?;
         Ok(self.view(command, now).await?)
+    }
+
+    /// Reads a run of this agent, waiting up to `wait` for it to reach a
+    /// terminal state. It returns as soon as the run is terminal (woken by the
+    /// queue's [`Signals`], not by polling), or when `wait` has passed. While
+    /// waiting it re-reads the store every [`QueueConfig::wait_recheck`] so
+    /// that a change made by another process on a shared store is seen too.
+    pub async fn wait_graph_run(
+        &self,
+        agent: &Agent,
+        id: &CommandId,
+        wait: Duration,
+        sleeper: &dyn Sleeper,
+    ) -> Result<RunView, GetError> {
+        let deadline = self.clock.now().plus(wait);
+        // Time slept on the runtime's timer also bounds the wait, so a clock
+        // that does not move (a test's manual clock) cannot hold a call forever.
+        let mut slept = Duration::ZERO;
+        loop {
+            // Subscribe before reading, so a change in between is not lost.
+            let changed = self.signals.subscribe(Topic::Command(*id));
+            let view = self.get_graph_run(agent, id).await?;
+            let now = self.clock.now();
+            if view.command.status.is_terminal() || now >= deadline || slept >= wait {
+                return Ok(view);
+            }
+            let pause = deadline
+                .since(now)
+                .min(wait.saturating_sub(slept))
+                .min(self.config.wait_recheck.max(Duration::from_millis(10)));
+            if let futures::future::Either::Right(_) =
+                futures::future::select(changed, sleeper.sleep(pause)).await
+            {
+                slept += pause;
+            }
+        }
     }
 
     /// Cancels a run of this agent (see [`CommandRecord::cancel`]) and returns it as it now is.

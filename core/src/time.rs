@@ -145,6 +145,13 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     }
 }
 
+/// A timer supplied by the runtime that drives the core (tokio, a test
+/// executor, a simulator). The core never sleeps on its own.
+pub trait Sleeper: Send + Sync {
+    /// A future that resolves after `duration`.
+    fn sleep(&self, duration: Duration) -> futures::future::BoxFuture<'static, ()>;
+}
+
 /// Where new command ids come from.
 pub trait IdSource: Send + Sync {
     /// A fresh command id, never returned before by this source.

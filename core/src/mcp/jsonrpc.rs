@@ -32,6 +32,8 @@ pub enum ErrorCode {
     InternalError,
     /// -32020 (2026-07-28): an HTTP header disagrees with the body.
     HeaderMismatch,
+    /// -32021 (2026-07-28): the request needs a capability the client did not declare.
+    MissingRequiredCapability,
     /// -32022 (2026-07-28): the requested protocol version is not supported.
     UnsupportedProtocolVersion,
 }
@@ -46,6 +48,7 @@ impl ErrorCode {
             Self::InvalidParams => -32602,
             Self::InternalError => -32603,
             Self::HeaderMismatch => -32020,
+            Self::MissingRequiredCapability => -32021,
             Self::UnsupportedProtocolVersion => -32022,
         }
     }
@@ -231,11 +234,13 @@ impl Incoming {
     }
 
     /// The value the 2026-07-28 `Mcp-Name` header must equal: `params.name`
-    /// for `tools/call` and `prompts/get`, `params.uri` for `resources/read`.
+    /// for `tools/call` and `prompts/get`, `params.uri` for `resources/read`,
+    /// `params.taskId` for the tasks extension's `tasks/*` methods.
     pub fn name_param(&self) -> Option<&str> {
         match self.method()? {
             "tools/call" | "prompts/get" => self.params.get("name")?.as_str(),
             "resources/read" => self.params.get("uri")?.as_str(),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => self.params.get("taskId")?.as_str(),
             _ => None,
         }
     }
@@ -290,6 +295,7 @@ impl Outgoing {
             ErrorCode::ParseError
             | ErrorCode::InvalidRequest
             | ErrorCode::HeaderMismatch
+            | ErrorCode::MissingRequiredCapability
             | ErrorCode::UnsupportedProtocolVersion => 400,
             ErrorCode::InternalError => 500,
             ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,

@@ -33,6 +33,7 @@
 //! 2025-11-25 specifies, so the model can correct itself.
 
 mod jsonrpc;
+mod tasks;
 mod tools;
 mod version;
 
@@ -45,10 +46,12 @@ pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
 };
+pub use self::tasks::TASKS_EXTENSION;
 pub use self::version::ProtocolVersion;
 use crate::catalog::ToolCatalog;
 use crate::principal::Agent;
 use crate::queue::Queue;
+use crate::time::Sleeper;
 
 /// How the server names itself to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,13 +148,25 @@ pub struct McpServer {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
+#[derive(Clone)]
 struct Inner {
     queue: Queue,
     catalog: ToolCatalog,
     info: ServerInfo,
     tools_list: Value,
     list_ttl_ms: u64,
+    sleeper: Option<Arc<dyn Sleeper>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("catalog", &self.catalog)
+            .field("info", &self.info)
+            .field("list_ttl_ms", &self.list_ttl_ms)
+            .field("can_wait", &self.sleeper.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// How a request is being handled.
@@ -174,6 +189,7 @@ impl McpServer {
                 info,
                 tools_list,
                 list_ttl_ms: DEFAULT_LIST_TTL_MS,
+                sleeper: None,
             }),
         }
     }
@@ -181,16 +197,28 @@ impl McpServer {
     /// The same server with another `ttlMs` for `tools/list` and `server/discover`.
     #[must_use]
     pub fn with_list_ttl_ms(self, ttl_ms: u64) -> Self {
-        let inner = &self.inner;
+        let mut inner = (*self.inner).clone();
+        inner.list_ttl_ms = ttl_ms;
         Self {
-            inner: Arc::new(Inner {
-                queue: inner.queue.clone(),
-                catalog: inner.catalog.clone(),
-                info: inner.info.clone(),
-                tools_list: inner.tools_list.clone(),
-                list_ttl_ms: ttl_ms,
-            }),
+            inner: Arc::new(inner),
         }
+    }
+
+    /// The same server with the runtime's timer, which `get_graph_run`'s
+    /// `wait_seconds` needs (see [`ToolCatalog::max_wait_seconds`]). Without
+    /// one, a call with `wait_seconds` is answered at once.
+    #[must_use]
+    pub fn with_sleeper(self, sleeper: Arc<dyn Sleeper>) -> Self {
+        let mut inner = (*self.inner).clone();
+        inner.sleeper = Some(sleeper);
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The runtime's timer, if the transport supplied one.
+    pub fn sleeper(&self) -> Option<&Arc<dyn Sleeper>> {
+        self.inner.sleeper.as_ref()
     }
 
     /// The queue.
@@ -273,9 +301,18 @@ impl McpServer {
             ("ping", Era::Legacy(_)) => Ok(json!({})),
             ("server/discover", Era::Modern) => Ok(self.discover()),
             ("tools/list", _) => Ok(self.tools_list(era)),
-            ("tools/call", _) => tools::call(self, caller, &incoming, self.version_of(era))
-                .await
-                .map_err(|e| e.into_outgoing(&id)),
+            ("tasks/get" | "tasks/cancel" | "tasks/update", Era::Modern) => {
+                tasks::handle(self, caller, &incoming, &id).await
+            }
+            ("tools/call", _) => tools::call(
+                self,
+                caller,
+                &incoming,
+                self.version_of(era),
+                era == Era::Modern && tasks::declared(&incoming),
+            )
+            .await
+            .map_err(|e| e.into_outgoing(&id)),
             (_, Era::Modern) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
@@ -434,7 +471,7 @@ impl McpServer {
     fn discover(&self) -> Value {
         let mut result = json!({
             "supportedVersions": [ProtocolVersion::V2026_07_28.as_str()],
-            "capabilities": {"tools": {"listChanged": false}},
+            "capabilities": {"tools": {"listChanged": false}, "extensions": {TASKS_EXTENSION: {}}},
             "ttlMs": self.inner.list_ttl_ms,
             "cacheScope": "public",
         });
@@ -459,7 +496,10 @@ impl McpServer {
         let Some(object) = result.as_object_mut() else {
             return;
         };
-        object.insert("resultType".into(), json!("complete"));
+        // A `CreateTaskResult` already says `"task"`.
+        object
+            .entry("resultType")
+            .or_insert_with(|| json!("complete"));
         let meta = object
             .entry("_meta")
             .or_insert_with(|| Value::Object(Map::new()));

@@ -66,8 +66,9 @@ pub(super) async fn call(
     caller: &Caller,
     incoming: &Incoming,
     version: ProtocolVersion,
+    tasks: bool,
 ) -> Result<Value, CallError> {
-    match run(server, caller, incoming, version).await {
+    match run(server, caller, incoming, version, tasks).await {
         Err(CallError::Tool(message)) => Ok(tool_error(&message)),
         other => other,
     }
@@ -78,6 +79,7 @@ async fn run(
     caller: &Caller,
     incoming: &Incoming,
     version: ProtocolVersion,
+    tasks: bool,
 ) -> Result<Value, CallError> {
     let name = incoming
         .params()
@@ -111,6 +113,15 @@ async fn run(
                     RunError::Store(s) => CallError::Store(s),
                     other => CallError::tool(other.to_string()),
                 })?;
+            if tasks {
+                // The tasks extension: a task whose id is the command id.
+                let view = crate::queue::RunView {
+                    command: ticket.command.clone(),
+                    poll_after_seconds: Some(ticket.poll_after_seconds),
+                    device_offline_since: None,
+                };
+                return Ok(super::tasks::created(&view));
+            }
             let structured = ticket.to_json();
             let text = format!(
                 "Queued ticket, not a result: the Graph run has not finished (it has not started yet). {} Ticket: {}",
@@ -131,15 +142,20 @@ async fn run(
             Ok(tool_result(structured.to_string(), structured, version))
         }
         ToolArgs::Get(args) => {
-            // `wait_seconds` needs a timer, which the core does not have; a
-            // transport that enables it must wait itself. Here: answer now.
-            let view = queue
-                .get_graph_run(agent, &args.command_id)
-                .await
-                .map_err(|e| match e {
-                    GetError::Store(s) => CallError::Store(s),
-                    other => CallError::tool(other.to_string()),
-                })?;
+            // `wait_seconds` waits on the queue's signals with the transport's timer.
+            let wait = std::time::Duration::from_secs(u64::from(args.wait_seconds));
+            let view = match server.sleeper() {
+                Some(sleeper) if args.wait_seconds > 0 => {
+                    queue
+                        .wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref())
+                        .await
+                }
+                _ => queue.get_graph_run(agent, &args.command_id).await,
+            };
+            let view = view.map_err(|e| match e {
+                GetError::Store(s) => CallError::Store(s),
+                other => CallError::tool(other.to_string()),
+            })?;
             let structured = view.to_json();
             Ok(tool_result(structured.to_string(), structured, version))
         }

@@ -1,0 +1,202 @@
+//! The tasks extension of 2026-07-28 (`io.modelcontextprotocol/tasks`, SEP-2663).
+//!
+//! When a `tools/call` of `run_graph_session` declares the extension in its
+//! per-request client capabilities, the answer is a `CreateTaskResult`
+//! (`resultType: "task"`) instead of a ticket: the task id **is** the
+//! command id, and `pollIntervalMs` comes from the desktop's cadence (the
+//! same figure as `poll_after_seconds`). `tasks/get`, `tasks/cancel` and
+//! `tasks/update` then act on the run. Tasks are bound to the agent that
+//! created them: another agent's task and an unknown id get the same
+//! `-32602` "Failed to retrieve task: Task not found". Clients that do not
+//! declare the extension keep getting the ticket exactly as before, and their
+//! `tasks/*` calls are refused with `-32021`.
+//!
+//! # Status mapping
+//! | command | task | what `tasks/get` carries |
+//! |---|---|---|
+//! | `queued`, `running` | `working` | `statusMessage`, `pollIntervalMs` |
+//! | `completed` | `completed` | `result`: the run as a `CallToolResult` |
+//! | `failed` | `completed` | `result` with `isError: true` and the run's error |
+//! | `cancelled` | `cancelled` | `statusMessage` with the reason |
+//!
+//! A Graph that fails is a *tool* error, and the revision says a tool error
+//! is a `completed` task whose result has `isError: true`; the task status
+//! `failed` is kept for JSON-RPC errors, which a run never produces once
+//! queued. Terminal runs stay readable until pruned (30 days after they
+//! finish by default), so `ttlMs` is `null`.
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    Caller, ErrorCode, Incoming, META_CLIENT_CAPABILITIES, McpServer, Outgoing, RequestId,
+};
+use crate::command::CommandStatus;
+use crate::ids::CommandId;
+use crate::queue::{CancelError, GetError, RunView};
+
+/// The extension's identifier in capabilities.
+pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// True when the request declares the tasks extension in its per-request
+/// client capabilities (`_meta[...clientCapabilities].extensions[TASKS_EXTENSION]`).
+pub(super) fn declared(incoming: &Incoming) -> bool {
+    incoming
+        .meta()
+        .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
+        .and_then(|c| c.get("extensions"))
+        .and_then(|e| e.get(TASKS_EXTENSION))
+        .is_some_and(Value::is_object)
+}
+
+/// The task fields of a run, without a result.
+pub(super) fn task(view: &RunView) -> Map<String, Value> {
+    let c = &view.command;
+    let (status, message) = match c.status {
+        CommandStatus::Queued => (
+            "working",
+            match view.device_offline_since {
+                Some(t) => format!("Queued; the owner's desktop looks offline since {t}."),
+                None => "Queued; waiting for the owner's desktop to pick it up.".to_owned(),
+            },
+        ),
+        CommandStatus::Running if c.cancel_requested => {
+            ("working", "Running; cancellation was requested.".to_owned())
+        }
+        CommandStatus::Running => ("working", "Running on the owner's desktop.".to_owned()),
+        CommandStatus::Completed => ("completed", "The Graph run completed.".to_owned()),
+        CommandStatus::Failed => (
+            "completed",
+            "The Graph run failed; the result says why.".to_owned(),
+        ),
+        CommandStatus::Cancelled => (
+            "cancelled",
+            c.reason
+                .clone()
+                .unwrap_or_else(|| "The Graph run was cancelled.".to_owned()),
+        ),
+    };
+    let updated = [
+        Some(c.created_at),
+        c.started_at,
+        c.cancel_requested_at,
+        c.finished_at,
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(c.created_at);
+    let mut task = Map::new();
+    task.insert("taskId".into(), json!(c.id));
+    task.insert("status".into(), json!(status));
+    task.insert("statusMessage".into(), json!(message));
+    task.insert("createdAt".into(), json!(c.created_at.to_rfc3339()));
+    task.insert("lastUpdatedAt".into(), json!(updated.to_rfc3339()));
+    task.insert("ttlMs".into(), Value::Null);
+    if let Some(secs) = view.poll_after_seconds {
+        task.insert("pollIntervalMs".into(), json!(secs.saturating_mul(1000)));
+    }
+    task
+}
+
+/// The `CreateTaskResult` for a freshly queued (or replayed) run.
+pub(super) fn created(view: &RunView) -> Value {
+    let mut result = task(view);
+    result.insert("resultType".into(), json!("task"));
+    Value::Object(result)
+}
+
+/// `tasks/get`, `tasks/cancel` and `tasks/update` (2026-07-28 only).
+pub(super) async fn handle(
+    server: &McpServer,
+    caller: &Caller,
+    incoming: &Incoming,
+    id: &RequestId,
+) -> Result<Value, Outgoing> {
+    if !declared(incoming) {
+        return Err(Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::MissingRequiredCapability,
+            format!(
+                "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to use tasks"
+            ),
+            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+        ));
+    }
+    let not_found = || {
+        Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::InvalidParams,
+            "Failed to retrieve task: Task not found".to_owned(),
+            None,
+        )
+    };
+    let internal = || {
+        Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::InternalError,
+            "Internal error: the queue's store failed".to_owned(),
+            None,
+        )
+    };
+    let Some(task_id) = incoming.params().get("taskId").and_then(Value::as_str) else {
+        return Err(Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::InvalidParams,
+            "Invalid params: `taskId` (a string) is required".to_owned(),
+            None,
+        ));
+    };
+    // A malformed id is as unknown as a foreign one.
+    let command = CommandId::parse(task_id).map_err(|_| not_found())?;
+    let queue = server.queue();
+    let agent = &caller.agent;
+    match incoming.method().unwrap_or_default() {
+        "tasks/get" => {
+            let view = queue
+                .get_graph_run(agent, &command)
+                .await
+                .map_err(|e| match e {
+                    GetError::NotFound => not_found(),
+                    GetError::Store(_) => internal(),
+                })?;
+            let mut result = task(&view);
+            if matches!(
+                view.command.status,
+                CommandStatus::Completed | CommandStatus::Failed
+            ) {
+                let structured = view.to_json();
+                let is_error = view.command.status == CommandStatus::Failed;
+                result.insert(
+                    "result".into(),
+                    json!({
+                        "content": [{"type": "text", "text": structured.to_string()}],
+                        "structuredContent": structured,
+                        "isError": is_error,
+                    }),
+                );
+            }
+            Ok(Value::Object(result))
+        }
+        "tasks/cancel" => {
+            queue
+                .cancel_graph_run(agent, &command)
+                .await
+                .map_err(|e| match e {
+                    CancelError::NotFound => not_found(),
+                    CancelError::Store(_) => internal(),
+                })?;
+            Ok(json!({}))
+        }
+        // No run ever asks for input; the acknowledgement is all there is.
+        _ => {
+            queue
+                .get_graph_run(agent, &command)
+                .await
+                .map_err(|e| match e {
+                    GetError::NotFound => not_found(),
+                    GetError::Store(_) => internal(),
+                })?;
+            Ok(json!({}))
+        }
+    }
+}
