@@ -26,7 +26,7 @@ use rusqlite::Connection;
 /// Most write jobs committed together in one transaction.
 const MAX_GROUP: usize = 64;
 /// How long an idle worker keeps polling for the next job before it sleeps.
-const SPIN: Duration = Duration::from_micros(50);
+const SPIN: Duration = Duration::from_micros(30);
 
 /// A failure inside the database threads, before it is mapped to the
 /// error type of the trait being implemented.
@@ -240,7 +240,7 @@ fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>) {
 
 /// Runs `group` in one immediate transaction and answers every job.
 fn run_group(conn: &Connection, group: &mut Vec<WriteJob>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
         let e = DbError::from(e);
         for job in group.drain(..) {
             job.finish(Err(e.clone()));
@@ -269,25 +269,31 @@ fn run_group(conn: &Connection, group: &mut Vec<WriteJob>) {
 /// Runs each job of `group` in its own savepoint inside the open transaction.
 fn run_in_savepoints(conn: &Connection, group: &mut [WriteJob]) -> Result<(), DbError> {
     for job in group.iter_mut() {
-        conn.execute_batch("SAVEPOINT job")?;
+        exec(conn, "SAVEPOINT job")?;
         if job.run(conn) {
-            conn.execute_batch("RELEASE job")?;
+            exec(conn, "RELEASE job")?;
         } else {
-            conn.execute_batch("ROLLBACK TO job; RELEASE job")?;
+            exec(conn, "ROLLBACK TO job")?;
+            exec(conn, "RELEASE job")?;
         }
     }
     Ok(())
 }
 
 fn commit(conn: &Connection) -> Result<(), DbError> {
-    conn.execute_batch("COMMIT").map_err(DbError::from)
+    exec(conn, "COMMIT").map_err(DbError::from)
+}
+
+/// Runs one transaction-control statement through the statement cache.
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 fn rollback(conn: &Connection) {
     if !conn.is_autocommit() {
         // If even ROLLBACK fails SQLite has already rolled back (or the
         // connection is unusable and the next BEGIN reports it).
-        let _ = conn.execute_batch("ROLLBACK");
+        let _ = exec(conn, "ROLLBACK");
     }
 }
 

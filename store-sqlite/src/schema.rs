@@ -32,13 +32,16 @@ const MIGRATIONS: &[&str] = &[
         owner       TEXT    NOT NULL,
         project     TEXT    NOT NULL,
         device      TEXT    NOT NULL,
+        idempotency_key TEXT NOT NULL,
         status      TEXT    NOT NULL,
         created_at  INTEGER NOT NULL,
         finished_at INTEGER,
         revision    INTEGER NOT NULL,
         record      TEXT    NOT NULL
     );
-    CREATE INDEX commands_queued ON commands (owner, project, device, created_at, id)
+    -- Entries end with the rowid, i.e. the insertion order: a sync reads
+    -- queued commands oldest first, ties in the order they were queued.
+    CREATE INDEX commands_queued ON commands (owner, project, device, created_at)
         WHERE status = 'queued';
     CREATE INDEX commands_finished ON commands (finished_at)
         WHERE finished_at IS NOT NULL;
@@ -52,7 +55,6 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (agent, key)
     ) WITHOUT ROWID;
     CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
-    CREATE INDEX idempotency_keys_command ON idempotency_keys (command);
 
     CREATE TABLE shared_sessions (
         owner            TEXT    NOT NULL,
@@ -280,5 +282,11 @@ fn connect(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_handler(Some(busy_handler))?;
     conn.set_prepared_statement_cache_capacity(64);
+    // Read database pages through a memory map instead of a read() per
+    // page: every connection reloads its pages after another one wrote.
+    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
     Ok(conn)
 }
+
+/// Bytes of the database file each connection maps (1 GiB of address space).
+const MMAP_SIZE: i64 = 1 << 30;

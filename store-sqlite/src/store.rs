@@ -22,7 +22,7 @@ use crate::{OpenError, SqliteOptions, schema};
 macro_rules! select_commands {
     ($($tail:literal)*) => {
         concat!(
-            "SELECT id, agent, owner, project, device, status, created_at, finished_at, revision, record FROM commands ",
+            "SELECT id, agent, owner, project, device, idempotency_key, status, created_at, finished_at, revision, record FROM commands ",
             $($tail),*
         )
     };
@@ -196,9 +196,10 @@ impl Store for SqliteStore {
                 let changed = conn
                     .prepare_cached(
                         "UPDATE commands SET
-                            agent = ?2, owner = ?3, project = ?4, device = ?5, status = ?6,
-                            created_at = ?7, finished_at = ?8, revision = ?9, record = ?10
-                         WHERE id = ?1 AND revision = ?11",
+                            agent = ?2, owner = ?3, project = ?4, device = ?5, idempotency_key = ?6,
+                            status = ?7, created_at = ?8, finished_at = ?9, revision = ?10,
+                            record = ?11
+                         WHERE id = ?1 AND revision = ?12",
                     )?
                     .execute(params![
                         row.id,
@@ -206,6 +207,7 @@ impl Store for SqliteStore {
                         row.owner,
                         row.project,
                         row.device,
+                        row.idempotency_key,
                         row.status,
                         row.created_at,
                         row.finished_at,
@@ -231,12 +233,13 @@ impl Store for SqliteStore {
         self.db
             .read(move |conn| {
                 // `status = 'queued'` literally, so the partial index applies;
-                // the limit as a literal too (see `sql_limit`).
+                // the limit as a literal too (see `sql_limit`). The rowid is
+                // the insertion order: same-millisecond runs keep their order.
                 let sql = format!(
                     "{} LIMIT {limit}",
                     select_commands!(
                         "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
-                        " ORDER BY created_at, id"
+                        " ORDER BY created_at, rowid"
                     )
                 );
                 let mut stmt = conn.prepare_cached(&sql)?;
@@ -443,7 +446,8 @@ impl Store for SqliteStore {
                                   AND c.status IN ('completed', 'failed', 'cancelled')
                                   AND NOT EXISTS (
                                     SELECT 1 FROM idempotency_keys AS k
-                                    WHERE k.command = c.id AND k.expires_at > ?2)
+                                    WHERE k.agent = c.agent AND k.key = c.idempotency_key
+                                      AND k.command = c.id AND k.expires_at > ?2)
                                 ORDER BY c.finished_at LIMIT {batch})"
                         ))?
                         .execute(params![cutoff, now])?,
@@ -494,6 +498,7 @@ struct CommandRow {
     owner: String,
     project: String,
     device: String,
+    idempotency_key: String,
     status: String,
     created_at: i64,
     finished_at: Option<i64>,
@@ -510,6 +515,7 @@ impl CommandRow {
             owner: c.owner.as_str().to_owned(),
             project: c.project.as_str().to_owned(),
             device: c.device.as_str().to_owned(),
+            idempotency_key: c.idempotency_key.as_str().to_owned(),
             status: c.status.as_str().to_owned(),
             created_at: encode_millis(c.created_at)?,
             finished_at: c.finished_at.map(encode_millis).transpose()?,
@@ -523,8 +529,9 @@ impl CommandRow {
         let inserted = conn
             .prepare_cached(
                 "INSERT INTO commands
-                    (id, agent, owner, project, device, status, created_at, finished_at, revision, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
+                    (id, agent, owner, project, device, idempotency_key, status, created_at,
+                     finished_at, revision, record)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT (id) DO NOTHING",
             )?
             .execute(params![
@@ -533,6 +540,7 @@ impl CommandRow {
                 self.owner,
                 self.project,
                 self.device,
+                self.idempotency_key,
                 self.status,
                 self.created_at,
                 self.finished_at,
@@ -555,11 +563,12 @@ impl CommandRow {
             owner: r.get(2)?,
             project: r.get(3)?,
             device: r.get(4)?,
-            status: r.get(5)?,
-            created_at: r.get(6)?,
-            finished_at: r.get(7)?,
-            revision: r.get(8)?,
-            record: r.get(9)?,
+            idempotency_key: r.get(5)?,
+            status: r.get(6)?,
+            created_at: r.get(7)?,
+            finished_at: r.get(8)?,
+            revision: r.get(9)?,
+            record: r.get(10)?,
         })
     }
 
