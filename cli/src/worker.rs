@@ -179,9 +179,6 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::PassStarted => "pass: started".into(),
             RelayEvent::PassFinished { .. } => "pass: finished".into(),
             RelayEvent::Synced { project, commands } => {
-                if *commands == 0 {
-                    return None;
-                }
                 format!("sync: project {project}: {commands} command(s) queued")
             }
             RelayEvent::SyncFailed { project, reason } => {

@@ -1,0 +1,510 @@
+//! End to end over real sockets: `graph-relay serve` and `graph-relay worker`
+//! as processes, an agent speaking HTTP MCP with a bearer token, Graphs as
+//! shell scripts. Every wait polls with a deadline; nothing sleeps to synchronise.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use graph_relay_transport_http::auth::hash_token;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
+const AGENT_TOKEN: &str = "gra_e2e_agent_token_0123456789abcdef";
+const DEVICE_TOKEN: &str = "grd_e2e_device_token_0123456789abcdef";
+const GS_A: &str = "gs_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const GS_B: &str = "gs_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A child process whose stderr lines are collected.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(args: &[&str], cwd: &Path) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .current_dir(cwd)
+            .env("GRAPH_RELAY_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn graph-relay");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    /// Waits for a stderr line containing `needle`; returns it.
+    fn wait_line(&self, needle: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no line with `{needle}` within {DEADLINE:?}:\n{}",
+                self.lines.lock().unwrap().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        let _ = kill(pid, signal);
+    }
+
+    /// SIGINT, then waits for the exit.
+    fn interrupt(mut self) -> Vec<String> {
+        self.signal(Signal::SIGINT);
+        let deadline = Instant::now() + DEADLINE;
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "did not exit after SIGINT");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.lines.lock().unwrap().clone()
+    }
+
+    fn sigkill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One server + worker set-up in a temporary folder.
+struct Env {
+    dir: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl Env {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = format!(
+            r#"[[agent]]
+name = "assistant"
+owner = "dev"
+projects = ["p1"]
+scopes = ["osfoundry:read", "osfoundry:run"]
+token_sha256 = "{}"
+
+[[device]]
+name = "desk"
+owner = "dev"
+token_sha256 = "{}"
+"#,
+            hash_token(AGENT_TOKEN),
+            hash_token(DEVICE_TOKEN)
+        );
+        std::fs::write(dir.path().join("graph-relay.toml"), config).unwrap();
+        std::fs::write(dir.path().join("device.token"), format!("{DEVICE_TOKEN}\n")).unwrap();
+        let env = Self {
+            dir,
+            http: reqwest::Client::new(),
+        };
+        env.write_graphs(&[(GS_A, "a", &["p1"]), (GS_B, "b", &["p1"])]);
+        env
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes `graphs.toml`: each graph runs `<slug>.sh`, shared to the given projects.
+    fn write_graphs(&self, graphs: &[(&str, &str, &[&str])]) {
+        let mut text = String::from("projects = [\"p1\"]\n");
+        for (id, slug, projects) in graphs {
+            let projects: Vec<String> = projects.iter().map(|p| format!("\"{p}\"")).collect();
+            text.push_str(&format!(
+                "\n[[graph]]\nid = \"{id}\"\nname = \"Graph {slug}\"\nslug = \"{slug}\"\nversion = \"1\"\nprojects = [{}]\ncommand = [\"/bin/sh\", \"{slug}.sh\"]\nworking_dir = \".\"\ntimeout_seconds = 60\nenv = {{ GREETING = \"hello\" }}\n",
+                projects.join(", ")
+            ));
+        }
+        let tmp = self.path("graphs.toml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(tmp, self.path("graphs.toml")).unwrap();
+    }
+
+    fn script(&self, slug: &str, body: &str) {
+        std::fs::write(self.path(&format!("{slug}.sh")), body).unwrap();
+    }
+
+    fn serve(&self, listen: &str) -> (Proc, String) {
+        let server = Proc::spawn(
+            &[
+                "serve",
+                "--listen",
+                listen,
+                "--db",
+                "queue.db",
+                "--config",
+                "graph-relay.toml",
+            ],
+            self.dir.path(),
+        );
+        let line = server.wait_line("serving MCP at http://");
+        let url = line
+            .split("serving MCP at ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .unwrap()
+            .trim_end_matches("/mcp")
+            .to_owned();
+        (server, url)
+    }
+
+    fn worker(&self, url: &str, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "worker",
+            "--server",
+            url,
+            "--token-file",
+            "device.token",
+            "--graphs",
+            "graphs.toml",
+            "--outbox",
+            "outbox.db",
+            "--grace-seconds",
+            "2",
+        ];
+        args.extend_from_slice(extra);
+        Proc::spawn(&args, self.dir.path())
+    }
+
+    /// Runs a worker until its first pass synced the shared sessions, then stops it.
+    fn share_once(&self, url: &str) {
+        let worker = self.worker(url, &[]);
+        worker.wait_line("sync: project p1");
+        worker.interrupt();
+    }
+
+    /// A tools/call over HTTP MCP (2026-07-28, stateless) with the agent token.
+    async fn call(&self, url: &str, tool: &str, arguments: Value) -> Value {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": tool, "arguments": arguments,
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
+        let reply: Value = self
+            .http
+            .post(format!("{url}/mcp"))
+            .bearer_auth(AGENT_TOKEN)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", tool)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        reply["result"].clone()
+    }
+
+    async fn run(&self, url: &str, gs: &str, key: &str, arguments: Value) -> String {
+        let result = self
+            .call(
+                url,
+                "run_graph_session",
+                json!({"graph_session_id": gs, "idempotency_key": key, "arguments": arguments}),
+            )
+            .await;
+        assert_eq!(result["isError"], false, "{result}");
+        result["structuredContent"]["command_id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    async fn get(&self, url: &str, id: &str) -> Value {
+        let result = self
+            .call(url, "get_graph_run", json!({"command_id": id}))
+            .await;
+        result["structuredContent"].clone()
+    }
+
+    /// Polls get_graph_run until the status is `status`.
+    async fn wait_status(&self, url: &str, id: &str, status: &str) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let run = self.get(url, id).await;
+            if run["status"] == status {
+                return run;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} never became {status}: {run}"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn cancel(&self, url: &str, id: &str) -> Value {
+        self.call(url, "cancel_graph_run", json!({"command_id": id}))
+            .await
+    }
+
+    fn wait_file(&self, name: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(self.path(name)) {
+                if text.ends_with('\n') {
+                    return text;
+                }
+            }
+            assert!(Instant::now() < deadline, "{name} never written");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Gone, or a zombie nobody reaped yet: either way not running.
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+    }
+}
+
+const ECHO: &str = r#"args=$(cat)
+echo started > "$GRAPH_RELAY_COMMAND_ID.started"
+printf '{"got": %s, "greeting": "%s"}\n' "$args" "$GREETING"
+echo '{"graph_relay": {"total_tokens": 42, "reported_cost": 0.25}}'
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_queues_a_run_the_worker_runs_the_script_and_the_agent_reads_the_result() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-basic", json!({"x": 1})).await;
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"], json!({"got": {"x": 1}, "greeting": "hello"}));
+    assert_eq!(run["total_tokens"], 42);
+    assert_eq!(run["reported_cost"], 0.25);
+    worker.wait_line(&format!("started {id}"));
+    worker.wait_line(&format!("finished {id}: completed"));
+
+    // A failing script: failed with the tail of stderr.
+    env.script("b", "echo partial\necho 'something broke' >&2\nexit 3\n");
+    let id = env.run(&url, GS_B, "e2e-key-failing", json!({})).await;
+    let run = env.wait_status(&url, &id, "failed").await;
+    assert_eq!(run["error"], "something broke\n");
+    assert_eq!(run["result"], "partial");
+    let lines = worker.interrupt();
+    assert!(
+        lines.iter().any(|l| l.contains("outbox flushed")),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_while_queued_means_the_script_never_starts() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    env.share_once(&url);
+    let cancelled = env.run(&url, GS_A, "e2e-key-cancel-q", json!({})).await;
+    let reply = env.cancel(&url, &cancelled).await;
+    assert_eq!(reply["isError"], false, "{reply}");
+    assert_eq!(env.get(&url, &cancelled).await["status"], "cancelled");
+    let worker = env.worker(&url, &[]);
+    // A later run goes through, so the worker has passed over the cancelled one.
+    let later = env.run(&url, GS_A, "e2e-key-cancel-q2", json!({})).await;
+    env.wait_status(&url, &later, "completed").await;
+    assert!(env.path(&format!("{later}.started")).exists());
+    assert!(!env.path(&format!("{cancelled}.started")).exists());
+    assert_eq!(worker.count(&format!("started {cancelled}")), 0);
+    assert_eq!(env.get(&url, &cancelled).await["status"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_while_running_kills_the_process_tree() {
+    let env = Env::new();
+    // The script starts a child and waits; both write their pids.
+    env.script(
+        "a",
+        "sleep 300 &\necho $! > child.pid\necho $$ > main.pid\nwait\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-cancel-r", json!({})).await;
+    let child: i32 = env.wait_file("child.pid").trim().parse().unwrap();
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    assert!(!process_gone(child) && !process_gone(main));
+    env.wait_status(&url, &id, "running").await;
+    let reply = env.cancel(&url, &id).await;
+    assert_eq!(reply["isError"], false, "{reply}");
+    let run = env.wait_status(&url, &id, "cancelled").await;
+    assert_eq!(run["cancel_requested"], true);
+    let deadline = Instant::now() + DEADLINE;
+    while !(process_gone(child) && process_gone(main)) {
+        assert!(
+            Instant::now() < deadline,
+            "the process tree survived the cancel"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    worker.wait_line(&format!("cancelling {id}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_unshared_between_queueing_and_starting_is_cancelled_with_the_message() {
+    let env = Env::new();
+    // `a` blocks until released, so `b` waits in the queue behind it.
+    env.script(
+        "a",
+        "while [ ! -f release ]; do sleep 0.02; done\necho done\n",
+    );
+    env.script("b", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let first = env.run(&url, GS_A, "e2e-key-unshare-a", json!({})).await;
+    worker.wait_line(&format!("started {first}"));
+    let second = env.run(&url, GS_B, "e2e-key-unshare-b", json!({})).await;
+    // The owner un-shares `b` (the project stays enabled).
+    env.write_graphs(&[(GS_A, "a", &["p1"]), (GS_B, "b", &[])]);
+    worker.wait_line("graphs: reloaded");
+    std::fs::write(env.path("release"), "go").unwrap();
+    env.wait_status(&url, &first, "completed").await;
+    let run = env.wait_status(&url, &second, "cancelled").await;
+    assert_eq!(
+        run["error"],
+        "Graph session is no longer shared with this project"
+    );
+    assert!(!env.path(&format!("{second}.started")).exists());
+    worker.wait_line(&format!("declined {second}"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_completion_post_is_delivered_on_a_later_pass() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &["--fault-lose-completion-posts", "1"]);
+    worker.wait_line("sync: project p1");
+    let id = env
+        .run(&url, GS_A, "e2e-key-lost-post", json!({"y": 2}))
+        .await;
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"]["got"], json!({"y": 2}));
+    let failed = worker.wait_line(&format!("delivery of {id} failed"));
+    assert!(failed.contains("fault injection"), "{failed}");
+    worker.wait_line(&format!("delivered {id}"));
+    assert_eq!(worker.count(&format!("started {id}")), 1, "ran once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_before_its_post_delivers_the_result_after_restart() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    // Every completion POST is lost: the result stays in the outbox only.
+    let worker = env.worker(&url, &["--fault-lose-completion-posts", "1000000"]);
+    worker.wait_line("sync: project p1");
+    let id = env
+        .run(&url, GS_A, "e2e-key-sigkill", json!({"z": 3}))
+        .await;
+    worker.wait_line(&format!("delivery of {id} failed"));
+    worker.sigkill();
+    assert_eq!(env.get(&url, &id).await["status"], "running");
+    let worker = env.worker(&url, &[]);
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"]["got"], json!({"z": 3}));
+    worker.wait_line(&format!("delivered {id}"));
+    assert_eq!(worker.count(&format!("started {id}")), 0, "not run again");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queued_work_survives_a_server_restart_on_its_sqlite_file() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (server, url) = env.serve("127.0.0.1:0");
+    env.share_once(&url);
+    let id = env
+        .run(&url, GS_A, "e2e-key-restart", json!({"r": 1}))
+        .await;
+    server.sigkill();
+    let listen = url.trim_start_matches("http://").to_owned();
+    let (_server, url) = env.serve(&listen);
+    assert_eq!(env.get(&url, &id).await["status"], "queued");
+    let _worker = env.worker(&url, &[]);
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"]["got"], json!({"r": 1}));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn five_runs_queued_at_once_run_one_after_another() {
+    let env = Env::new();
+    env.script(
+        "a",
+        "echo \"start $GRAPH_RELAY_COMMAND_ID\" >> order.log\nsleep 0.2\necho \"end $GRAPH_RELAY_COMMAND_ID\" >> order.log\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    env.share_once(&url);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            env.run(&url, GS_A, &format!("e2e-key-five-{i}"), json!({"i": i}))
+                .await,
+        );
+    }
+    let _worker = env.worker(&url, &[]);
+    for id in &ids {
+        env.wait_status(&url, id, "completed").await;
+    }
+    let log = std::fs::read_to_string(env.path("order.log")).unwrap();
+    let expected: Vec<String> = ids
+        .iter()
+        .flat_map(|id| [format!("start {id}"), format!("end {id}")])
+        .collect();
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        expected,
+        "each run ends before the next starts, in queue order"
+    );
+}
