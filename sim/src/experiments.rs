@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use graph_relay_core::args::RunArgs;
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
 use graph_relay_core::command::CommandStatus;
 use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, RESULT_LIMIT, ResultEnvelope};
 use graph_relay_core::ids::{CommandId, ExecutionId, IdempotencyKey};
+use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo, TASKS_EXTENSION};
 use graph_relay_core::queue::{GetError, RUN_NOT_FOUND};
 use graph_relay_core::relay::RelayMode;
 use graph_relay_core::time::Timestamp;
@@ -270,6 +272,10 @@ pub enum Strategy {
     },
     /// Follow the server's `poll_after_seconds` hint.
     Hint,
+    /// The tasks extension: `tasks/get` at the task's `pollIntervalMs`.
+    Tasks,
+    /// Call `get_graph_run` with `wait_seconds` of this many seconds.
+    Wait(u32),
 }
 
 impl Strategy {
@@ -279,18 +285,22 @@ impl Strategy {
             Self::Backoff { cap } => format!("exponential backoff, cap {cap} s"),
             Self::FirstAfterInterval { then } => format!("first after 20 s, then {then} s"),
             Self::Hint => "poll_after_seconds hint".into(),
+            Self::Tasks => "tasks extension (tasks/get at pollIntervalMs)".into(),
+            Self::Wait(s) => format!("get_graph_run wait_seconds={s}"),
         }
     }
 }
 
 /// The strategies compared in experiment 3.
-pub const STRATEGIES: [Strategy; 6] = [
+pub const STRATEGIES: [Strategy; 8] = [
     Strategy::Fixed(2.0),
     Strategy::Fixed(5.0),
     Strategy::Fixed(15.0),
     Strategy::Backoff { cap: 30.0 },
     Strategy::FirstAfterInterval { then: 5.0 },
     Strategy::Hint,
+    Strategy::Tasks,
+    Strategy::Wait(60),
 ];
 
 /// One agent following `strategy` until it sees the run terminal: (tool calls, detection delay).
@@ -303,22 +313,44 @@ fn poll_run(
     let t0 = w.now();
     let limit = t0.plus(Duration::from_secs(3600));
     let mut calls = 0u32;
+    let seen = |w: &World, calls: u32| {
+        let finished = w.command(&w.agent, &id)?.finished_at?;
+        Some((f64::from(calls), secs_between(finished, w.now())))
+    };
+    if let Strategy::Wait(secs) = strategy {
+        while w.now() < limit {
+            calls += 1;
+            let view = w.wait_call(&id, Duration::from_secs(u64::from(secs)))?;
+            if view.command.status.is_terminal() {
+                return seen(w, calls);
+            }
+        }
+        return None;
+    }
     let mut next = match strategy {
         Strategy::Fixed(s) => s,
         Strategy::Backoff { .. } => 1.0,
         Strategy::FirstAfterInterval { .. } => 20.0,
-        Strategy::Hint => first_hint as f64,
+        Strategy::Hint | Strategy::Tasks | Strategy::Wait(_) => first_hint as f64,
     };
     let mut backoff: f64 = 1.0;
     let mut when = t0.plus(Duration::from_secs_f64(next));
     while when < limit {
         w.run_until(when);
         calls += 1;
-        let view = block_on(w.queue.get_graph_run(&w.agent, &id)).ok()?;
-        if view.command.status.is_terminal() {
-            let finished = view.command.finished_at?;
-            return Some((f64::from(calls), secs_between(finished, w.now())));
-        }
+        let hint = if strategy == Strategy::Tasks {
+            let task = tasks_get(w, &id)?;
+            if task["status"] != "working" {
+                return seen(w, calls);
+            }
+            task["pollIntervalMs"].as_u64().unwrap_or(5000) / 1000
+        } else {
+            let view = block_on(w.queue.get_graph_run(&w.agent, &id)).ok()?;
+            if view.command.status.is_terminal() {
+                return seen(w, calls);
+            }
+            view.poll_after_seconds.unwrap_or(5)
+        };
         next = match strategy {
             Strategy::Fixed(s) => s,
             Strategy::Backoff { cap } => {
@@ -326,11 +358,55 @@ fn poll_run(
                 backoff
             }
             Strategy::FirstAfterInterval { then } => then,
-            Strategy::Hint => view.poll_after_seconds.unwrap_or(5).max(1) as f64,
+            Strategy::Hint | Strategy::Tasks | Strategy::Wait(_) => hint.max(1) as f64,
         };
         when = w.now().plus(Duration::from_secs_f64(next));
     }
     None
+}
+
+/// The MCP server a tasks-extension client talks to, over the world's queue.
+fn mcp(w: &World) -> (McpServer, Caller) {
+    let server = McpServer::new(
+        w.queue.clone(),
+        ToolCatalog::published(),
+        ServerInfo::new("graph-relay-sim", "0"),
+    );
+    (
+        server,
+        Caller::new(w.agent.clone(), [READ_SCOPE, RUN_SCOPE]),
+    )
+}
+
+fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION: {}}},
+    });
+    json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        .to_string()
+        .into_bytes()
+}
+
+/// `tools/call run_graph_session` as a tasks client: (task id, first poll in seconds).
+fn tasks_run(w: &World, n: u64) -> Option<(CommandId, u64)> {
+    let (server, caller) = mcp(w);
+    let body = modern_request(
+        "tools/call",
+        json!({"name": "run_graph_session", "arguments": {"graph_session_id": w.session, "idempotency_key": key(n)}}),
+    );
+    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
+    let task = reply.result_value()?;
+    let id = CommandId::parse(task["taskId"].as_str()?).ok()?;
+    Some((id, task["pollIntervalMs"].as_u64()? / 1000))
+}
+
+/// `tasks/get` through the real MCP handling.
+fn tasks_get(w: &World, id: &CommandId) -> Option<Value> {
+    let (server, caller) = mcp(w);
+    let body = modern_request("tasks/get", json!({"taskId": id}));
+    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
+    reply.result_value().cloned()
 }
 
 /// Experiment 3: tool calls per run and detection delay for each polling strategy.
@@ -361,20 +437,22 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
             for i in 0..n {
                 let mut w = world(*mode, &mut rng);
                 w.run_until(START.plus(REQUEST_AT));
-                let args = RunArgs {
-                    graph_session_id: w.session.clone(),
-                    arguments: Map::new(),
-                    idempotency_key: key(i as u64),
+                let started = if strategy == Strategy::Tasks {
+                    tasks_run(&w, i as u64)
+                } else {
+                    let args = RunArgs {
+                        graph_session_id: w.session.clone(),
+                        arguments: Map::new(),
+                        idempotency_key: key(i as u64),
+                    };
+                    block_on(w.queue.run_graph_session(&w.agent, args))
+                        .ok()
+                        .map(|t| (t.command.id, t.poll_after_seconds))
                 };
-                let Ok(ticket) = block_on(w.queue.run_graph_session(&w.agent, args)) else {
+                let Some((id, first_hint)) = started else {
                     continue;
                 };
-                if let Some((c, d)) = poll_run(
-                    &mut w,
-                    strategy,
-                    ticket.poll_after_seconds,
-                    ticket.command.id,
-                ) {
+                if let Some((c, d)) = poll_run(&mut w, strategy, first_hint, id) {
                     calls.push(c);
                     delays.push(d);
                 }
@@ -390,7 +468,10 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
         table.row(row);
         figures.insert(strategy.name(), Value::Object(per_mode));
     }
-    table.note("Runs last a lognormal time (median 60 s, minimum 5 s); tool calls count get_graph_run calls.");
+    table.note("Runs last a lognormal time (median 60 s, minimum 5 s); calls count get_graph_run (or tasks/get) calls.");
+    table.note(
+        "wait_seconds holds each call until the run finishes (woken by the queue) or 60 s pass.",
+    );
     Outcome {
         name: "polling",
         table,

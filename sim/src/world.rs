@@ -19,7 +19,7 @@ use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerI
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{
-    CompleteError, DeclineError, Queue, QueueConfig, StartError, SyncRequest,
+    CompleteError, DeclineError, Queue, QueueConfig, RunView, StartError, SyncRequest,
 };
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Relay, RelayCommand, RelayConfig,
@@ -329,33 +329,39 @@ impl World {
 
     /// Advances virtual time to `until`, processing everything due on the way.
     pub fn run_until(&mut self, until: Timestamp) {
-        loop {
-            self.perform_actions();
-            self.wake_held();
-            let relay_due = self.relay.poll_timeout();
-            let heap_due = self.heap.peek().map(|Reverse(s)| s.at);
-            let next = match (relay_due, heap_due) {
-                (Some(a), Some(b)) => a.min(b),
-                (Some(a), None) => a,
-                (None, Some(b)) => b,
-                (None, None) => break,
-            };
-            if next > until {
-                break;
-            }
-            self.clock.set(next.max(self.now()));
-            if heap_due == Some(next) {
-                if let Some(Reverse(s)) = self.heap.pop() {
-                    self.dispatch(s.event);
-                }
-            } else {
-                let now = self.now();
-                self.relay.handle_timeout(now);
-            }
-        }
+        while self.step(until) {}
         if until > self.now() {
             self.clock.set(until);
         }
+    }
+
+    /// Performs pending relay actions, answers woken held requests, then
+    /// processes the one next due event or relay timer if it is due by
+    /// `limit`. Returns false when nothing more is due by `limit`.
+    fn step(&mut self, limit: Timestamp) -> bool {
+        self.perform_actions();
+        self.wake_held();
+        let relay_due = self.relay.poll_timeout();
+        let heap_due = self.heap.peek().map(|Reverse(s)| s.at);
+        let next = match (relay_due, heap_due) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => return false,
+        };
+        if next > limit {
+            return false;
+        }
+        self.clock.set(next.max(self.now()));
+        if heap_due == Some(next) {
+            if let Some(Reverse(s)) = self.heap.pop() {
+                self.dispatch(s.event);
+            }
+        } else {
+            let now = self.now();
+            self.relay.handle_timeout(now);
+        }
+        true
     }
 
     /// Runs until `done` holds (checked after every step) or `limit` passes.
@@ -366,6 +372,30 @@ impl World {
             if self.next_due().is_none() && !done(self) {
                 self.run_until(limit);
                 break;
+            }
+        }
+    }
+
+    /// An agent's `get_graph_run` with `wait_seconds`, answered as the
+    /// server answers it: at once if the run is terminal, else when the
+    /// queue signals a change to the run (then re-read), or at the bound.
+    pub fn wait_call(&mut self, id: &CommandId, wait: Duration) -> Option<RunView> {
+        let deadline = self.now().plus(wait);
+        loop {
+            let mut changed = self.queue.signals().subscribe(Topic::Command(*id));
+            let view = block_on(self.queue.get_graph_run(&self.agent, id)).ok()?;
+            if view.command.status.is_terminal() || self.now() >= deadline {
+                return Some(view);
+            }
+            // Step event by event so the answer goes out the moment the run changes.
+            loop {
+                if !self.step(deadline) {
+                    self.clock.set(deadline.max(self.now()));
+                    break;
+                }
+                if (&mut changed).now_or_never().is_some() {
+                    break;
+                }
             }
         }
     }
