@@ -45,13 +45,22 @@
 //!   fsync the WAL on every commit. [`SqliteOutbox::open`] uses `FULL` by
 //!   default: an outbox item is the relay's only copy of a result.
 //! - **Schema.** Command fields that are queried are real columns (`id`,
-//!   `agent`, `owner`, `project`, `device`, `status`, `created_at`,
-//!   `finished_at`, `revision`) with indexes for every look-up: a partial
-//!   index over queued commands only (so a sync does not slow down as
-//!   finished commands pile up), the primary key for `get_graph_run`, an
-//!   index on `finished_at` for pruning. The other fields are a JSON column.
-//!   Migrations are tracked in `PRAGMA user_version`; the file is marked
-//!   with `PRAGMA application_id` = [`APPLICATION_ID`].
+//!   `agent`, `owner`, `project`, `device`, `idempotency_key`, `status`,
+//!   `created_at`, `finished_at`, `revision`) with indexes for every
+//!   look-up: a partial index over queued commands only (so a sync does not
+//!   slow down as finished commands pile up; ties in `created_at` keep the
+//!   insertion order through the rowid), the primary key for
+//!   `get_graph_run`, a partial index on `finished_at` for pruning. The
+//!   record itself is stored whole as JSON in the `record` column (the
+//!   columns are copies of its fields and are checked against it on every
+//!   read), so a field the core adds with `#[serde(default)]` needs no
+//!   migration. Migrations are tracked in `PRAGMA user_version`; the file
+//!   is marked with `PRAGMA application_id` = [`APPLICATION_ID`].
+//! - **Reads** go through a memory map of the file (`mmap_size` 1 GiB), since
+//!   a connection reloads its pages whenever another connection wrote.
+//!   Worker threads poll their queue for 30 µs after each job before they
+//!   sleep, so a caller issuing one call after another does not pay for
+//!   waking a thread every time.
 //! - **Refusing foreign files.** Opening a file that is not SQLite, a SQLite
 //!   database of another application, or one written by a newer schema
 //!   fails with an [`OpenError`] and leaves the file untouched: it is
