@@ -508,3 +508,30 @@ async fn five_runs_queued_at_once_run_one_after_another() {
         "each run ends before the next starts, in queue order"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigint_cancels_the_current_run_reports_it_and_exits() {
+    let env = Env::new();
+    env.script("a", "echo $$ > main.pid\nexec sleep 300\n");
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-sigint", json!({})).await;
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    env.wait_status(&url, &id, "running").await;
+    let lines = worker.interrupt();
+    assert!(process_gone(main), "the run's process outlived the worker");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("stopping: cancelling {id}"))),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("outbox flushed")),
+        "{lines:?}"
+    );
+    // The cancelled run was reported before the worker exited.
+    let run = env.get(&url, &id).await;
+    assert_eq!(run["status"], "cancelled", "{run}");
+}

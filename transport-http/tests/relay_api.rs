@@ -581,3 +581,44 @@ async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_out
             .any(|e| matches!(e, DriverEvent::Flushed { kept: 0, .. }))
     );
 }
+
+#[tokio::test]
+async fn the_client_drops_what_the_server_refuses_and_retries_what_did_not_arrive() {
+    use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+    use graph_relay_core::outbox::{OutboxItem, RelayReport};
+    use graph_relay_core::relay::PostOutcome;
+    let s = server(Duration::from_secs(5)).await;
+    let client = HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap();
+    let item = OutboxItem {
+        command: CommandId::from_uuid(uuid::Uuid::from_u128(99)),
+        report: RelayReport::Completion {
+            envelope: ResultEnvelope::build(
+                ExecutionId::parse("exec-x").unwrap(),
+                FinishStatus::Completed,
+                EnvelopeBody::default(),
+            ),
+        },
+        stored_at: Timestamp(0),
+        attempts: 0,
+    };
+    let outcome = client.post_report(&item).await;
+    assert!(
+        matches!(&outcome, PostOutcome::Rejected(r) if r.contains("command_not_found")),
+        "{outcome:?}"
+    );
+    // A token the server does not know: kept for later, not dropped.
+    let wrong = HttpRelayTransport::new(HttpRelayConfig::new(&s.base, "tok-unknown")).unwrap();
+    assert!(matches!(
+        wrong.post_report(&item).await,
+        PostOutcome::Retry(_)
+    ));
+    // Nobody listening: retried.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let down = HttpRelayTransport::new(HttpRelayConfig::new(dead, DEVICE)).unwrap();
+    assert!(matches!(
+        down.post_report(&item).await,
+        PostOutcome::Retry(_)
+    ));
+}
