@@ -191,6 +191,9 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::ClaimRefused { command, reason } => {
                 format!("not run {command}: {reason}")
             }
+            RelayEvent::ClaimUnconfirmed { command, reason } => {
+                format!("start of {command} unconfirmed ({reason}); claiming it again next pass")
+            }
             RelayEvent::Started { command, execution } => {
                 format!("started {command} (execution {execution})")
             }

@@ -355,7 +355,13 @@ pub fn request_fingerprint(
     canonical.push('\n');
     write_canonical(&mut canonical, &Value::Object(arguments.clone()));
     let digest = Sha256::digest(canonical.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(digest.len() * 2);
+    for b in digest {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    hex
 }
 
 fn write_canonical(out: &mut String, value: &Value) {

@@ -108,9 +108,36 @@ impl ResultEnvelope {
         self.body.is_none()
     }
 
-    /// `JSON.stringify(self).length` as the published relay computes it.
+    /// `JSON.stringify(self).length` as the published relay computes it
+    /// (computed from the parts, without building the JSON).
     pub fn js_length(&self) -> usize {
-        js_json_length(&self.to_value())
+        // `{"execution_id":…,"status":…` and the closing brace.
+        let key = |k: &str| js_string_length(k) + 1;
+        let mut length = 2
+            + key("execution_id")
+            + js_string_length(self.execution_id.as_str())
+            + 1
+            + key("status")
+            + js_string_length(self.status.as_str());
+        match &self.body {
+            None => length += 1 + key("result_truncated") + 4,
+            Some(body) => {
+                length += 1 + key("result") + js_json_length(&body.result);
+                length += 1
+                    + key("total_tokens")
+                    + body.total_tokens.map_or(4, |t| js_number_length(t as f64));
+                length += 1
+                    + key("reported_cost")
+                    + body
+                        .reported_cost
+                        .filter(|c| c.is_finite())
+                        .map_or(4, js_number_length);
+                if let Some(error) = &body.error {
+                    length += 1 + key("error") + js_string_length(error);
+                }
+            }
+        }
+        length
     }
 
     /// Checks an envelope that came from outside against SPEC §7.
@@ -306,6 +333,16 @@ fn js_number_length(x: f64) -> usize {
     if x == 0.0 {
         return 1;
     }
+    // Integers below 2^53 print as their digits: no formatting needed.
+    if x.fract() == 0.0 && x.abs() < 9_007_199_254_740_992.0 {
+        let mut n = x.abs() as u64;
+        let mut digits = 1;
+        while n >= 10 {
+            n /= 10;
+            digits += 1;
+        }
+        return digits + usize::from(x < 0.0);
+    }
     let sign = usize::from(x < 0.0);
     // Rust's `{:e}` prints the shortest round-tripping digits, as ECMAScript does.
     let text = format!("{:e}", x.abs());
@@ -453,6 +490,34 @@ mod tests {
             env.body.unwrap().error.unwrap().chars().count(),
             ERROR_LIMIT
         );
+    }
+
+    #[test]
+    fn direct_length_equals_the_length_of_the_wire_form() {
+        for env in [
+            ResultEnvelope::build(
+                exec(),
+                FinishStatus::Completed,
+                body(json!({"a": [1, 2.5, "é\n"]})),
+            ),
+            ResultEnvelope::build(
+                exec(),
+                FinishStatus::Failed,
+                EnvelopeBody {
+                    result: json!(null),
+                    total_tokens: Some(123_456),
+                    reported_cost: Some(0.1),
+                    error: Some("bad \"x\"".into()),
+                },
+            ),
+            ResultEnvelope {
+                execution_id: exec(),
+                status: FinishStatus::Cancelled,
+                body: None,
+            },
+        ] {
+            assert_eq!(env.js_length(), js_json_length(&env.to_value()));
+        }
     }
 
     #[test]

@@ -93,7 +93,7 @@ macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident, field = $field:literal, rule = $rule:literal, check = $check:expr) => {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(String);
+        pub struct $name(std::sync::Arc<str>);
 
         impl $name {
             /// The wire name of this identifier, used in error messages.
@@ -103,7 +103,7 @@ macro_rules! string_id {
             pub fn parse(text: &str) -> Result<Self, InvalidId> {
                 let check: fn(&str) -> bool = $check;
                 if check(text) {
-                    Ok(Self(text.to_owned()))
+                    Ok(Self(std::sync::Arc::from(text)))
                 } else {
                     Err(InvalidId { field: $field, rule: $rule })
                 }

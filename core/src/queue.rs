@@ -311,7 +311,16 @@ impl RunView {
                 },
                 _ => {}
             }
-            if let Some(reason) = &c.reason {
+            let cancelled_error = c
+                .completion
+                .as_ref()
+                .and_then(|e| e.body.as_ref())
+                .and_then(|b| b.error.as_ref());
+            if let Some(reason) = c
+                .reason
+                .as_ref()
+                .or(cancelled_error.filter(|_| c.status == CommandStatus::Cancelled))
+            {
                 out.insert("error".into(), json!(reason));
             }
         }
@@ -652,10 +661,13 @@ impl Queue {
         if request.sessions.len() > MAX_SESSIONS_PER_SYNC {
             return Err(SyncError::TooManySessions(request.sessions.len()));
         }
-        let mut seen = std::collections::HashSet::with_capacity(request.sessions.len());
         for (index, session) in request.sessions.iter().enumerate() {
             session.validate(index)?;
-            if !seen.insert(&session.graph_session_id) {
+            // At most 100 sessions: a scan is cheaper than hashing.
+            if request.sessions[..index]
+                .iter()
+                .any(|s| s.graph_session_id == session.graph_session_id)
+            {
                 return Err(SyncError::DuplicateSession(
                     session.graph_session_id.clone(),
                 ));

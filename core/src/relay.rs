@@ -250,6 +250,14 @@ pub enum RelayEvent {
         /// The command.
         command: CommandId,
     },
+    /// A claim got no answer: it is claimed again, with the same execution
+    /// id, at the start of the next pass.
+    ClaimUnconfirmed {
+        /// The command.
+        command: CommandId,
+        /// Why.
+        reason: String,
+    },
     /// The server refused the claim (e.g. cancelled meanwhile): not run.
     ClaimRefused {
         /// The command.
@@ -372,6 +380,7 @@ pub struct Relay {
     work_in_pass: usize,
     held_done: bool,
     failures: u32,
+    unconfirmed: Option<(RelayCommand, ExecutionId)>,
     rng: u64,
     actions: VecDeque<Action>,
     events: VecDeque<RelayEvent>,
@@ -397,6 +406,7 @@ impl Relay {
             work_in_pass: 0,
             held_done: false,
             failures: 0,
+            unconfirmed: None,
             rng,
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -569,10 +579,26 @@ impl Relay {
                 }
                 self.maybe_send_control(now);
             }
-            ClaimOutcome::Refused(reason) | ClaimOutcome::Network(reason) => {
+            ClaimOutcome::Refused(reason) => {
                 self.events
                     .push_back(RelayEvent::ClaimRefused { command, reason });
                 self.current = None;
+            }
+            ClaimOutcome::Network(reason) => {
+                // The claim may have reached the server: the command could be
+                // `running` there under our execution id, and no sync hands a
+                // running command out again. Keep it, end the pass, and claim it
+                // again (same execution id, which the server accepts as a
+                // retry) before anything else on the next pass.
+                self.events
+                    .push_back(RelayEvent::ClaimUnconfirmed { command, reason });
+                if let Some(current) = self.current.take() {
+                    self.unconfirmed = Some((current.job.command, current.job.execution));
+                }
+                self.failures = self.failures.saturating_add(1);
+                self.projects.clear();
+                self.commands.clear();
+                self.end_pass(now);
             }
         }
         self.drive(now);
@@ -843,7 +869,60 @@ impl Relay {
                 self.actions.push_back(Action::PostReport(item));
                 return;
             }
-            // 2. The commands of the last sync, one at a time, re-checked first.
+            // 2. A claim whose answer was lost, first and under the same execution id.
+            if let Some((command, execution)) = self.unconfirmed.take() {
+                let id = command.id;
+                let job = Job {
+                    channel: id.channel(),
+                    command,
+                    execution: execution.clone(),
+                };
+                let mut current = Current {
+                    job,
+                    cancel_sent: false,
+                    control_in_flight: false,
+                    next_control_at: None,
+                    report: None,
+                };
+                if self.shared.still_shared(
+                    &current.job.command.project,
+                    &current.job.command.graph_session_id,
+                    &current.job.command.slug,
+                ) {
+                    self.current = Some(current);
+                    self.awaiting = Awaiting::Claim(id);
+                    self.actions.push_back(Action::Claim {
+                        command: id,
+                        execution,
+                    });
+                } else {
+                    // Consent was withdrawn meanwhile. If the lost claim did reach
+                    // the server, close that execution as cancelled; if it did not,
+                    // the server refuses this report and the command comes back
+                    // queued on a sync, where the re-check declines it.
+                    self.events.push_back(RelayEvent::Declined { command: id });
+                    let envelope = ResultEnvelope::build(
+                        execution,
+                        FinishStatus::Cancelled,
+                        EnvelopeBody {
+                            error: Some(crate::command::NO_LONGER_SHARED.to_owned()),
+                            ..EnvelopeBody::default()
+                        },
+                    );
+                    let item = OutboxItem {
+                        command: id,
+                        report: RelayReport::Completion { envelope },
+                        stored_at: now,
+                        attempts: 0,
+                    };
+                    current.report = Some(item.clone());
+                    self.current = Some(current);
+                    self.awaiting = Awaiting::Store(id);
+                    self.actions.push_back(Action::StoreReport(item));
+                }
+                return;
+            }
+            // 3. The commands of the last sync, one at a time, re-checked first.
             if let Some(command) = self.commands.pop_front() {
                 let id = command.id;
                 if !self.shared.still_shared(
@@ -883,7 +962,7 @@ impl Relay {
                 });
                 return;
             }
-            // 3. The next project's sync.
+            // 4. The next project's sync.
             if let Some(project) = self.projects.pop_front() {
                 let sessions = self.shared.sessions(&project);
                 self.awaiting = Awaiting::Sync {
@@ -897,7 +976,7 @@ impl Relay {
                 });
                 return;
             }
-            // 4. Long-poll: a pass that found nothing waits in one held sync.
+            // 5. Long-poll: a pass that found nothing waits in one held sync.
             if self.config.mode == RelayMode::LongPoll
                 && self.work_in_pass == 0
                 && !self.held_done
@@ -1320,6 +1399,69 @@ mod tests {
         r.handle_sync_response(Err(SyncFailure::Aborted), secs(2));
         // A new pass starts at once with the new set.
         assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+    }
+
+    #[test]
+    fn a_claim_without_an_answer_is_claimed_again_under_the_same_execution() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        let a = pass_with(&mut r, secs(0), vec![c.clone(), command(2, 1, "a")]);
+        let [Action::Claim { execution, .. }] = a.as_slice() else {
+            panic!("{a:?}")
+        };
+        let execution = execution.clone();
+        r.handle_claim_response(c.id, ClaimOutcome::Network("timeout".into()), secs(1));
+        assert!(drain(&mut r).is_empty(), "the pass ends");
+        assert!(!r.is_busy());
+        r.handle_timeout(secs(20));
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::Claim {
+                command: c.id,
+                execution: execution.clone()
+            }]
+        );
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(20));
+        let a = drain(&mut r);
+        assert!(
+            matches!(a.as_slice(), [Action::Execute(job)] if job.execution == execution),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn an_unconfirmed_claim_of_an_unshared_session_is_closed_as_cancelled() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone()]);
+        r.handle_claim_response(c.id, ClaimOutcome::Network("timeout".into()), secs(1));
+        r.handle_shared_set(shared(&[]), secs(2));
+        r.handle_timeout(secs(20));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        let a = drain(&mut r);
+        let [
+            Action::StoreReport(OutboxItem {
+                report: RelayReport::Completion { envelope },
+                ..
+            }),
+        ] = a.as_slice()
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert_eq!(
+            envelope.body.as_ref().and_then(|b| b.error.as_deref()),
+            Some(crate::command::NO_LONGER_SHARED)
+        );
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Claim { .. } | Action::Execute(_)))
+        );
     }
 
     #[test]

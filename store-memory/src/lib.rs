@@ -25,7 +25,11 @@
 //! # }).unwrap();
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+// foldhash is keyed per process (seeded at random), so agent-chosen keys
+// cannot be aimed at one bucket, and it is several times faster than SipHash.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -46,7 +50,8 @@ type QueueKey = (OwnerId, ProjectId, DeviceId);
 
 #[derive(Default)]
 struct Inner {
-    commands: HashMap<CommandId, CommandRecord>,
+    // Boxed: a resize moves pointers, not whole records.
+    commands: HashMap<CommandId, Box<CommandRecord>>,
     keys: HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>,
     queued: HashMap<QueueKey, BTreeSet<(Timestamp, u64, CommandId)>>,
     inserted: HashMap<CommandId, u64>,
@@ -100,7 +105,12 @@ impl MemoryStore {
     /// Every command held, ordered by id: a snapshot for tests that check
     /// that a refused request changed nothing.
     pub fn commands(&self) -> Vec<CommandRecord> {
-        let mut all: Vec<CommandRecord> = self.lock().commands.values().cloned().collect();
+        let mut all: Vec<CommandRecord> = self
+            .lock()
+            .commands
+            .values()
+            .map(|c| (**c).clone())
+            .collect();
         all.sort_by_key(|c| c.id);
         all
     }
@@ -153,7 +163,7 @@ impl Store for MemoryStore {
         let order = inner.next_insert;
         inner.inserted.insert(command.id, order);
         inner.index(command);
-        inner.commands.insert(command.id, command.clone());
+        inner.commands.insert(command.id, Box::new(command.clone()));
         Ok(InsertOutcome::Inserted)
     }
 
@@ -167,7 +177,7 @@ impl Store for MemoryStore {
             .commands
             .get(id)
             .filter(|c| &c.agent == agent)
-            .cloned())
+            .map(|c| (**c).clone()))
     }
 
     async fn command_for_device(
@@ -180,14 +190,14 @@ impl Store for MemoryStore {
             .commands
             .get(id)
             .filter(|c| &c.device == device)
-            .cloned())
+            .map(|c| (**c).clone()))
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         match inner.commands.get_mut(&next.id) {
             Some(current) if next.revision > 0 && current.revision == next.revision - 1 => {
-                *current = next.clone();
+                (**current).clone_from(next);
                 inner.index(next);
                 Ok(true)
             }
@@ -210,7 +220,7 @@ impl Store for MemoryStore {
             .into_iter()
             .flatten()
             .take(limit)
-            .filter_map(|(_, _, id)| inner.commands.get(id).cloned())
+            .filter_map(|(_, _, id)| inner.commands.get(id).map(|c| (**c).clone()))
             .collect())
     }
 
@@ -227,17 +237,31 @@ impl Store for MemoryStore {
             .sessions
             .entry((owner.clone(), project.clone()))
             .or_default();
-        shared.retain(|(_, d), _| d != device);
+        // Steady state: the same sessions again. Refresh the stamp in place
+        // instead of dropping and re-allocating every entry.
+        shared
+            .retain(|(id, d), _| d != device || sessions.iter().any(|m| &m.graph_session_id == id));
         for meta in sessions {
-            shared.insert(
-                (meta.graph_session_id.clone(), device.clone()),
-                SharedSession {
-                    project: project.clone(),
-                    device: device.clone(),
-                    meta: meta.clone(),
-                    synced_at: now,
-                },
-            );
+            let key = (meta.graph_session_id.clone(), device.clone());
+            match shared.get_mut(&key) {
+                Some(existing) => {
+                    if existing.meta != *meta {
+                        existing.meta = meta.clone();
+                    }
+                    existing.synced_at = now;
+                }
+                None => {
+                    shared.insert(
+                        key,
+                        SharedSession {
+                            project: project.clone(),
+                            device: device.clone(),
+                            meta: meta.clone(),
+                            synced_at: now,
+                        },
+                    );
+                }
+            }
         }
         Ok(())
     }
