@@ -67,6 +67,12 @@ enum Command {
         /// refused unless listening on a loopback address.
         #[arg(long, value_name = "AGENT")]
         insecure_anonymous_agent: Option<String>,
+        /// Offer `wait_seconds` (up to this many seconds) on `get_graph_run`,
+        /// so clients can wait for a run instead of polling. Off by default,
+        /// which keeps the published tool schema exactly. Must stay below the
+        /// request timeout (30 s unless configured).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
+        max_wait_seconds: Option<u32>,
     },
     /// Serve one MCP client over stdin/stdout as a configured agent.
     Stdio {
@@ -210,7 +216,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             store,
             config,
             insecure_anonymous_agent,
-        } => serve(listen, &store, &config, insecure_anonymous_agent),
+            max_wait_seconds,
+        } => serve(
+            listen,
+            &store,
+            &config,
+            insecure_anonymous_agent,
+            max_wait_seconds,
+        ),
         Command::Stdio {
             store,
             config,
@@ -245,7 +258,7 @@ fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, CliError> {
         .map_err(|e| CliError::Db(format!("{}: {e}", args.db.display())))
 }
 
-fn mcp_server(store: Arc<dyn Store>) -> McpServer {
+fn mcp_server(store: Arc<dyn Store>, max_wait_seconds: Option<u32>) -> Result<McpServer, CliError> {
     let queue = Queue::new(
         store,
         Arc::new(SystemClock),
@@ -254,7 +267,15 @@ fn mcp_server(store: Arc<dyn Store>) -> McpServer {
     );
     let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
     info.instructions = Some("run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).".into());
-    McpServer::new(queue, ToolCatalog::published(), info)
+    let catalog = ToolCatalog::builder()
+        .wait_seconds(max_wait_seconds)
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let server = McpServer::new(queue, catalog, info);
+    Ok(match max_wait_seconds {
+        Some(_) => server.with_sleeper(Arc::new(graph_relay_transport_http::TokioSleeper)),
+        None => server,
+    })
 }
 
 /// Creates `path` with a development agent and device; prints their tokens once.
@@ -292,6 +313,7 @@ fn serve(
     store: &StoreArgs,
     config_path: &Path,
     anonymous: Option<String>,
+    max_wait_seconds: Option<u32>,
 ) -> Result<(), CliError> {
     if !config_path.exists() {
         bootstrap(config_path, listen)?;
@@ -335,7 +357,19 @@ fn serve(
         sessions: defaults.sessions.clone(),
         relay: defaults.relay.clone(),
     };
-    let state = HttpState::new(mcp_server(open_store(store)?), auth, http);
+    if let Some(wait) = max_wait_seconds {
+        if Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout {
+            return Err(CliError::Usage(format!(
+                "--max-wait-seconds {wait} must stay below the request timeout ({} s)",
+                http.request_timeout.as_secs()
+            )));
+        }
+    }
+    let state = HttpState::new(
+        mcp_server(open_store(store)?, max_wait_seconds)?,
+        auth,
+        http,
+    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -439,7 +473,7 @@ fn stdio(
 ) -> Result<(), CliError> {
     let file = ConfigFile::load(config_path)?;
     let caller = find_agent(&file, agent)?;
-    let server = mcp_server(open_store(store)?);
+    let server = mcp_server(open_store(store)?, None)?;
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)

@@ -308,6 +308,17 @@ fn forbidden(code: &str, description: &str) -> Response {
         .into_response()
 }
 
+/// The tokio timer as the core's [`Sleeper`](graph_relay_core::time::Sleeper),
+/// for `get_graph_run`'s `wait_seconds`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioSleeper;
+
+impl graph_relay_core::time::Sleeper for TokioSleeper {
+    fn sleep(&self, duration: Duration) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}
+
 /// The router: `/mcp`, the resource metadata and the relay API, with body
 /// limit and timeout.
 pub fn router(state: HttpState) -> Router {

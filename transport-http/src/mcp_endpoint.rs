@@ -163,8 +163,9 @@ fn check_modern_headers(headers: &HeaderMap, incoming: &Incoming) -> Result<(), 
     Ok(())
 }
 
-/// Runs the core on a blocking thread: stores may block, and the handling
-/// future is not `Send` (see `McpServer::handle`).
+/// Runs the core on its own task (a panic answers -32603 instead of taking
+/// the connection down). Handling is async end to end: a `wait_seconds`
+/// call parks on the queue's signals and the tokio timer, holding no thread.
 async fn run_core(
     state: &HttpState,
     caller: Caller,
@@ -173,9 +174,10 @@ async fn run_core(
 ) -> (McpSession, Option<Outgoing>) {
     let server = state.mcp().clone();
     let id = incoming.id().cloned();
-    let joined = tokio::task::spawn_blocking(move || {
-        let reply =
-            futures::executor::block_on(server.handle_incoming(&mut session, &caller, incoming));
+    let joined = tokio::spawn(async move {
+        let reply = server
+            .handle_incoming(&mut session, &caller, incoming)
+            .await;
         (session, reply)
     })
     .await;
