@@ -129,9 +129,6 @@ pub(crate) fn open(
     writer
         .pragma_update(None, "synchronous", options.synchronous.pragma())
         .map_err(sqlite)?;
-    writer
-        .pragma_update(None, "wal_autocheckpoint", 1_000_000)
-        .map_err(sqlite)?;
     let readers = (0..options.readers.max(1))
         .map(|_| {
             let conn = connect(path, read_write_no_create())?;
