@@ -124,7 +124,7 @@ async fn run(
             }
             let structured = ticket.to_json();
             let text = format!(
-                "Queued ticket, not a result: the Graph run has not finished (it has not started yet). {} Ticket: {}",
+                "Queued ticket, not a result. {} Ticket: {}",
                 ticket.message(),
                 structured
             );
