@@ -51,6 +51,8 @@ pub const RUN_NOT_FOUND: &str = "Graph run not found or access removed";
 pub const SESSION_NOT_FOUND: &str = "Graph session not found or access removed";
 /// What an agent reads for a project it is not connected to.
 pub const PROJECT_NOT_FOUND: &str = "Project not found or access removed";
+/// Devices remembered by the touch throttle before it starts over.
+const MAX_TOUCH_CACHE: usize = 100_000;
 /// How many times a transition is retried when another writer got there first.
 const MAX_CAS_ATTEMPTS: usize = 16;
 
@@ -75,6 +77,9 @@ pub struct QueueConfig {
     pub max_commands_per_sync: usize,
     /// Most keys and commands deleted by one pruning step (500).
     pub prune_batch: usize,
+    /// A device's non-sync contacts are written to the store at most this
+    /// often (1 s); syncs are always written.
+    pub touch_interval: Duration,
     /// While a `wait_seconds` call waits, the store is re-read at least this
     /// often (1 s), for changes made by another process on the same store.
     pub wait_recheck: Duration,
@@ -93,6 +98,7 @@ impl Default for QueueConfig {
             max_commands_per_sync: 100,
             prune_batch: 500,
             wait_recheck: Duration::from_secs(1),
+            touch_interval: Duration::from_secs(1),
         }
     }
 }
@@ -407,6 +413,11 @@ pub struct Queue {
     ids: Arc<dyn IdSource>,
     config: QueueConfig,
     signals: Arc<Signals>,
+    touched: Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<(crate::ids::OwnerId, crate::ids::DeviceId), Timestamp>,
+        >,
+    >,
 }
 
 impl std::fmt::Debug for Queue {
@@ -431,6 +442,7 @@ impl Queue {
             ids,
             config,
             signals: Arc::new(Signals::new()),
+            touched: Arc::default(),
         }
     }
 
@@ -471,21 +483,23 @@ impl Queue {
     ) -> Result<RunTicket, RunError> {
         let now = self.clock.now();
         let fingerprint = request_fingerprint(&args.graph_session_id, &args.arguments);
-        if let Some(existing) = self
-            .store
-            .idempotency(&agent.id, &args.idempotency_key, now)
-            .await?
-        {
-            return self.replay(agent, existing, &fingerprint, now).await;
-        }
         let projects: Vec<ProjectId> = agent.projects.iter().cloned().collect();
         let Some(shared) = self
             .store
             .find_shared_session(&agent.owner, &projects, &args.graph_session_id)
             .await?
         else {
-            return Err(RunError::SessionNotFound);
+            // A retry must get its ticket even if the session was un-shared since.
+            return match self
+                .store
+                .idempotency(&agent.id, &args.idempotency_key, now)
+                .await?
+            {
+                Some(existing) => self.replay(agent, existing, &fingerprint, now).await,
+                None => Err(RunError::SessionNotFound),
+            };
         };
+        // A reused key is found by the insert itself (`KeyTaken`), atomically.
         let mut command = CommandRecord::queued(
             self.ids.new_command_id(),
             agent.id.clone(),
@@ -834,8 +848,25 @@ impl Queue {
 
     // ----- internals --------------------------------------------------------
 
+    /// Records that `device` was seen, at most once per
+    /// [`QueueConfig::touch_interval`] per device from this queue (liveness
+    /// is reported in seconds; a write per relay request would only load the store).
     async fn touch(&self, device: &Device) -> Result<(), StoreError> {
         let now = self.clock.now();
+        {
+            let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (device.owner.clone(), device.id.clone());
+            if touched
+                .get(&key)
+                .is_some_and(|t| now.since(*t) < self.config.touch_interval && *t <= now)
+            {
+                return Ok(());
+            }
+            if touched.len() >= MAX_TOUCH_CACHE {
+                touched.clear();
+            }
+            touched.insert(key, now);
+        }
         self.store
             .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
             .await
