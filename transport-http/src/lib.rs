@@ -40,6 +40,7 @@
 //!   the driver that runs `core::relay` over it.
 
 pub mod auth;
+mod listen;
 mod mcp_endpoint;
 pub mod relay_api;
 pub mod relay_client;

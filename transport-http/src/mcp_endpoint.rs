@@ -20,7 +20,7 @@ static MCP_METHOD: HeaderName = HeaderName::from_static("mcp-method");
 /// `Mcp-Name` (2026-07-28).
 static MCP_NAME: HeaderName = HeaderName::from_static("mcp-name");
 
-fn json_reply(reply: &Outgoing) -> Response {
+pub(crate) fn json_reply(reply: &Outgoing) -> Response {
     let status = StatusCode::from_u16(reply.http_status()).unwrap_or(StatusCode::OK);
     (
         status,
@@ -314,6 +314,9 @@ pub(crate) async fn post(
     if incoming.meta_protocol_version().is_some() {
         if let Err(response) = check_modern_headers(&headers, &incoming) {
             return response;
+        }
+        if incoming.method() == Some("subscriptions/listen") {
+            return crate::listen::serve(&state, caller, incoming).await;
         }
         if let (Some(tool), Some(scope)) = (
             incoming.tool_name(),

@@ -700,3 +700,133 @@ async fn over_a_real_socket() {
     assert_eq!(status, 405);
     server.abort();
 }
+
+/// `subscriptions/listen` streams the caller's task notifications as SSE
+/// until every watched task is terminal.
+#[tokio::test]
+async fn task_notifications_stream_until_the_task_finishes() {
+    let h = harness().await;
+    let tasks_meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let headers = [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "run_graph_session"),
+    ];
+    let created = h
+        .post(
+            Some(FULL),
+            &headers,
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "run_graph_session",
+                "arguments": {"graph_session_id": GS, "idempotency_key": "listen-key-1"},
+                "_meta": tasks_meta,
+            }})
+            .to_string(),
+        )
+        .await;
+    assert_eq!(
+        created.body["result"]["resultType"], "task",
+        "{}",
+        created.body
+    );
+    let task_id = created.body["result"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let command = CommandId::parse(&task_id).unwrap();
+
+    let listen_body =
+        json!({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen", "params": {
+            "notifications": {"taskIds": [task_id, "67e55044-10b1-426f-9247-bb680e5fe0c8"]},
+            "_meta": tasks_meta,
+        }})
+        .to_string();
+    let request = Request::post("/mcp")
+        .header("host", "127.0.0.1:8787")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("authorization", format!("Bearer {FULL}"))
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .body(Body::from(listen_body))
+        .unwrap();
+    let response = router(h.state.clone()).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let body =
+        tokio::spawn(async move { response.into_body().collect().await.unwrap().to_bytes() });
+
+    // Once the stream waits on the queue's signals, the desktop runs the task.
+    let queue = h.state.mcp().queue().clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while queue.signals().waiting() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stream never started waiting"
+        );
+        tokio::task::yield_now().await;
+    }
+    let device = Device::new(
+        DeviceId::parse("desktop").unwrap(),
+        OwnerId::parse("alice").unwrap(),
+    );
+    let exec = ExecutionId::parse("exec-listen").unwrap();
+    queue.start(&device, &command, &exec).await.unwrap();
+    let envelope = ResultEnvelope::build(
+        exec,
+        FinishStatus::Completed,
+        EnvelopeBody {
+            result: json!("done"),
+            ..Default::default()
+        },
+    );
+    queue.complete(&device, &command, &envelope).await.unwrap();
+
+    let text = String::from_utf8(body.await.unwrap().to_vec()).unwrap();
+    let messages: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert_eq!(
+        messages[0]["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    assert_eq!(
+        messages[0]["params"]["notifications"]["taskIds"],
+        json!([task_id]),
+        "another agent's or an unknown id is not watched"
+    );
+    let statuses: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks")
+        .map(|m| m["params"]["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses.first(), Some(&"working"));
+    assert_eq!(statuses.last(), Some(&"completed"));
+    let last_task = messages
+        .iter()
+        .rev()
+        .find(|m| m["method"] == "notifications/tasks")
+        .unwrap();
+    assert_eq!(
+        last_task["params"]["result"]["structuredContent"]["result"],
+        "done"
+    );
+    let end = messages.last().unwrap();
+    assert_eq!(end["id"], 7);
+    assert_eq!(end["result"]["resultType"], "complete");
+
+    // Without the extension, asking for task notifications is refused.
+    let refused = h
+        .modern(
+            FULL,
+            "subscriptions/listen",
+            json!({"notifications": {"taskIds": [task_id]}}),
+        )
+        .await;
+    assert_eq!(refused.body["error"]["code"], -32021, "{}", refused.body);
+}

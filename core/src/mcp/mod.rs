@@ -46,7 +46,7 @@ pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
 };
-pub use self::tasks::TASKS_EXTENSION;
+pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
 use crate::catalog::ToolCatalog;
 use crate::principal::Agent;
@@ -272,6 +272,30 @@ impl McpServer {
         }
     }
 
+    /// Accepts a 2026-07-28 `subscriptions/listen` for task notifications
+    /// (the tasks extension). A streaming transport sends
+    /// [`TaskListen::acknowledged`] first, then a [`McpServer::task_notification`]
+    /// for each watched task whenever the queue signals a change to it.
+    pub async fn listen(&self, caller: &Caller, incoming: &Incoming) -> Result<TaskListen, Outgoing> {
+        let id = incoming.id().cloned().unwrap_or(Value::Null);
+        match self.era(&McpSession::new(), incoming) {
+            Ok(Era::Modern) => tasks::listen(self, caller, incoming, &id).await,
+            Ok(Era::Legacy(_)) => Err(Outgoing::error(
+                Some(id),
+                ErrorCode::MethodNotFound,
+                "Method not found: `subscriptions/listen` exists only in protocol 2026-07-28".to_owned(),
+                None,
+            )),
+            Err(reply) => Err(reply),
+        }
+    }
+
+    /// The `notifications/tasks` message for a task of `caller`, and whether
+    /// it is terminal; `None` for a task that is unknown or not the caller's.
+    pub async fn task_notification(&self, caller: &Caller, id: &crate::ids::CommandId) -> Option<(Value, bool)> {
+        tasks::notification(self, caller, id).await
+    }
+
     /// Handles one parsed message (see [`McpServer::handle`]).
     pub async fn handle_incoming(
         &self,
@@ -301,6 +325,12 @@ impl McpServer {
             ("ping", Era::Legacy(_)) => Ok(json!({})),
             ("server/discover", Era::Modern) => Ok(self.discover()),
             ("tools/list", _) => Ok(self.tools_list(era)),
+            ("subscriptions/listen", Era::Modern) => Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::MethodNotFound,
+                "Method not found: `subscriptions/listen` needs a streaming transport (Streamable HTTP with text/event-stream)".to_owned(),
+                None,
+            )),
             ("tasks/get" | "tasks/cancel" | "tasks/update", Era::Modern) => {
                 tasks::handle(self, caller, &incoming, &id).await
             }

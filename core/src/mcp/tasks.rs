@@ -105,6 +105,92 @@ pub(super) fn created(view: &RunView) -> Value {
     Value::Object(result)
 }
 
+/// The `notifications/tasks` message for one task as `caller` sees it:
+/// the full `DetailedTask`, identical to what `tasks/get` returns. `None`
+/// when the task is unknown or not the caller's. The flag is true once the
+/// task is terminal (no further notification will follow).
+pub(super) async fn notification(server: &McpServer, caller: &Caller, id: &CommandId) -> Option<(Value, bool)> {
+    let view = server.queue().get_graph_run(&caller.agent, id).await.ok()?;
+    let terminal = view.command.status.is_terminal();
+    let params = detailed(&view);
+    Some((json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params}), terminal))
+}
+
+/// A task with its status-specific payload (`result` once it has one).
+fn detailed(view: &RunView) -> Value {
+    let mut result = task(view);
+    if matches!(view.command.status, CommandStatus::Completed | CommandStatus::Failed) {
+        let structured = view.to_json();
+        let is_error = view.command.status == CommandStatus::Failed;
+        result.insert(
+            "result".into(),
+            json!({
+                "content": [{"type": "text", "text": structured.to_string()}],
+                "structuredContent": structured,
+                "isError": is_error,
+            }),
+        );
+    }
+    Value::Object(result)
+}
+
+/// A `subscriptions/listen` for task notifications, accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskListen {
+    /// The id of the `subscriptions/listen` request.
+    pub request_id: RequestId,
+    /// The tasks notifications will be sent for: those asked for that are the caller's.
+    pub task_ids: Vec<CommandId>,
+    /// The `notifications/subscriptions/acknowledged` message to send first.
+    pub acknowledged: Value,
+}
+
+/// Validates a `subscriptions/listen` and picks the tasks to watch.
+pub(super) async fn listen(server: &McpServer, caller: &Caller, incoming: &Incoming, id: &RequestId) -> Result<TaskListen, Outgoing> {
+    let requested = incoming.params().get("notifications").and_then(|n| n.get("taskIds"));
+    let asked: Vec<&str> = match requested {
+        None => Vec::new(),
+        Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_str).collect(),
+        Some(_) => {
+            return Err(Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::InvalidParams,
+                "Invalid params: `notifications.taskIds` must be an array of strings".to_owned(),
+                None,
+            ));
+        }
+    };
+    if requested.is_some() && !declared(incoming) {
+        return Err(Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::MissingRequiredCapability,
+            format!("Missing required client capability: declare the `{TASKS_EXTENSION}` extension to listen for task notifications"),
+            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+        ));
+    }
+    let mut task_ids = Vec::new();
+    // Bounded: one listen stream watches at most this many tasks.
+    for text in asked.into_iter().take(MAX_LISTEN_TASKS) {
+        let Ok(command) = CommandId::parse(text) else { continue };
+        if task_ids.contains(&command) {
+            continue;
+        }
+        // Only the caller's own tasks are accepted; others are silently left out.
+        if server.queue().get_graph_run(&caller.agent, &command).await.is_ok() {
+            task_ids.push(command);
+        }
+    }
+    let acknowledged = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {"notifications": {"taskIds": task_ids}},
+    });
+    Ok(TaskListen { request_id: id.clone(), task_ids, acknowledged })
+}
+
+/// Most tasks one `subscriptions/listen` stream watches.
+pub const MAX_LISTEN_TASKS: usize = 100;
+
 /// `tasks/get`, `tasks/cancel` and `tasks/update` (2026-07-28 only).
 pub(super) async fn handle(
     server: &McpServer,
@@ -159,23 +245,7 @@ pub(super) async fn handle(
                     GetError::NotFound => not_found(),
                     GetError::Store(_) => internal(),
                 })?;
-            let mut result = task(&view);
-            if matches!(
-                view.command.status,
-                CommandStatus::Completed | CommandStatus::Failed
-            ) {
-                let structured = view.to_json();
-                let is_error = view.command.status == CommandStatus::Failed;
-                result.insert(
-                    "result".into(),
-                    json!({
-                        "content": [{"type": "text", "text": structured.to_string()}],
-                        "structuredContent": structured,
-                        "isError": is_error,
-                    }),
-                );
-            }
-            Ok(Value::Object(result))
+            Ok(detailed(&view))
         }
         "tasks/cancel" => {
             queue
