@@ -29,6 +29,12 @@ fn body(i: usize, tool: &str, command: &str) -> String {
     )
 }
 
+/// True when `bytes` is a successful, non-error tool result.
+fn succeeded(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .is_ok_and(|v| v["result"]["isError"] == serde_json::Value::Bool(false))
+}
+
 fn report(label: &str, mut samples: Vec<Duration>, total: Duration) {
     samples.sort_unstable();
     let p = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
@@ -138,8 +144,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .clone()
                 .oneshot(send(body(offset + i, tool, &command)))
                 .await?;
-            let _ = axum::body::to_bytes(response.into_body(), 1 << 20).await?;
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await?;
             samples.push(t.elapsed());
+            if !succeeded(&bytes) {
+                return Err(format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&bytes)).into());
+            }
         }
         report(
             &format!("in-process {tool} (sqlite)"),
@@ -179,6 +188,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut buf = vec![0; length];
             conn.read_exact(&mut buf).await?;
             samples.push(t.elapsed());
+            if !succeeded(&buf) {
+                return Err(format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&buf)).into());
+            }
         }
         report(
             &format!("loopback {tool} (sqlite)"),
