@@ -1,0 +1,152 @@
+//! Lifecycles per second of the memory, SQLite and Postgres stores, in one run.
+//!
+//! `cargo bench -p graph-relay-store-postgres --bench lifecycles`
+//! (Postgres from `GRAPH_RELAY_POSTGRES_URL`, in a throw-away schema; it is
+//! left out, with a note, when the variable is unset).
+//!
+//! A lifecycle is `run_graph_session → sync → start → complete →
+//! get_graph_run` through the core's `Queue`, every step checked. Each store
+//! is measured two ways: one lifecycle after another (latency-bound), and 16
+//! desktops with one lifecycle each in flight at once (as on a server with
+//! many agents). Each figure is the best of three rounds of about
+//! `BENCH_SECONDS` (default 2) seconds, after a warm-up.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use graph_relay_core::command::CommandStatus;
+use graph_relay_core::ids::DeviceId;
+use graph_relay_core::principal::Device;
+use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::store::Store;
+use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
+use graph_relay_store_memory::MemoryStore;
+use graph_relay_store_postgres::testing::{TestSchema, URL_ENV};
+use graph_relay_store_sqlite::SqliteStore;
+use serde_json::json;
+
+/// Desktops (one lifecycle each) in flight at once in the concurrent variant.
+const IN_FLIGHT: u32 = 16;
+/// Measured rounds per figure; the best is reported.
+const ROUNDS: usize = 3;
+
+/// One checked lifecycle of a fresh command of `session`, which only `device` shares.
+async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
+    let key = format!("bench-key-{n:012}");
+    let ticket = w
+        .queue
+        .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
+        .await
+        .expect("run");
+    let id = ticket.command.id;
+    assert_eq!(&ticket.command.device, &device.id);
+    let request = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(session)],
+        long_poll: false,
+    };
+    let synced = w.queue.sync(device, &request).await.expect("sync");
+    assert_eq!(synced.commands.len(), 1, "the queued command is handed out");
+    let execution = exec(&format!("exec-{n}"));
+    w.queue.start(device, &id, &execution).await.expect("start");
+    w.queue
+        .complete(device, &id, &completed(execution.as_str(), json!({"n": n})))
+        .await
+        .expect("complete");
+    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
+    assert_eq!(view.command.status, CommandStatus::Completed);
+}
+
+/// `count` desktops, desktop k the only one sharing session k + 1.
+async fn desks(w: &World, count: u32) -> Vec<(Device, u32)> {
+    let mut out = Vec::new();
+    for k in 0..count {
+        let device = Device::new(
+            DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
+            w.device.owner.clone(),
+        );
+        w.sync(&device, p1(), &[k + 1]).await;
+        out.push((device, k + 1));
+    }
+    out
+}
+
+/// Lifecycles per second over about `budget`, all `desks` in flight at once.
+async fn rate(w: &World, desks: &[(Device, u32)], counter: &AtomicU64, budget: Duration) -> f64 {
+    let start = Instant::now();
+    let mut done = 0u64;
+    while start.elapsed() < budget {
+        let runs = desks.iter().map(|(device, session)| {
+            lifecycle(w, device, *session, counter.fetch_add(1, Ordering::Relaxed))
+        });
+        futures::future::join_all(runs).await;
+        done += desks.len() as u64;
+    }
+    done as f64 / start.elapsed().as_secs_f64()
+}
+
+/// (one at a time, 16 in flight) lifecycles per second for `store`.
+async fn measure(store: Arc<dyn Store>, budget: Duration) -> (f64, f64) {
+    let counter = AtomicU64::new(0);
+    let w = World::new(store);
+    let one = desks(&w, 1).await;
+    let many = desks(&w, IN_FLIGHT).await;
+    rate(&w, &one, &counter, budget / 4).await;
+    rate(&w, &many, &counter, budget / 4).await;
+    let mut best = (0.0f64, 0.0f64);
+    for _ in 0..ROUNDS {
+        best.0 = best.0.max(rate(&w, &one, &counter, budget).await);
+        best.1 = best.1.max(rate(&w, &many, &counter, budget).await);
+    }
+    best
+}
+
+fn main() {
+    let budget = Duration::from_secs_f64(
+        std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2.0),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut rows: Vec<(&str, (f64, f64))> = Vec::new();
+    runtime.block_on(async {
+        rows.push((
+            "memory",
+            measure(Arc::new(MemoryStore::new()), budget).await,
+        ));
+        let sqlite = SqliteStore::open(dir.path().join("bench.sqlite")).expect("open SQLite");
+        rows.push(("sqlite", measure(Arc::new(sqlite), budget).await));
+    });
+    let schema = match std::env::var(URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => Some(TestSchema::new(&url)),
+        _ => {
+            eprintln!("postgres left out: {URL_ENV} is not set");
+            None
+        }
+    };
+    if let Some(schema) = &schema {
+        runtime.block_on(async {
+            let store = schema.store().await.expect("connect to Postgres");
+            rows.push(("postgres", measure(Arc::new(store), budget).await));
+        });
+    }
+    drop(runtime);
+    println!(
+        "\nlifecycles/s (run → sync → start → complete → get), best of {ROUNDS} × {:.1} s",
+        budget.as_secs_f64()
+    );
+    println!(
+        "{:<10} {:>16} {:>18}",
+        "store", "one at a time", "16 in flight"
+    );
+    for (name, (one, many)) in &rows {
+        println!("{name:<10} {one:>16.0} {many:>18.0}");
+    }
+}

@@ -1,0 +1,51 @@
+//! # graph-relay-store-postgres
+//!
+//! The queue's [`Store`](graph_relay_core::Store) on PostgreSQL, for the
+//! case where one server is not enough: several `graph-relay serve`
+//! processes behind a load balancer share one database, and so one queue.
+//!
+//! ```text
+//!  serve A ─┐                         ┌─ serve B
+//!   Queue ──┼── PostgresStore (pool) ─┼── Queue
+//!   Signals ◄── Wakeups: LISTEN ◄─────┼── NOTIFY graph_relay ◄── Signals
+//! ```
+//!
+//! * [`PostgresStore`] keeps commands, idempotency keys, shared sessions
+//!   and device liveness. It decides nothing: every transition is a
+//!   conditional `UPDATE … WHERE id = $1 AND revision = $2` (the core's
+//!   compare-and-swap); an insert under an idempotency key is one statement
+//!   that writes the key and the command together or neither; pruning claims
+//!   its batches with `FOR UPDATE SKIP LOCKED`, so two servers pruning at
+//!   once take different rows and never wait on each other.
+//! * The schema lives in one Postgres schema (default: the connection's
+//!   `search_path`, or [`PostgresOptions::schema`]). Migrations are numbered,
+//!   recorded in `schema_migrations`, and applied under an advisory lock, so
+//!   servers starting together migrate once; a database migrated by a newer
+//!   build is refused untouched.
+//! * [`Wakeups`] carries the core's [`Signals`](graph_relay_core::signals::Signals)
+//!   across processes: every local notification is published with
+//!   `NOTIFY graph_relay, '<topic>'` and every other process's notification
+//!   wakes the local waiters. Topics travel as `w/<owner>/<device>` and
+//!   `c/<command uuid>` (`/` cannot occur in an id).
+//!
+//! ## When a notification is missed
+//! `NOTIFY` is a hint, not a delivery guarantee: a listener that is
+//! reconnecting, or a publish that fails, loses it. Nothing depends on it
+//! alone. A held long-poll sync and a held control request re-read the store
+//! every 500 ms (`RelayApiConfig::recheck` in `graph-relay-transport-http`),
+//! and `wait_seconds` waits re-read it every second
+//! (`QueueConfig::wait_recheck` in the core). A missed notification costs at
+//! most that delay; a delivered one wakes the waiter within a round trip.
+
+mod schema;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod wakeups;
+
+pub use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
+pub use crate::store::{ConnectError, DropSchemaError, PostgresOptions, PostgresStore};
+pub use crate::wakeups::{
+    CHANNEL, TopicDecodeError, WakeupForwarder, WakeupHandle, WakeupListener, WakeupStats,
+    WakeupStatus, Wakeups, decode_topic, encode_topic,
+};

@@ -1,0 +1,157 @@
+//! The schema and its migrations, tracked in `schema_migrations`.
+//!
+//! Migrations run in one transaction under a transaction-scoped advisory
+//! lock, so two servers starting at the same moment apply each migration
+//! once: the second waits, then finds them recorded. A database whose
+//! `schema_migrations` names a version this build does not know was written
+//! by a newer build and is refused before anything is changed.
+
+use deadpool_postgres::Client;
+
+use crate::store::ConnectError;
+
+/// One numbered step of the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Its number, from 1, without gaps.
+    pub version: i32,
+    /// What it does, recorded next to the number.
+    pub name: &'static str,
+    /// The statements.
+    pub sql: &'static str,
+}
+
+/// Every migration, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "commands, idempotency keys, shared sessions, devices",
+    sql: r"
+    CREATE TABLE commands (
+        -- The insertion order: a sync hands out queued commands oldest
+        -- first, ties (the same millisecond) in the order they were queued.
+        seq             BIGINT  GENERATED ALWAYS AS IDENTITY,
+        id              UUID    NOT NULL PRIMARY KEY,
+        agent           TEXT    NOT NULL,
+        owner           TEXT    NOT NULL,
+        project         TEXT    NOT NULL,
+        device          TEXT    NOT NULL,
+        idempotency_key TEXT    NOT NULL,
+        status          TEXT    NOT NULL
+            CHECK (status IN ('queued', 'running', 'completed', 'failed', 'cancelled')),
+        created_at      BIGINT  NOT NULL,
+        finished_at     BIGINT,
+        revision        BIGINT  NOT NULL,
+        -- The whole record as JSON; the columns above copy its fields for
+        -- the indexes and are checked against it when read.
+        record          TEXT    NOT NULL
+    );
+    CREATE INDEX commands_queued ON commands (owner, project, device, created_at, seq)
+        WHERE status = 'queued';
+    CREATE INDEX commands_finished ON commands (finished_at)
+        WHERE finished_at IS NOT NULL;
+
+    CREATE TABLE idempotency_keys (
+        agent       TEXT    NOT NULL,
+        key         TEXT    NOT NULL,
+        command     UUID    NOT NULL,
+        fingerprint TEXT    NOT NULL,
+        expires_at  BIGINT  NOT NULL,
+        PRIMARY KEY (agent, key)
+    );
+    CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+
+    CREATE TABLE shared_sessions (
+        owner            TEXT   NOT NULL,
+        project          TEXT   NOT NULL,
+        graph_session_id TEXT   NOT NULL,
+        device           TEXT   NOT NULL,
+        synced_at        BIGINT NOT NULL,
+        meta             TEXT   NOT NULL,
+        PRIMARY KEY (owner, project, graph_session_id, device)
+    );
+    CREATE INDEX shared_sessions_device ON shared_sessions (owner, project, device);
+
+    CREATE TABLE devices (
+        owner        TEXT    NOT NULL,
+        device       TEXT    NOT NULL,
+        last_sync_at BIGINT,
+        last_seen_at BIGINT  NOT NULL,
+        long_poll    BOOLEAN NOT NULL,
+        PRIMARY KEY (owner, device)
+    );
+    ",
+}];
+
+/// The schema version this build writes: the last migration's number.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Key of the advisory lock held while migrating ("GRly" and 1).
+const MIGRATION_LOCK: i64 = 0x4752_6c79_0000_0001;
+
+/// Creates `schema` if given and missing, then applies the migrations that
+/// are not recorded yet. Returns the numbers applied now.
+pub(crate) async fn migrate(
+    client: &mut Client,
+    schema: Option<&str>,
+) -> Result<Vec<i32>, ConnectError> {
+    let tx = client.transaction().await.map_err(ConnectError::migrate)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(ConnectError::migrate)?;
+    if let Some(schema) = schema {
+        // The name was checked to be a plain identifier; quoting keeps it exact.
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\""))
+            .await
+            .map_err(ConnectError::migrate)?;
+    }
+    let current: Option<String> = tx
+        .query_one("SELECT current_schema()", &[])
+        .await
+        .map_err(ConnectError::migrate)?
+        .get(0);
+    if current.is_none() {
+        return Err(ConnectError::NoSchema);
+    }
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version    INTEGER     NOT NULL PRIMARY KEY,
+            name       TEXT        NOT NULL,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    )
+    .await
+    .map_err(ConnectError::migrate)?;
+    let applied: Vec<i32> = tx
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .map_err(ConnectError::migrate)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if let Some(&newest) = applied.last() {
+        if newest > SCHEMA_VERSION {
+            return Err(ConnectError::NewerSchema {
+                found: newest,
+                supported: SCHEMA_VERSION,
+            });
+        }
+    }
+    let mut now_applied = Vec::new();
+    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+        tx.batch_execute(m.sql)
+            .await
+            .map_err(ConnectError::migrate)?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[&m.version, &m.name],
+        )
+        .await
+        .map_err(ConnectError::migrate)?;
+        now_applied.push(m.version);
+    }
+    tx.commit().await.map_err(ConnectError::migrate)?;
+    Ok(now_applied)
+}

@@ -1,0 +1,866 @@
+//! [`PostgresStore`]: the queue's [`Store`] on PostgreSQL.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use graph_relay_core::command::CommandRecord;
+use graph_relay_core::ids::{
+    AgentId, CommandId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
+};
+use graph_relay_core::session::{SessionMeta, SharedSession};
+use graph_relay_core::signals::Signals;
+use graph_relay_core::store::{
+    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
+    Store, StoreError,
+};
+use graph_relay_core::time::Timestamp;
+use tokio_postgres::{NoTls, Row};
+
+use crate::schema;
+use crate::wakeups::Wakeups;
+
+/// How to connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    /// The Postgres schema holding the tables: created if missing and put
+    /// first on the `search_path` of every connection (the pool's and the
+    /// wake-up listener's). `None` uses the connection's own `search_path`.
+    /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
+    pub schema: Option<String>,
+    /// Most connections in the pool (16).
+    pub pool_size: usize,
+    /// Longest wait for a new connection (5 s).
+    pub connect_timeout: Duration,
+    /// `application_name` of the connections, shown in `pg_stat_activity`.
+    pub application_name: String,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            schema: None,
+            pool_size: 16,
+            connect_timeout: Duration::from_secs(5),
+            application_name: "graph-relay".into(),
+        }
+    }
+}
+
+/// Why [`PostgresStore::connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URL is not a Postgres connection string.
+    #[error("invalid Postgres URL: {0}")]
+    Url(String),
+    /// The schema name is not a plain lowercase identifier.
+    #[error(
+        "invalid schema name `{0}`: use 1 to 63 characters of lowercase letters, digits and `_`, not starting with a digit"
+    )]
+    InvalidSchema(String),
+    /// The pool could not be built or no connection could be made.
+    #[error("cannot connect to Postgres: {0}")]
+    Connect(String),
+    /// A migration failed; nothing of it was kept.
+    #[error("migrating the schema failed: {0}")]
+    Migrate(String),
+    /// The connection's `search_path` names no existing schema.
+    #[error("the connection's search_path names no existing schema; pass a schema")]
+    NoSchema,
+    /// The database was migrated by a newer build.
+    #[error(
+        "the database has schema version {found}; this build supports up to {supported} (refusing to touch it)"
+    )]
+    NewerSchema {
+        /// The newest recorded migration.
+        found: i32,
+        /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
+        supported: i32,
+    },
+}
+
+impl ConnectError {
+    pub(crate) fn migrate(e: tokio_postgres::Error) -> Self {
+        Self::Migrate(describe(&e))
+    }
+}
+
+/// Why [`PostgresStore::drop_schema`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DropSchemaError {
+    /// The URL is not a Postgres connection string.
+    #[error("invalid Postgres URL: {0}")]
+    Url(String),
+    /// The schema name is not a plain lowercase identifier.
+    #[error("invalid schema name `{0}`")]
+    InvalidSchema(String),
+    /// The server refused or could not be reached.
+    #[error("dropping the schema failed: {0}")]
+    Postgres(String),
+}
+
+/// A durable [`Store`] in one Postgres schema, over a connection pool. See
+/// the crate docs for the design. Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    schema: Option<String>,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the config: it may hold a password.
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.schema)
+            .field("pool", &self.pool.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user@host:port/db?…` or the key=value
+    /// form) without TLS, creates the schema if asked, and migrates it.
+    /// Must be called inside a Tokio runtime, which then drives the pool's
+    /// connections.
+    pub async fn connect(url: &str, options: &PostgresOptions) -> Result<Self, ConnectError> {
+        let config =
+            tokio_postgres::Config::from_str(url).map_err(|e| ConnectError::Url(describe(&e)))?;
+        Self::connect_config(config, options).await
+    }
+
+    /// As [`connect`](Self::connect), from a parsed configuration.
+    pub async fn connect_config(
+        mut config: tokio_postgres::Config,
+        options: &PostgresOptions,
+    ) -> Result<Self, ConnectError> {
+        if let Some(schema) = &options.schema {
+            if !is_identifier(schema) {
+                return Err(ConnectError::InvalidSchema(schema.clone()));
+            }
+            let search_path = format!("-c search_path={schema}");
+            let merged = match config.get_options() {
+                Some(existing) if !existing.trim().is_empty() => {
+                    format!("{existing} {search_path}")
+                }
+                _ => search_path,
+            };
+            config.options(&merged);
+        }
+        config.application_name(&options.application_name);
+        config.connect_timeout(options.connect_timeout);
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| ConnectError::Connect(e.to_string()))?;
+        Self::from_pool(pool, config, options.schema.clone()).await
+    }
+
+    /// Wraps a pool built elsewhere (e.g. with TLS): migrates `schema` (or
+    /// the connections' `search_path` when `None`). `config` is what the
+    /// wake-up listener connects with; it must reach the same database.
+    pub async fn from_pool(
+        pool: Pool,
+        config: tokio_postgres::Config,
+        schema: Option<String>,
+    ) -> Result<Self, ConnectError> {
+        if let Some(s) = &schema {
+            if !is_identifier(s) {
+                return Err(ConnectError::InvalidSchema(s.clone()));
+            }
+        }
+        let mut client = pool
+            .get()
+            .await
+            .map_err(|e| ConnectError::Connect(pool_error(&e)))?;
+        let applied = schema::migrate(&mut client, schema.as_deref()).await?;
+        if !applied.is_empty() {
+            tracing::info!(?applied, schema = ?schema, "postgres store: migrations applied");
+        }
+        Ok(Self {
+            pool,
+            config,
+            schema,
+        })
+    }
+
+    /// The schema given at connection, if any.
+    pub fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
+    /// The pool (for metrics, or for running admin queries in the same schema).
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Cross-instance wake-ups for `signals` on this store's database,
+    /// without TLS. See [`Wakeups`].
+    pub fn wakeups(&self, signals: Arc<Signals>) -> Wakeups<NoTls> {
+        Wakeups::new(self.config.clone(), NoTls, signals)
+    }
+
+    /// Number of commands stored, in every state.
+    pub async fn command_count(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_one("SELECT count(*) FROM commands", &[])
+            .await
+            .map_err(backend)?;
+        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+    }
+
+    /// Drops `schema` with everything in it (`DROP SCHEMA … CASCADE`), e.g.
+    /// a test's throw-away schema. Missing is fine.
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<(), DropSchemaError> {
+        if !is_identifier(schema) {
+            return Err(DropSchemaError::InvalidSchema(schema.to_owned()));
+        }
+        let config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| DropSchemaError::Url(describe(&e)))?;
+        let (client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(|e| DropSchemaError::Postgres(describe(&e)))?;
+        let driver = tokio::spawn(connection);
+        let outcome = client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await
+            .map_err(|e| DropSchemaError::Postgres(describe(&e)));
+        drop(client);
+        let _ = driver.await;
+        outcome
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| StoreError::Backend(pool_error(&e)))
+    }
+
+    /// One command by id and a second key column (`agent` or `device`).
+    async fn command_by(
+        &self,
+        sql: &str,
+        id: &CommandId,
+        other: &str,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(backend)?;
+        let row = client
+            .query_opt(&stmt, &[id.as_uuid(), &other])
+            .await
+            .map_err(backend)?;
+        row.map(|r| decode_command(&r)).transpose()
+    }
+
+    /// The live key for (agent, key) at `now`, if any.
+    async fn live_key(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: i64,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT command, fingerprint, expires_at FROM idempotency_keys
+                 WHERE agent = $1 AND key = $2 AND expires_at > $3",
+            )
+            .await
+            .map_err(backend)?;
+        let Some(row) = client
+            .query_opt(&stmt, &[&agent.as_str(), &key.as_str(), &now])
+            .await
+            .map_err(backend)?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(IdempotencyRecord {
+            agent: agent.clone(),
+            key: key.clone(),
+            command: CommandId::from_uuid(row.try_get(0).map_err(corrupt)?),
+            fingerprint: row.try_get(1).map_err(corrupt)?,
+            expires_at: timestamp(row.try_get(2).map_err(corrupt)?)?,
+        }))
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn idempotency(
+        &self,
+        agent: &AgentId,
+        key: &IdempotencyKey,
+        now: Timestamp,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        self.live_key(agent, key, millis(now)?).await
+    }
+
+    async fn insert_command(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        now: Timestamp,
+    ) -> Result<InsertOutcome, StoreError> {
+        let row = CommandRow::encode(command)?;
+        let now = millis(now)?;
+        let expires_at = millis(key.expires_at)?;
+        // One statement, so one atomic write: the key is inserted (or an
+        // expired one replaced) and only then the command. A live key makes
+        // the upsert return nothing and so inserts no command. Concurrent
+        // inserts of one key serialise on its index entry: the later one
+        // waits for the earlier to commit and then sees a live key.
+        const INSERT: &str = "WITH k AS (
+                INSERT INTO idempotency_keys AS k (agent, key, command, fingerprint, expires_at)
+                VALUES ($1, $2, $3, $4, $5)
+                ON CONFLICT (agent, key) DO UPDATE SET
+                    command = EXCLUDED.command,
+                    fingerprint = EXCLUDED.fingerprint,
+                    expires_at = EXCLUDED.expires_at
+                WHERE k.expires_at <= $6
+                RETURNING 1
+            ), c AS (
+                INSERT INTO commands (id, agent, owner, project, device, idempotency_key,
+                                      status, created_at, finished_at, revision, record)
+                SELECT $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17 FROM k
+                RETURNING 1
+            )
+            SELECT count(*) FROM c";
+        // A live key that blocked the insert may expire or be pruned before
+        // it is read back; then the insert is simply tried again.
+        for _ in 0..3 {
+            let inserted = {
+                let client = self.client().await?;
+                let stmt = client.prepare_cached(INSERT).await.map_err(backend)?;
+                let count: i64 = client
+                    .query_one(
+                        &stmt,
+                        &[
+                            &key.agent.as_str(),
+                            &key.key.as_str(),
+                            key.command.as_uuid(),
+                            &key.fingerprint,
+                            &expires_at,
+                            &now,
+                            command.id.as_uuid(),
+                            &row.agent,
+                            &row.owner,
+                            &row.project,
+                            &row.device,
+                            &row.idempotency_key,
+                            &row.status,
+                            &row.created_at,
+                            &row.finished_at,
+                            &row.revision,
+                            &row.record,
+                        ],
+                    )
+                    .await
+                    .map_err(backend)?
+                    .get(0);
+                count == 1
+            };
+            if inserted {
+                return Ok(InsertOutcome::Inserted);
+            }
+            if let Some(existing) = self.live_key(&key.agent, &key.key, now).await? {
+                return Ok(InsertOutcome::KeyTaken(existing));
+            }
+        }
+        Err(StoreError::Backend(
+            "an idempotency key kept changing while inserting a command".into(),
+        ))
+    }
+
+    async fn command_for_agent(
+        &self,
+        agent: &AgentId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        self.command_by(
+            "SELECT id, agent, device, status, revision, record FROM commands
+             WHERE id = $1 AND agent = $2",
+            id,
+            agent.as_str(),
+        )
+        .await
+    }
+
+    async fn command_for_device(
+        &self,
+        device: &DeviceId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        self.command_by(
+            "SELECT id, agent, device, status, revision, record FROM commands
+             WHERE id = $1 AND device = $2",
+            id,
+            device.as_str(),
+        )
+        .await
+    }
+
+    async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
+        let Some(previous) = next.revision.checked_sub(1) else {
+            return Ok(false);
+        };
+        let previous = revision(previous)?;
+        let row = CommandRow::encode(next)?;
+        let client = self.client().await?;
+        // The compare-and-swap: one conditional UPDATE on the revision.
+        let stmt = client
+            .prepare_cached(
+                "UPDATE commands SET
+                    agent = $2, owner = $3, project = $4, device = $5, idempotency_key = $6,
+                    status = $7, created_at = $8, finished_at = $9, revision = $10, record = $11
+                 WHERE id = $1 AND revision = $12",
+            )
+            .await
+            .map_err(backend)?;
+        let changed = client
+            .execute(
+                &stmt,
+                &[
+                    next.id.as_uuid(),
+                    &row.agent,
+                    &row.owner,
+                    &row.project,
+                    &row.device,
+                    &row.idempotency_key,
+                    &row.status,
+                    &row.created_at,
+                    &row.finished_at,
+                    &row.revision,
+                    &row.record,
+                    &previous,
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(changed == 1)
+    }
+
+    async fn queued_commands(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let client = self.client().await?;
+        // A read, not a claim: the claim is `start`, a compare-and-swap. No
+        // row locks here, so a held sync re-checking on one server never
+        // hides a command from a sync arriving at another.
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, agent, device, status, revision, record FROM commands
+                 WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
+                 ORDER BY created_at, seq LIMIT $4",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &owner.as_str(),
+                    &project.as_str(),
+                    &device.as_str(),
+                    &sql_limit(limit),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        rows.iter().map(decode_command).collect()
+    }
+
+    async fn replace_shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = millis(now)?;
+        let ids: Vec<&str> = sessions
+            .iter()
+            .map(|s| s.graph_session_id.as_str())
+            .collect();
+        let metas = sessions
+            .iter()
+            .map(serde_json::to_string)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| StoreError::Backend(format!("encoding session metadata: {e}")))?;
+        let lock_key = format!("{owner}/{project}/{device}");
+        let mut client = self.client().await?;
+        let delete = client
+            .prepare_cached(
+                "DELETE FROM shared_sessions WHERE owner = $1 AND project = $2 AND device = $3",
+            )
+            .await
+            .map_err(backend)?;
+        let insert = client
+            .prepare_cached(
+                "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
+                 SELECT $1, $2, s.id, $3, $4, s.meta FROM unnest($5::text[], $6::text[]) AS s(id, meta)",
+            )
+            .await
+            .map_err(backend)?;
+        let lock = client
+            .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .await
+            .map_err(backend)?;
+        let tx = client.transaction().await.map_err(backend)?;
+        // Two syncs of one device and project at once take turns, so the
+        // second's delete sees the first's rows (no duplicate-key failure).
+        tx.execute(&lock, &[&lock_key]).await.map_err(backend)?;
+        let (o, p, d) = (owner.as_str(), project.as_str(), device.as_str());
+        tx.execute(&delete, &[&o, &p, &d]).await.map_err(backend)?;
+        if !sessions.is_empty() {
+            tx.execute(&insert, &[&o, &p, &d, &now, &ids, &metas])
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn shared_sessions(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        limit: usize,
+    ) -> Result<Vec<SharedSession>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT project, device, synced_at, meta FROM shared_sessions
+                 WHERE owner = $1 AND project = $2
+                 ORDER BY graph_session_id, device LIMIT $3",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &stmt,
+                &[&owner.as_str(), &project.as_str(), &sql_limit(limit)],
+            )
+            .await
+            .map_err(backend)?;
+        rows.iter().map(decode_session).collect()
+    }
+
+    async fn find_shared_session(
+        &self,
+        owner: &OwnerId,
+        projects: &[ProjectId],
+        id: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError> {
+        if projects.is_empty() {
+            return Ok(None);
+        }
+        let projects: Vec<&str> = projects.iter().map(ProjectId::as_str).collect();
+        let client = self.client().await?;
+        // The first project in the given order that has it; then the smallest device.
+        let stmt = client
+            .prepare_cached(
+                "SELECT s.project, s.device, s.synced_at, s.meta
+                 FROM unnest($2::text[]) WITH ORDINALITY AS p(project, ord)
+                 JOIN shared_sessions AS s
+                   ON s.owner = $1 AND s.project = p.project AND s.graph_session_id = $3
+                 ORDER BY p.ord, s.device LIMIT 1",
+            )
+            .await
+            .map_err(backend)?;
+        let row = client
+            .query_opt(&stmt, &[&owner.as_str(), &projects, &id.as_str()])
+            .await
+            .map_err(backend)?;
+        row.as_ref().map(decode_session).transpose()
+    }
+
+    async fn touch_device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        contact: DeviceContact,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = millis(now)?;
+        let (synced_at, long_poll) = match contact {
+            DeviceContact::Sync { long_poll } => (Some(now), long_poll),
+            DeviceContact::Other => (None, false),
+        };
+        let client = self.client().await?;
+        // GREATEST ignores NULL: times only move forward, even when two
+        // servers record contacts out of order.
+        let stmt = client
+            .prepare_cached(
+                "INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (owner, device) DO UPDATE SET
+                    last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
+                    last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
+                    long_poll = CASE WHEN EXCLUDED.last_sync_at IS NULL THEN d.long_poll
+                                     ELSE EXCLUDED.long_poll END",
+            )
+            .await
+            .map_err(backend)?;
+        client
+            .execute(
+                &stmt,
+                &[
+                    &owner.as_str(),
+                    &device.as_str(),
+                    &synced_at,
+                    &now,
+                    &long_poll,
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn device(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT last_sync_at, last_seen_at, long_poll FROM devices
+                 WHERE owner = $1 AND device = $2",
+            )
+            .await
+            .map_err(backend)?;
+        let Some(row) = client
+            .query_opt(&stmt, &[&owner.as_str(), &device.as_str()])
+            .await
+            .map_err(backend)?
+        else {
+            return Ok(None);
+        };
+        let last_sync_at: Option<i64> = row.try_get(0).map_err(corrupt)?;
+        Ok(Some(DeviceRecord {
+            device: device.clone(),
+            owner: owner.clone(),
+            last_sync_at: last_sync_at.map(timestamp).transpose()?,
+            last_seen_at: timestamp(row.try_get(1).map_err(corrupt)?)?,
+            long_poll: row.try_get(2).map_err(corrupt)?,
+        }))
+    }
+
+    async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
+        let now = millis(request.now)?;
+        let batch = sql_limit(request.batch);
+        let client = self.client().await?;
+        // Each batch is claimed with FOR UPDATE SKIP LOCKED: servers pruning
+        // at once delete different rows and never wait for each other.
+        let keys_stmt = client
+            .prepare_cached(
+                "WITH doomed AS (
+                    SELECT agent, key FROM idempotency_keys
+                    WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2
+                    FOR UPDATE SKIP LOCKED)
+                 DELETE FROM idempotency_keys AS k USING doomed AS d
+                 WHERE k.agent = d.agent AND k.key = d.key",
+            )
+            .await
+            .map_err(backend)?;
+        let keys = client
+            .execute(&keys_stmt, &[&now, &batch])
+            .await
+            .map_err(backend)?;
+        let commands = match request.terminal_before {
+            None => 0,
+            Some(cutoff) => {
+                let cutoff = millis(cutoff)?;
+                // A live key pointing at a command keeps it: a replay must
+                // still find it. (No new key can come to point at an old
+                // command: keys are only written together with a new one.)
+                let stmt = client
+                    .prepare_cached(
+                        "WITH doomed AS (
+                            SELECT c.id FROM commands AS c
+                            WHERE c.finished_at IS NOT NULL AND c.finished_at <= $1
+                              AND c.status IN ('completed', 'failed', 'cancelled')
+                              AND NOT EXISTS (
+                                SELECT 1 FROM idempotency_keys AS k
+                                WHERE k.agent = c.agent AND k.key = c.idempotency_key
+                                  AND k.command = c.id AND k.expires_at > $2)
+                            ORDER BY c.finished_at LIMIT $3
+                            FOR UPDATE SKIP LOCKED)
+                         DELETE FROM commands WHERE id IN (SELECT id FROM doomed)",
+                    )
+                    .await
+                    .map_err(backend)?;
+                client
+                    .execute(&stmt, &[&cutoff, &now, &batch])
+                    .await
+                    .map_err(backend)?
+            }
+        };
+        Ok(PruneReport {
+            keys: usize::try_from(keys).unwrap_or(usize::MAX),
+            commands: usize::try_from(commands).unwrap_or(usize::MAX),
+        })
+    }
+}
+
+/// The column values of one command.
+struct CommandRow {
+    agent: String,
+    owner: String,
+    project: String,
+    device: String,
+    idempotency_key: String,
+    status: &'static str,
+    created_at: i64,
+    finished_at: Option<i64>,
+    revision: i64,
+    record: String,
+}
+
+impl CommandRow {
+    fn encode(c: &CommandRecord) -> Result<Self, StoreError> {
+        Ok(Self {
+            agent: c.agent.as_str().to_owned(),
+            owner: c.owner.as_str().to_owned(),
+            project: c.project.as_str().to_owned(),
+            device: c.device.as_str().to_owned(),
+            idempotency_key: c.idempotency_key.as_str().to_owned(),
+            status: c.status.as_str(),
+            created_at: millis(c.created_at)?,
+            finished_at: c.finished_at.map(millis).transpose()?,
+            revision: revision(c.revision)?,
+            record: serde_json::to_string(c)
+                .map_err(|e| StoreError::Backend(format!("encoding command {}: {e}", c.id)))?,
+        })
+    }
+}
+
+/// A row of `id, agent, device, status, revision, record`: the JSON record, checked against the columns.
+fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
+    let id: uuid::Uuid = row.try_get(0).map_err(corrupt)?;
+    let agent: &str = row.try_get(1).map_err(corrupt)?;
+    let device: &str = row.try_get(2).map_err(corrupt)?;
+    let status: &str = row.try_get(3).map_err(corrupt)?;
+    let rev: i64 = row.try_get(4).map_err(corrupt)?;
+    let json: &str = row.try_get(5).map_err(corrupt)?;
+    let record: CommandRecord = serde_json::from_str(json)
+        .map_err(|e| StoreError::Corrupt(format!("command {id}: record: {e}")))?;
+    let consistent = record.id.as_uuid() == &id
+        && record.agent.as_str() == agent
+        && record.device.as_str() == device
+        && record.status.as_str() == status
+        && i64::try_from(record.revision).ok() == Some(rev);
+    if !consistent {
+        return Err(StoreError::Corrupt(format!(
+            "command {id}: the columns disagree with the stored record"
+        )));
+    }
+    Ok(record)
+}
+
+fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {
+    let project: &str = row.try_get(0).map_err(corrupt)?;
+    let device: &str = row.try_get(1).map_err(corrupt)?;
+    let meta: &str = row.try_get(3).map_err(corrupt)?;
+    Ok(SharedSession {
+        project: ProjectId::parse(project)
+            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.project: {e}")))?,
+        device: DeviceId::parse(device)
+            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.device: {e}")))?,
+        meta: serde_json::from_str(meta)
+            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.meta: {e}")))?,
+        synced_at: timestamp(row.try_get(2).map_err(corrupt)?)?,
+    })
+}
+
+/// `[a-z_][a-z0-9_]*`, 1 to 63 bytes: safe to splice into SQL in quotes.
+pub(crate) fn is_identifier(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+}
+
+/// The server's message for a database error, the error itself otherwise.
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => describe(e),
+        other => other.to_string(),
+    }
+}
+
+fn backend(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend(describe(&e))
+}
+
+fn corrupt(e: tokio_postgres::Error) -> StoreError {
+    StoreError::Corrupt(describe(&e))
+}
+
+fn millis(t: Timestamp) -> Result<i64, StoreError> {
+    i64::try_from(t.as_millis())
+        .map_err(|_| StoreError::Backend(format!("timestamp {} ms is out of range", t.as_millis())))
+}
+
+fn timestamp(ms: i64) -> Result<Timestamp, StoreError> {
+    u64::try_from(ms)
+        .map(Timestamp)
+        .map_err(|_| StoreError::Corrupt(format!("negative timestamp {ms}")))
+}
+
+fn revision(r: u64) -> Result<i64, StoreError> {
+    i64::try_from(r).map_err(|_| StoreError::Backend(format!("revision {r} is too large")))
+}
+
+fn sql_limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_identifier;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for ok in ["graph_relay", "_x", "graph_relay_test_0123abcd"] {
+            assert!(is_identifier(ok), "{ok}");
+        }
+        for bad in ["", "1abc", "Graph", "a-b", "a\"b", "a b", &"x".repeat(64)] {
+            assert!(!is_identifier(bad), "{bad}");
+        }
+    }
+}

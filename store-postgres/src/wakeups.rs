@@ -1,0 +1,463 @@
+//! Cross-instance wake-ups over `LISTEN`/`NOTIFY`.
+//!
+//! Each server has its own [`Signals`]: a held request subscribes to a
+//! [`Topic`] there, and the queue notifies the topic after a write. With
+//! several servers on one database the write may happen on another server.
+//! [`Wakeups`] closes that gap with one dedicated connection per server:
+//!
+//! * [`WakeupForwarder`], installed with [`Signals::set_forwarder`], hands
+//!   every local notification to the listener task without blocking (a
+//!   bounded queue; when it is full the hint is dropped and counted);
+//! * [`WakeupListener::run`] `LISTEN`s on [`CHANNEL`], publishes the queued
+//!   topics with `pg_notify` (several per statement), and calls
+//!   [`Signals::notify_local`] for each notification another server sent.
+//!   Its own notifications come back with its own backend process id and
+//!   are ignored. If the connection drops it reconnects, with a backoff
+//!   from 100 ms up to 5 s.
+//!
+//! Notifications sent while a listener is reconnecting are lost to it; the
+//! held requests' periodic store re-checks (500 ms for syncs and control,
+//! 1 s for `wait_seconds`) are the fallback. See the crate docs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use graph_relay_core::ids::{CommandId, DeviceId, OwnerId};
+use graph_relay_core::signals::{Forwarder, Signals};
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{AsyncMessage, Notification, Socket};
+
+pub use graph_relay_core::signals::Topic;
+
+use crate::store::describe;
+
+/// The notification channel: `LISTEN graph_relay`.
+pub const CHANNEL: &str = "graph_relay";
+
+/// Topics waiting to be published; beyond this, hints are dropped.
+const QUEUE: usize = 4096;
+/// Most topics published in one statement.
+const BATCH: usize = 256;
+/// Backoff between reconnection attempts.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// The payload of `topic`: `w/<owner>/<device>` or `c/<command uuid>`.
+pub fn encode_topic(topic: &Topic) -> String {
+    match topic {
+        Topic::DeviceWork(owner, device) => format!("w/{owner}/{device}"),
+        Topic::Command(id) => format!("c/{id}"),
+    }
+}
+
+/// A payload that is not a topic written by [`encode_topic`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a graph-relay topic: {reason}")]
+pub struct TopicDecodeError {
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Parses a payload written by [`encode_topic`]; ids are validated.
+pub fn decode_topic(payload: &str) -> Result<Topic, TopicDecodeError> {
+    let bad = |reason: String| TopicDecodeError { reason };
+    let mut parts = payload.split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("w"), Some(owner), Some(device), None) => Ok(Topic::DeviceWork(
+            OwnerId::parse(owner).map_err(|e| bad(e.to_string()))?,
+            DeviceId::parse(device).map_err(|e| bad(e.to_string()))?,
+        )),
+        (Some("c"), Some(id), None, None) => Ok(Topic::Command(
+            CommandId::parse(id).map_err(|e| bad(e.to_string()))?,
+        )),
+        _ => Err(bad(format!(
+            "expected `w/<owner>/<device>` or `c/<command id>`, got {} bytes",
+            payload.len()
+        ))),
+    }
+}
+
+/// Counters of one [`Wakeups`], for tests and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WakeupStats {
+    /// Topics published with `pg_notify`.
+    pub published: u64,
+    /// Notifications from other servers, applied to the local waiters.
+    pub received: u64,
+    /// This server's own notifications, come back and ignored.
+    pub own: u64,
+    /// Hints dropped: the publish queue was full, or a publish failed.
+    pub dropped: u64,
+    /// Notifications on the channel that were not topics.
+    pub malformed: u64,
+    /// Connections made (the first one and every reconnection).
+    pub connects: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    received: AtomicU64,
+    own: AtomicU64,
+    dropped: AtomicU64,
+    malformed: AtomicU64,
+    connects: AtomicU64,
+}
+
+/// State shared by the forwarder, the listener and the status handles.
+#[derive(Debug)]
+struct Shared {
+    counters: Counters,
+    /// Backend process id of the listening connection; 0 while not listening.
+    pid: AtomicI32,
+    listening: watch::Sender<bool>,
+}
+
+impl Shared {
+    fn count(&self, field: impl Fn(&Counters) -> &AtomicU64, n: u64) {
+        field(&self.counters).fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn set_listening(&self, pid: Option<i32>) {
+        self.pid.store(pid.unwrap_or(0), Ordering::Release);
+        self.listening.send_replace(pid.is_some());
+    }
+}
+
+/// The wake-up bridge of one server: a forwarder for its [`Signals`] and
+/// the listener task that owns the dedicated connection.
+///
+/// Either [`install`](Self::install) it (inside a Tokio runtime), or take it
+/// apart with [`into_parts`](Self::into_parts) and run the listener yourself.
+pub struct Wakeups<T> {
+    forwarder: Arc<WakeupForwarder>,
+    listener: WakeupListener<T>,
+}
+
+impl<T> std::fmt::Debug for Wakeups<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wakeups").finish_non_exhaustive()
+    }
+}
+
+impl<T> Wakeups<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    /// A bridge for `signals` over connections made from `config` with `tls`.
+    /// Nothing connects until the listener runs.
+    pub fn new(config: tokio_postgres::Config, tls: T, signals: Arc<Signals>) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let shared = Arc::new(Shared {
+            counters: Counters::default(),
+            pid: AtomicI32::new(0),
+            listening: watch::Sender::new(false),
+        });
+        Self {
+            forwarder: Arc::new(WakeupForwarder {
+                tx,
+                shared: shared.clone(),
+            }),
+            listener: WakeupListener {
+                config,
+                tls,
+                signals,
+                rx,
+                shared,
+            },
+        }
+    }
+
+    /// A status handle.
+    pub fn status(&self) -> WakeupStatus {
+        WakeupStatus(self.listener.shared.clone())
+    }
+
+    /// The forwarder, the listener and a status handle.
+    pub fn into_parts(self) -> (Arc<WakeupForwarder>, WakeupListener<T>, WakeupStatus) {
+        let status = self.status();
+        (self.forwarder, self.listener, status)
+    }
+
+    /// Installs the forwarder on the signals and spawns the listener on the
+    /// current Tokio runtime (panics outside one, like `tokio::spawn`).
+    pub fn install(self) -> WakeupHandle {
+        let (forwarder, listener, status) = self.into_parts();
+        listener.signals.set_forwarder(forwarder);
+        WakeupHandle {
+            task: tokio::spawn(listener.run()),
+            status,
+        }
+    }
+}
+
+/// Publishes local notifications to the other servers (through the listener
+/// task's connection). Never blocks.
+#[derive(Debug)]
+pub struct WakeupForwarder {
+    tx: mpsc::Sender<String>,
+    shared: Arc<Shared>,
+}
+
+impl Forwarder for WakeupForwarder {
+    fn forward(&self, topic: &Topic) {
+        if self.tx.try_send(encode_topic(topic)).is_err() {
+            // Full (the database is slow or gone) or stopped: a hint lost,
+            // which the waiters' periodic re-checks make up for.
+            self.shared.count(|c| &c.dropped, 1);
+        }
+    }
+}
+
+/// The task that owns the dedicated connection: listens, publishes,
+/// reconnects. Run it with [`run`](Self::run).
+pub struct WakeupListener<T> {
+    config: tokio_postgres::Config,
+    tls: T,
+    signals: Arc<Signals>,
+    rx: mpsc::Receiver<String>,
+    shared: Arc<Shared>,
+}
+
+impl<T> std::fmt::Debug for WakeupListener<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WakeupListener").finish_non_exhaustive()
+    }
+}
+
+impl<T> WakeupListener<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    /// Listens until the task is dropped or aborted, reconnecting as needed.
+    pub async fn run(mut self) {
+        let mut backoff = BACKOFF_MIN;
+        let mut failing = false;
+        loop {
+            let outcome = self.session(&mut backoff, &mut failing).await;
+            self.shared.set_listening(None);
+            match outcome {
+                Ok(()) => tracing::warn!("postgres wake-ups: connection closed; reconnecting"),
+                Err(e) if !failing => {
+                    tracing::warn!(error = %e, "postgres wake-ups: connection lost; reconnecting");
+                    failing = true;
+                }
+                Err(e) => tracing::debug!(error = %e, "postgres wake-ups: reconnect failed"),
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    /// One connection's life: returns when it ends.
+    async fn session(&mut self, backoff: &mut Duration, failing: &mut bool) -> Result<(), String> {
+        let (client, mut connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| describe(&e))?;
+        let (notes, mut incoming) = mpsc::unbounded_channel::<Notification>();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if notes.send(n).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(describe(&e)),
+                }
+            }
+            Ok(())
+        });
+        let _abort = AbortOnDrop(driver.abort_handle());
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(|e| describe(&e))?;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|e| describe(&e))?
+            .get(0);
+        self.shared.count(|c| &c.connects, 1);
+        self.shared.set_listening(Some(pid));
+        if *failing {
+            tracing::info!("postgres wake-ups: listening again");
+            *failing = false;
+        }
+        *backoff = BACKOFF_MIN;
+        let publish = client
+            .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
+            .await
+            .map_err(|e| describe(&e))?;
+        let mut forwarders_gone = false;
+        loop {
+            tokio::select! {
+                note = incoming.recv() => match note {
+                    Some(n) => self.apply(&n, pid),
+                    None => return match driver.is_finished() {
+                        true => Err("the connection ended".into()),
+                        false => Ok(()),
+                    },
+                },
+                first = self.rx.recv(), if !forwarders_gone => match first {
+                    Some(first) => {
+                        let mut batch = vec![first];
+                        while batch.len() < BATCH {
+                            match self.rx.try_recv() {
+                                Ok(p) => batch.push(p),
+                                Err(_) => break,
+                            }
+                        }
+                        batch.sort_unstable();
+                        batch.dedup();
+                        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+                        if let Err(e) = client.execute(&publish, &[&CHANNEL, &batch]).await {
+                            self.shared.count(|c| &c.dropped, n);
+                            return Err(describe(&e));
+                        }
+                        self.shared.count(|c| &c.published, n);
+                    }
+                    None => forwarders_gone = true,
+                },
+            }
+        }
+    }
+
+    fn apply(&self, n: &Notification, own_pid: i32) {
+        if n.channel() != CHANNEL {
+            return;
+        }
+        if n.process_id() == own_pid {
+            self.shared.count(|c| &c.own, 1);
+            return;
+        }
+        match decode_topic(n.payload()) {
+            Ok(topic) => {
+                self.shared.count(|c| &c.received, 1);
+                self.signals.notify_local(&topic);
+            }
+            Err(e) => {
+                self.shared.count(|c| &c.malformed, 1);
+                tracing::debug!(error = %e, "postgres wake-ups: ignored a notification");
+            }
+        }
+    }
+}
+
+/// Aborts the connection driver when a session ends.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Observes a [`Wakeups`]: whether it listens, and its counters.
+#[derive(Debug, Clone)]
+pub struct WakeupStatus(Arc<Shared>);
+
+impl WakeupStatus {
+    /// Whether the listener is connected and listening now.
+    pub fn listening(&self) -> bool {
+        *self.0.listening.borrow()
+    }
+
+    /// Backend process id of the listening connection, while listening.
+    pub fn backend_pid(&self) -> Option<i32> {
+        match self.0.pid.load(Ordering::Acquire) {
+            0 => None,
+            pid => Some(pid),
+        }
+    }
+
+    /// Waits until the listener listens, at most `timeout`; returns whether it does.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        let mut rx = self.0.listening.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|l| *l))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> WakeupStats {
+        let c = &self.0.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WakeupStats {
+            published: get(&c.published),
+            received: get(&c.received),
+            own: get(&c.own),
+            dropped: get(&c.dropped),
+            malformed: get(&c.malformed),
+            connects: get(&c.connects),
+        }
+    }
+}
+
+/// A running listener, from [`Wakeups::install`]. Dropping the handle
+/// leaves it running; [`stop`](Self::stop) ends it.
+#[derive(Debug)]
+pub struct WakeupHandle {
+    task: tokio::task::JoinHandle<()>,
+    status: WakeupStatus,
+}
+
+impl WakeupHandle {
+    /// Its status.
+    pub fn status(&self) -> &WakeupStatus {
+        &self.status
+    }
+
+    /// Stops listening (the forwarder then drops every hint).
+    pub fn stop(self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topics_round_trip_through_payloads() {
+        let owner = OwnerId::parse("alice@example.com").expect("owner");
+        let device = DeviceId::parse("desk:1.local").expect("device");
+        let id = CommandId::from_uuid(uuid::Uuid::from_u128(0xabc));
+        for topic in [Topic::DeviceWork(owner, device), Topic::Command(id)] {
+            let payload = encode_topic(&topic);
+            assert_eq!(decode_topic(&payload), Ok(topic));
+        }
+        assert_eq!(
+            encode_topic(&Topic::Command(id)),
+            "c/00000000-0000-0000-0000-000000000abc"
+        );
+    }
+
+    #[test]
+    fn foreign_payloads_are_refused() {
+        for bad in [
+            "",
+            "w/alice",
+            "w/alice/desk/extra",
+            "c/not-a-uuid",
+            "x/alice/desk",
+            "w//desk",
+            "c/00000000-0000-0000-0000-000000000abc/1",
+        ] {
+            assert!(decode_topic(bad).is_err(), "{bad:?}");
+        }
+    }
+}
