@@ -363,6 +363,24 @@ struct Current {
     report: Option<OutboxItem>,
 }
 
+impl Current {
+    /// A command about to be claimed under `execution`.
+    fn new(command: RelayCommand, execution: ExecutionId) -> Self {
+        let job = Job {
+            channel: command.id.channel(),
+            command,
+            execution,
+        };
+        Self {
+            job,
+            cancel_sent: false,
+            control_in_flight: false,
+            next_control_at: None,
+            report: None,
+        }
+    }
+}
+
 /// The relay state machine. See the module docs for the call order.
 #[derive(Debug)]
 pub struct Relay {
@@ -872,18 +890,7 @@ impl Relay {
             // 2. A claim whose answer was lost, first and under the same execution id.
             if let Some((command, execution)) = self.unconfirmed.take() {
                 let id = command.id;
-                let job = Job {
-                    channel: id.channel(),
-                    command,
-                    execution: execution.clone(),
-                };
-                let mut current = Current {
-                    job,
-                    cancel_sent: false,
-                    control_in_flight: false,
-                    next_control_at: None,
-                    report: None,
-                };
+                let mut current = Current::new(command, execution.clone());
                 if self.shared.still_shared(
                     &current.job.command.project,
                     &current.job.command.graph_session_id,
@@ -943,18 +950,7 @@ impl Relay {
                     return;
                 }
                 let execution = self.new_execution_id(&id);
-                let job = Job {
-                    channel: id.channel(),
-                    command,
-                    execution: execution.clone(),
-                };
-                self.current = Some(Current {
-                    job,
-                    cancel_sent: false,
-                    control_in_flight: false,
-                    next_control_at: None,
-                    report: None,
-                });
+                self.current = Some(Current::new(command, execution.clone()));
                 self.awaiting = Awaiting::Claim(id);
                 self.actions.push_back(Action::Claim {
                     command: id,

@@ -276,14 +276,19 @@ impl McpServer {
     /// (the tasks extension). A streaming transport sends
     /// [`TaskListen::acknowledged`] first, then a [`McpServer::task_notification`]
     /// for each watched task whenever the queue signals a change to it.
-    pub async fn listen(&self, caller: &Caller, incoming: &Incoming) -> Result<TaskListen, Outgoing> {
+    pub async fn listen(
+        &self,
+        caller: &Caller,
+        incoming: &Incoming,
+    ) -> Result<TaskListen, Outgoing> {
         let id = incoming.id().cloned().unwrap_or(Value::Null);
         match self.era(&McpSession::new(), incoming) {
             Ok(Era::Modern) => tasks::listen(self, caller, incoming, &id).await,
             Ok(Era::Legacy(_)) => Err(Outgoing::error(
                 Some(id),
                 ErrorCode::MethodNotFound,
-                "Method not found: `subscriptions/listen` exists only in protocol 2026-07-28".to_owned(),
+                "Method not found: `subscriptions/listen` exists only in protocol 2026-07-28"
+                    .to_owned(),
                 None,
             )),
             Err(reply) => Err(reply),
@@ -292,7 +297,11 @@ impl McpServer {
 
     /// The `notifications/tasks` message for a task of `caller`, and whether
     /// it is terminal; `None` for a task that is unknown or not the caller's.
-    pub async fn task_notification(&self, caller: &Caller, id: &crate::ids::CommandId) -> Option<(Value, bool)> {
+    pub async fn task_notification(
+        &self,
+        caller: &Caller,
+        id: &crate::ids::CommandId,
+    ) -> Option<(Value, bool)> {
         tasks::notification(self, caller, id).await
     }
 

@@ -109,17 +109,27 @@ pub(super) fn created(view: &RunView) -> Value {
 /// the full `DetailedTask`, identical to what `tasks/get` returns. `None`
 /// when the task is unknown or not the caller's. The flag is true once the
 /// task is terminal (no further notification will follow).
-pub(super) async fn notification(server: &McpServer, caller: &Caller, id: &CommandId) -> Option<(Value, bool)> {
+pub(super) async fn notification(
+    server: &McpServer,
+    caller: &Caller,
+    id: &CommandId,
+) -> Option<(Value, bool)> {
     let view = server.queue().get_graph_run(&caller.agent, id).await.ok()?;
     let terminal = view.command.status.is_terminal();
     let params = detailed(&view);
-    Some((json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params}), terminal))
+    Some((
+        json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params}),
+        terminal,
+    ))
 }
 
 /// A task with its status-specific payload (`result` once it has one).
 fn detailed(view: &RunView) -> Value {
     let mut result = task(view);
-    if matches!(view.command.status, CommandStatus::Completed | CommandStatus::Failed) {
+    if matches!(
+        view.command.status,
+        CommandStatus::Completed | CommandStatus::Failed
+    ) {
         let structured = view.to_json();
         let is_error = view.command.status == CommandStatus::Failed;
         result.insert(
@@ -146,8 +156,16 @@ pub struct TaskListen {
 }
 
 /// Validates a `subscriptions/listen` and picks the tasks to watch.
-pub(super) async fn listen(server: &McpServer, caller: &Caller, incoming: &Incoming, id: &RequestId) -> Result<TaskListen, Outgoing> {
-    let requested = incoming.params().get("notifications").and_then(|n| n.get("taskIds"));
+pub(super) async fn listen(
+    server: &McpServer,
+    caller: &Caller,
+    incoming: &Incoming,
+    id: &RequestId,
+) -> Result<TaskListen, Outgoing> {
+    let requested = incoming
+        .params()
+        .get("notifications")
+        .and_then(|n| n.get("taskIds"));
     let asked: Vec<&str> = match requested {
         None => Vec::new(),
         Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_str).collect(),
@@ -164,19 +182,28 @@ pub(super) async fn listen(server: &McpServer, caller: &Caller, incoming: &Incom
         return Err(Outgoing::error(
             Some(id.clone()),
             ErrorCode::MissingRequiredCapability,
-            format!("Missing required client capability: declare the `{TASKS_EXTENSION}` extension to listen for task notifications"),
+            format!(
+                "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to listen for task notifications"
+            ),
             Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
         ));
     }
     let mut task_ids = Vec::new();
     // Bounded: one listen stream watches at most this many tasks.
     for text in asked.into_iter().take(MAX_LISTEN_TASKS) {
-        let Ok(command) = CommandId::parse(text) else { continue };
+        let Ok(command) = CommandId::parse(text) else {
+            continue;
+        };
         if task_ids.contains(&command) {
             continue;
         }
         // Only the caller's own tasks are accepted; others are silently left out.
-        if server.queue().get_graph_run(&caller.agent, &command).await.is_ok() {
+        if server
+            .queue()
+            .get_graph_run(&caller.agent, &command)
+            .await
+            .is_ok()
+        {
             task_ids.push(command);
         }
     }
@@ -185,7 +212,11 @@ pub(super) async fn listen(server: &McpServer, caller: &Caller, incoming: &Incom
         "method": "notifications/subscriptions/acknowledged",
         "params": {"notifications": {"taskIds": task_ids}},
     });
-    Ok(TaskListen { request_id: id.clone(), task_ids, acknowledged })
+    Ok(TaskListen {
+        request_id: id.clone(),
+        task_ids,
+        acknowledged,
+    })
 }
 
 /// Most tasks one `subscriptions/listen` stream watches.
@@ -236,17 +267,17 @@ pub(super) async fn handle(
     let command = CommandId::parse(task_id).map_err(|_| not_found())?;
     let queue = server.queue();
     let agent = &caller.agent;
+    let read = async {
+        queue
+            .get_graph_run(agent, &command)
+            .await
+            .map_err(|e| match e {
+                GetError::NotFound => not_found(),
+                GetError::Store(_) => internal(),
+            })
+    };
     match incoming.method().unwrap_or_default() {
-        "tasks/get" => {
-            let view = queue
-                .get_graph_run(agent, &command)
-                .await
-                .map_err(|e| match e {
-                    GetError::NotFound => not_found(),
-                    GetError::Store(_) => internal(),
-                })?;
-            Ok(detailed(&view))
-        }
+        "tasks/get" => read.await.map(|view| detailed(&view)),
         "tasks/cancel" => {
             queue
                 .cancel_graph_run(agent, &command)
@@ -258,15 +289,6 @@ pub(super) async fn handle(
             Ok(json!({}))
         }
         // No run ever asks for input; the acknowledgement is all there is.
-        _ => {
-            queue
-                .get_graph_run(agent, &command)
-                .await
-                .map_err(|e| match e {
-                    GetError::NotFound => not_found(),
-                    GetError::Store(_) => internal(),
-                })?;
-            Ok(json!({}))
-        }
+        _ => read.await.map(|_| json!({})),
     }
 }
