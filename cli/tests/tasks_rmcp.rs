@@ -21,10 +21,19 @@
 //!   polling loop of its own (its `call_tool` refuses a task reply), so the
 //!   test polls `tasks/get`, sleeping the `pollIntervalMs` the server gives.
 //!
+//! What rmcp 3.11 does not support: task status notifications. Its
+//! `SubscriptionFilter` (the `notifications` of `subscriptions/listen`) has
+//! no `taskIds`, and its subscription streams drop `notifications/tasks`
+//! (its own server says "not yet routable through `subscriptions/listen`";
+//! clients are to poll `tasks/get`). So the test polls with rmcp, and the
+//! raw part below listens.
+//!
 //! The raw reqwest part checks what a client SDK hides: the header rules for
 //! `tasks/*` (`Mcp-Name` must be the task id), a request that does not
-//! declare the extension (`-32021`), and a task of another agent (`-32602`,
-//! the same bytes as an unknown one).
+//! declare the extension (`-32021`), a task of another agent (`-32602`, the
+//! same bytes as an unknown one), and `subscriptions/listen` with `taskIds`
+//! streaming `notifications/tasks` over SSE while the worker runs a script
+//! that is then cancelled.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -567,5 +576,101 @@ async fn raw_tasks_requests_follow_the_header_rules_and_hide_other_agents_tasks(
     assert_eq!(
         done["result"]["structuredContent"]["result"]["got"],
         json!({"y": 2})
+    );
+
+    // subscriptions/listen on a running task, then cancel it: the stream
+    // carries its notifications and ends once it is terminal.
+    let (_, reply) = raw(
+        &http,
+        url,
+        AGENT_TOKEN,
+        "tools/call",
+        Some("run_graph_session"),
+        json!({"name": "run_graph_session", "arguments": {"graph_session_id": GS_SLOW, "idempotency_key": "raw-task-slow-1"}}),
+        true,
+    )
+    .await;
+    let slow = reply["result"]["taskId"]
+        .as_str()
+        .expect("taskId")
+        .to_owned();
+    let started = env.path(&format!("{slow}.started"));
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the slow script never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let listen = http
+        .post(format!("{url}/mcp"))
+        .bearer_auth(AGENT_TOKEN)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .json(&json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen", "params": {
+            "notifications": {"taskIds": [slow]},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS_EXTENSION_ID: {}}}}}}))
+        .send()
+        .await
+        .expect("listen answered");
+    assert_eq!(listen.status().as_u16(), 200);
+    assert_eq!(listen.headers()["content-type"], "text/event-stream");
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    let stream = tokio::spawn(async move {
+        let mut listen = listen;
+        let mut first_tx = Some(first_tx);
+        let mut text = String::new();
+        while let Some(chunk) = listen.chunk().await.expect("SSE chunk") {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("notifications/tasks") {
+                if let Some(tx) = first_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        text
+    });
+    tokio::time::timeout(DEADLINE, first_rx)
+        .await
+        .expect("a first task notification")
+        .expect("stream reader alive");
+    let (_, ack) = raw(
+        &http,
+        url,
+        AGENT_TOKEN,
+        "tasks/cancel",
+        Some(&slow),
+        json!({"taskId": slow}),
+        true,
+    )
+    .await;
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    let text = tokio::time::timeout(DEADLINE, stream)
+        .await
+        .expect("the stream ends once the task is terminal")
+        .expect("stream reader");
+    let messages: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).expect("JSON in an SSE event"))
+        .collect();
+    assert_eq!(
+        messages.first().map(|m| m["method"].clone()),
+        Some(json!("notifications/subscriptions/acknowledged")),
+        "{text}"
+    );
+    let statuses: Vec<&str> = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks")
+        .map(|m| {
+            assert_eq!(m["params"]["taskId"], slow.as_str(), "{m}");
+            m["params"]["status"].as_str().expect("status")
+        })
+        .collect();
+    assert_eq!(statuses.first(), Some(&"working"), "{text}");
+    assert_eq!(statuses.last(), Some(&"cancelled"), "{text}");
+    assert_eq!(
+        messages.last().map(|m| m["id"].clone()),
+        Some(json!(9)),
+        "the stream ends with the listen request's result: {text}"
     );
 }
