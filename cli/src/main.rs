@@ -48,6 +48,15 @@ struct StoreArgs {
     /// Keep the queue in memory (lost on exit).
     #[arg(long)]
     memory: bool,
+    /// PostgreSQL URL (`postgres://user@host:5432/db`), for several servers
+    /// sharing one queue (`serve` and `stdio`); they wake each other's held
+    /// requests with LISTEN/NOTIFY.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["memory", "db"])]
+    postgres: Option<String>,
+    /// Postgres schema for the tables (created if missing); default: the
+    /// connection's search_path.
+    #[arg(long, value_name = "SCHEMA", requires = "postgres")]
+    postgres_schema: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -250,12 +259,57 @@ fn run(cli: Cli) -> Result<(), CliError> {
 }
 
 fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, CliError> {
+    if args.postgres.is_some() {
+        return Err(CliError::Usage(
+            "--postgres is supported by `serve` and `stdio`".into(),
+        ));
+    }
     if args.memory {
         return Ok(Arc::new(graph_relay_store_memory::MemoryStore::new()));
     }
     graph_relay_store_sqlite::SqliteStore::open(&args.db)
         .map(|s| Arc::new(s) as Arc<dyn Store>)
         .map_err(|e| CliError::Db(format!("{}: {e}", args.db.display())))
+}
+
+/// The Postgres store of `--postgres`, connected and migrated on `runtime`
+/// (which then drives its connections); `None` without the flag.
+fn open_postgres(
+    args: &StoreArgs,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Option<graph_relay_store_postgres::PostgresStore>, CliError> {
+    let Some(url) = &args.postgres else {
+        return Ok(None);
+    };
+    let options = graph_relay_store_postgres::PostgresOptions {
+        schema: args.postgres_schema.clone(),
+        ..Default::default()
+    };
+    runtime
+        .block_on(graph_relay_store_postgres::PostgresStore::connect(
+            url, &options,
+        ))
+        .map(Some)
+        .map_err(|e| CliError::Db(format!("postgres: {e}")))
+}
+
+/// `--postgres` or else `open_store`; with Postgres, the queue's signals are
+/// forwarded to (and woken by) the other servers on the database.
+fn open_any_store(
+    args: &StoreArgs,
+    runtime: &tokio::runtime::Runtime,
+    max_wait_seconds: Option<u32>,
+) -> Result<McpServer, CliError> {
+    match open_postgres(args, runtime)? {
+        None => mcp_server(open_store(args)?, max_wait_seconds),
+        Some(pg) => {
+            let server = mcp_server(Arc::new(pg.clone()), max_wait_seconds)?;
+            let _enter = runtime.enter();
+            let wakeups = pg.wakeups(server.queue().signals().clone()).install();
+            tracing::info!(schema = ?pg.schema(), listening = wakeups.status().listening(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
+            Ok(server)
+        }
+    }
 }
 
 fn mcp_server(store: Arc<dyn Store>, max_wait_seconds: Option<u32>) -> Result<McpServer, CliError> {
@@ -365,14 +419,14 @@ fn serve(
             )));
         }
     }
-    let state = HttpState::new(
-        mcp_server(open_store(store)?, max_wait_seconds)?,
-        auth,
-        http,
-    );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let state = HttpState::new(
+        open_any_store(store, &runtime, max_wait_seconds)?,
+        auth,
+        http,
+    );
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local = listener.local_addr()?;
@@ -473,7 +527,14 @@ fn stdio(
 ) -> Result<(), CliError> {
     let file = ConfigFile::load(config_path)?;
     let caller = find_agent(&file, agent)?;
-    let server = mcp_server(open_store(store)?, None)?;
+    // Postgres needs a runtime for its connections; stdio itself blocks on
+    // this thread while the runtime's workers drive them.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let _enter = runtime.enter();
+    let server = open_any_store(store, &runtime, None)?;
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)

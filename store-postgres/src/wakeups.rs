@@ -15,6 +15,11 @@
 //!   are ignored. If the connection drops it reconnects, with a backoff
 //!   from 100 ms up to 5 s.
 //!
+//! The channel is per database: deployments in different schemas of one
+//! database hear each other's topics. That costs a spurious wake-up at most
+//! (a woken waiter re-reads its own store and waits again), and only when
+//! both use the same owner and device names.
+//!
 //! Notifications sent while a listener is reconnecting are lost to it; the
 //! held requests' periodic store re-checks (500 ms for syncs and control,
 //! 1 s for `wait_seconds`) are the fallback. See the crate docs.
