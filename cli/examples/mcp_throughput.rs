@@ -147,7 +147,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await?;
             samples.push(t.elapsed());
             if !succeeded(&bytes) {
-                return Err(format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&bytes)).into());
+                return Err(
+                    format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&bytes)).into(),
+                );
             }
         }
         report(
@@ -189,7 +191,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             conn.read_exact(&mut buf).await?;
             samples.push(t.elapsed());
             if !succeeded(&buf) {
-                return Err(format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&buf)).into());
+                return Err(
+                    format!("{tool} #{i} failed: {}", String::from_utf8_lossy(&buf)).into(),
+                );
             }
         }
         report(
