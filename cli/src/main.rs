@@ -305,8 +305,9 @@ fn open_any_store(
         Some(pg) => {
             let server = mcp_server(Arc::new(pg.clone()), max_wait_seconds)?;
             let _enter = runtime.enter();
-            let wakeups = pg.wakeups(server.queue().signals().clone()).install();
-            tracing::info!(schema = ?pg.schema(), listening = wakeups.status().listening(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
+            // The listener runs (and reconnects) for the life of the runtime.
+            let _listener = pg.wakeups(server.queue().signals().clone()).install();
+            tracing::info!(schema = ?pg.schema(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
             Ok(server)
         }
     }

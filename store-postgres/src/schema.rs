@@ -131,13 +131,13 @@ pub(crate) async fn migrate(
         .iter()
         .map(|r| r.get(0))
         .collect();
-    if let Some(&newest) = applied.last() {
-        if newest > SCHEMA_VERSION {
-            return Err(ConnectError::NewerSchema {
-                found: newest,
-                supported: SCHEMA_VERSION,
-            });
-        }
+    if let Some(&newest) = applied.last()
+        && newest > SCHEMA_VERSION
+    {
+        return Err(ConnectError::NewerSchema {
+            found: newest,
+            supported: SCHEMA_VERSION,
+        });
     }
     let mut now_applied = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {

@@ -176,10 +176,10 @@ impl PostgresStore {
         config: tokio_postgres::Config,
         schema: Option<String>,
     ) -> Result<Self, ConnectError> {
-        if let Some(s) = &schema {
-            if !is_identifier(s) {
-                return Err(ConnectError::InvalidSchema(s.clone()));
-            }
+        if let Some(s) = &schema
+            && !is_identifier(s)
+        {
+            return Err(ConnectError::InvalidSchema(s.clone()));
         }
         let mut client = pool
             .get()
@@ -528,14 +528,18 @@ impl Store for PostgresStore {
         let tx = client.transaction().await.map_err(backend)?;
         // Two syncs of one device and project at once take turns, so the
         // second's delete sees the first's rows (no duplicate-key failure).
-        tx.execute(&lock, &[&lock_key]).await.map_err(backend)?;
+        // The three statements are pipelined: sent together, run in order.
         let (o, p, d) = (owner.as_str(), project.as_str(), device.as_str());
-        tx.execute(&delete, &[&o, &p, &d]).await.map_err(backend)?;
-        if !sessions.is_empty() {
-            tx.execute(&insert, &[&o, &p, &d, &now, &ids, &metas])
-                .await
-                .map_err(backend)?;
-        }
+        let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_key];
+        let delete_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&o, &p, &d];
+        let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&o, &p, &d, &now, &ids, &metas];
+        futures::try_join!(
+            tx.execute(&lock, &lock_params),
+            tx.execute(&delete, &delete_params),
+            tx.execute(&insert, &insert_params),
+        )
+        .map_err(backend)?;
         tx.commit().await.map_err(backend)
     }
 
