@@ -412,13 +412,13 @@ fn serve(
         sessions: defaults.sessions.clone(),
         relay: defaults.relay.clone(),
     };
-    if let Some(wait) = max_wait_seconds {
-        if Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout {
-            return Err(CliError::Usage(format!(
-                "--max-wait-seconds {wait} must stay below the request timeout ({} s)",
-                http.request_timeout.as_secs()
-            )));
-        }
+    if let Some(wait) = max_wait_seconds
+        && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
+    {
+        return Err(CliError::Usage(format!(
+            "--max-wait-seconds {wait} must stay below the request timeout ({} s)",
+            http.request_timeout.as_secs()
+        )));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

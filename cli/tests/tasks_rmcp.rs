@@ -621,10 +621,10 @@ async fn raw_tasks_requests_follow_the_header_rules_and_hide_other_agents_tasks(
         let mut text = String::new();
         while let Some(chunk) = listen.chunk().await.expect("SSE chunk") {
             text.push_str(&String::from_utf8_lossy(&chunk));
-            if text.contains("notifications/tasks") {
-                if let Some(tx) = first_tx.take() {
-                    let _ = tx.send(());
-                }
+            if text.contains("notifications/tasks")
+                && let Some(tx) = first_tx.take()
+            {
+                let _ = tx.send(());
             }
         }
         text

@@ -284,10 +284,10 @@ token_sha256 = "{}"
     fn wait_file(&self, name: &str) -> String {
         let deadline = Instant::now() + DEADLINE;
         loop {
-            if let Ok(text) = std::fs::read_to_string(self.path(name)) {
-                if text.ends_with('\n') {
-                    return text;
-                }
+            if let Ok(text) = std::fs::read_to_string(self.path(name))
+                && text.ends_with('\n')
+            {
+                return text;
             }
             assert!(Instant::now() < deadline, "{name} never written");
             std::thread::sleep(Duration::from_millis(20));

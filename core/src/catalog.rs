@@ -224,12 +224,12 @@ impl ToolCatalog {
             ),
         };
         let mut description = tool.description.clone();
-        if tool.kind == ToolKind::GetGraphRun {
-            if let Some(max) = self.max_wait_seconds {
-                description.push_str(&format!(
-                    " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
-                ));
-            }
+        if tool.kind == ToolKind::GetGraphRun
+            && let Some(max) = self.max_wait_seconds
+        {
+            description.push_str(&format!(
+                " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
+            ));
         }
         json!({
             "name": tool.name,

@@ -475,12 +475,11 @@ impl Relay {
                 }
             }
         }
-        if let Some(c) = &self.current {
-            if let (Some(t), false, Awaiting::Execution(_)) =
+        if let Some(c) = &self.current
+            && let (Some(t), false, Awaiting::Execution(_)) =
                 (c.next_control_at, c.control_in_flight, &self.awaiting)
-            {
-                consider(t);
-            }
+        {
+            consider(t);
         }
         deadline
     }
@@ -977,21 +976,20 @@ impl Relay {
                 && self.work_in_pass == 0
                 && !self.held_done
                 && self.failures == 0
+                && let Some(project) = self.shared.projects().next().cloned()
             {
-                if let Some(project) = self.shared.projects().next().cloned() {
-                    self.held_done = true;
-                    let sessions = self.shared.sessions(&project);
-                    self.awaiting = Awaiting::Sync {
-                        project: project.clone(),
-                        held: true,
-                    };
-                    self.actions.push_back(Action::Sync {
-                        project,
-                        sessions,
-                        long_poll: true,
-                    });
-                    return;
-                }
+                self.held_done = true;
+                let sessions = self.shared.sessions(&project);
+                self.awaiting = Awaiting::Sync {
+                    project: project.clone(),
+                    held: true,
+                };
+                self.actions.push_back(Action::Sync {
+                    project,
+                    sessions,
+                    long_poll: true,
+                });
+                return;
             }
             self.end_pass(now);
         }

@@ -163,10 +163,10 @@ pub fn pickup(seed: u64, n: usize) -> Outcome {
                 w.command(&w.agent, &id)
                     .is_some_and(|c| c.started_at.is_some())
             });
-            if let Some(c) = w.command(&w.agent, &id) {
-                if let Some(started) = c.started_at {
-                    waits.push(secs_between(c.created_at, started));
-                }
+            if let Some(c) = w.command(&w.agent, &id)
+                && let Some(started) = c.started_at
+            {
+                waits.push(secs_between(c.created_at, started));
             }
         }
         let s = Summary::of(&waits);

@@ -451,17 +451,17 @@ impl World {
                 }
                 Action::CancelExecution { command } => {
                     // The engine stops the execution at once.
-                    if let Some((running, generation)) = self.running {
-                        if running == command {
-                            self.schedule(
-                                now,
-                                Event::ExecutionDone {
-                                    command,
-                                    generation,
-                                    status: FinishStatus::Cancelled,
-                                },
-                            );
-                        }
+                    if let Some((running, generation)) = self.running
+                        && running == command
+                    {
+                        self.schedule(
+                            now,
+                            Event::ExecutionDone {
+                                command,
+                                generation,
+                                status: FinishStatus::Cancelled,
+                            },
+                        );
                     }
                 }
                 Action::StoreReport(item) => {

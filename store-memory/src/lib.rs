@@ -288,14 +288,13 @@ impl Store for MemoryStore {
     ) -> Result<Option<SharedSession>, StoreError> {
         let inner = self.lock();
         for project in projects {
-            if let Some(map) = inner.sessions.get(&(owner.clone(), project.clone())) {
-                if let Some((_, s)) = map
+            if let Some(map) = inner.sessions.get(&(owner.clone(), project.clone()))
+                && let Some((_, s)) = map
                     .range((id.clone(), min_device())..)
                     .next()
                     .filter(|((g, _), _)| g == id)
-                {
-                    return Ok(Some(s.clone()));
-                }
+            {
+                return Ok(Some(s.clone()));
             }
         }
         Ok(None)

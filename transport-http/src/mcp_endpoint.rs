@@ -276,20 +276,19 @@ pub(crate) async fn post(
             }
         };
         let negotiated = session.negotiated_version();
-        if let Some(v) = header_str(&headers, &PROTOCOL_VERSION) {
-            if ProtocolVersion::parse(v).is_none()
-                || Some(v) != negotiated.map(ProtocolVersion::as_str)
-            {
-                return plain_error(
-                    StatusCode::BAD_REQUEST,
-                    incoming.id().cloned(),
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "Bad Request: MCP-Protocol-Version `{v}` is not the version this session negotiated ({})",
-                        negotiated.map_or("none", ProtocolVersion::as_str)
-                    ),
-                );
-            }
+        if let Some(v) = header_str(&headers, &PROTOCOL_VERSION)
+            && (ProtocolVersion::parse(v).is_none()
+                || Some(v) != negotiated.map(ProtocolVersion::as_str))
+        {
+            return plain_error(
+                StatusCode::BAD_REQUEST,
+                incoming.id().cloned(),
+                ErrorCode::InvalidRequest,
+                format!(
+                    "Bad Request: MCP-Protocol-Version `{v}` is not the version this session negotiated ({})",
+                    negotiated.map_or("none", ProtocolVersion::as_str)
+                ),
+            );
         }
         if let (Some(tool), Some(scope)) = (
             incoming.tool_name(),
@@ -334,13 +333,12 @@ pub(crate) async fn post(
     }
 
     // 5. An initialize-era request without its session: ping is allowed, the rest is refused.
-    if incoming.method() == Some("ping") {
-        if let Some(reply) = run_core(&state, caller, McpSession::new(), incoming)
+    if incoming.method() == Some("ping")
+        && let Some(reply) = run_core(&state, caller, McpSession::new(), incoming)
             .await
             .1
-        {
-            return json_reply(&reply);
-        }
+    {
+        return json_reply(&reply);
     }
     plain_error(
         StatusCode::BAD_REQUEST,

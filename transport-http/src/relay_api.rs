@@ -213,12 +213,12 @@ pub(crate) async fn sync(
         .into_response()
     })?;
     let mut commands = response.commands;
-    if let Some(subscription) = subscription {
-        if commands.is_empty() {
-            commands = hold_sync(&state, &device, &request.project, subscription)
-                .await
-                .map_err(|e| ApiError::store(&e).into_response())?;
-        }
+    if let Some(subscription) = subscription
+        && commands.is_empty()
+    {
+        commands = hold_sync(&state, &device, &request.project, subscription)
+            .await
+            .map_err(|e| ApiError::store(&e).into_response())?;
     }
     Ok(axum::Json(SyncReply {
         commands: commands.iter().map(WireCommand::from_record).collect(),
@@ -303,12 +303,12 @@ pub(crate) async fn control(
         .into_response()
     };
     let mut answer = queue.control(&device, &id).await.map_err(control_error)?;
-    if let Some(subscription) = subscription {
-        if !settled(&answer) {
-            answer = hold_control(&state, &device, &id, subscription)
-                .await
-                .map_err(control_error)?;
-        }
+    if let Some(subscription) = subscription
+        && !settled(&answer)
+    {
+        answer = hold_control(&state, &device, &id, subscription)
+            .await
+            .map_err(control_error)?;
     }
     Ok(axum::Json(ControlReply {
         cancel_requested: answer.cancel_requested,

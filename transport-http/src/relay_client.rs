@@ -637,10 +637,10 @@ impl RelayDriver {
                     }));
                 }
                 Action::CancelExecution { command } => {
-                    if let Some((running, handle)) = self.running.as_mut() {
-                        if *running == command {
-                            handle.cancel();
-                        }
+                    if let Some((running, handle)) = self.running.as_mut()
+                        && *running == command
+                    {
+                        handle.cancel();
                     }
                 }
                 Action::StoreReport(item) => {

@@ -68,14 +68,13 @@ impl Sessions {
         };
         let now = Instant::now();
         map.retain(|_, e| now.duration_since(e.used) < self.limits.idle_timeout);
-        if map.len() >= self.limits.max_sessions.max(1) {
-            if let Some(oldest) = map
+        if map.len() >= self.limits.max_sessions.max(1)
+            && let Some(oldest) = map
                 .iter()
                 .min_by_key(|(_, e)| e.used)
                 .map(|(k, _)| k.clone())
-            {
-                map.remove(&oldest);
-            }
+        {
+            map.remove(&oldest);
         }
         map.insert(
             id.clone(),
@@ -106,10 +105,10 @@ impl Sessions {
     }
 
     pub(crate) fn put(&self, id: &str, mcp: McpSession) {
-        if let Ok(mut map) = self.map.lock() {
-            if let Some(e) = map.get_mut(id) {
-                e.mcp = mcp;
-            }
+        if let Ok(mut map) = self.map.lock()
+            && let Some(e) = map.get_mut(id)
+        {
+            e.mcp = mcp;
         }
     }
 
