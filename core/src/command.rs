@@ -103,8 +103,8 @@ pub struct CommandRecord {
     pub device: DeviceId,
     /// The saved Graph to run.
     pub graph_session_id: GraphSessionId,
-    /// Input for the Graph.
-    pub arguments: Map<String, Value>,
+    /// Input for the Graph (shared: copies of a record do not copy it).
+    pub arguments: std::sync::Arc<Map<String, Value>>,
     /// The session's slug when the run was queued; the relay's re-check
     /// refuses to run the command if the desktop's slug differs now.
     #[serde(default)]
@@ -224,7 +224,7 @@ impl CommandRecord {
             project,
             device,
             graph_session_id,
-            arguments,
+            arguments: std::sync::Arc::new(arguments),
             slug: String::new(),
             idempotency_key,
             status: CommandStatus::Queued,
@@ -353,7 +353,7 @@ pub fn request_fingerprint(
     let mut canonical = String::with_capacity(64);
     canonical.push_str(graph_session_id.as_str());
     canonical.push('\n');
-    write_canonical(&mut canonical, &Value::Object(arguments.clone()));
+    write_canonical_map(&mut canonical, arguments);
     let digest = Sha256::digest(canonical.as_bytes());
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(digest.len() * 2);
@@ -364,22 +364,31 @@ pub fn request_fingerprint(
     hex
 }
 
+fn write_canonical_map(out: &mut String, map: &Map<String, Value>) {
+    let mut keys: Vec<&String> = map.keys().collect();
+    keys.sort_unstable();
+    out.push('{');
+    for (i, k) in keys.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        write_json_string(out, k);
+        out.push(':');
+        write_canonical(out, &map[k]);
+    }
+    out.push('}');
+}
+
+fn write_json_string(out: &mut String, text: &str) {
+    // serde_json writes a string to a `String` without failing.
+    if let Ok(quoted) = serde_json::to_string(text) {
+        out.push_str(&quoted);
+    }
+}
+
 fn write_canonical(out: &mut String, value: &Value) {
     match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                write_canonical(out, &map[k]);
-            }
-            out.push('}');
-        }
+        Value::Object(map) => write_canonical_map(out, map),
         Value::Array(items) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
@@ -390,6 +399,7 @@ fn write_canonical(out: &mut String, value: &Value) {
             }
             out.push(']');
         }
+        Value::String(text) => write_json_string(out, text),
         scalar => out.push_str(&scalar.to_string()),
     }
 }

@@ -725,7 +725,7 @@ pub fn relay_command(c: &CommandRecord) -> RelayCommand {
         id: c.id,
         project: c.project.clone(),
         graph_session_id: c.graph_session_id.clone(),
-        arguments: c.arguments.clone(),
+        arguments: (*c.arguments).clone(),
         slug: c.slug.clone(),
     }
 }

@@ -80,7 +80,7 @@ impl WireCommand {
             command_id: c.id,
             graph_session_id: c.graph_session_id.clone(),
             project_id: c.project.clone(),
-            arguments: c.arguments.clone(),
+            arguments: (*c.arguments).clone(),
             slug: c.slug.clone(),
             channel: c.id.channel(),
         }
