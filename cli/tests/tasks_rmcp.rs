@@ -35,13 +35,11 @@
 //! streaming `notifications/tasks` over SSE while the worker runs a script
 //! that is then cancelled.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
 use std::time::{Duration, Instant};
 
-use graph_relay_transport_http::auth::hash_token;
+use common::{Proc, Relay};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ClientCapabilities,
     ClientConfig, GetTaskParams, GetTaskResult, JsonObject, ProtocolVersion, TASKS_EXTENSION_ID,
@@ -53,7 +51,6 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
 const AGENT_TOKEN: &str = "gra_tasks_agent_token_0123456789abcdef";
 const OTHER_TOKEN: &str = "gra_tasks_other_token_0123456789abcdef";
 const DEVICE_TOKEN: &str = "grd_tasks_device_token_0123456789abcdef";
@@ -72,67 +69,9 @@ const SLOW: &str = "echo $$ > \"$GRAPH_RELAY_COMMAND_ID.started\"\nexec sleep 30
 /// Fails with a message on stderr.
 const FAIL: &str = "echo 'the graph broke' >&2\nexit 4\n";
 
-/// A child process whose stderr lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], cwd: &Path) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .current_dir(cwd)
-            .env("GRAPH_RELAY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn graph-relay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Waits for a stderr line containing `needle`; returns it.
-    fn wait_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines")
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with `{needle}` within {DEADLINE:?}:\n{}",
-                self.lines.lock().expect("lines").join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A server and a worker in a temporary folder.
 struct Env {
-    dir: tempfile::TempDir,
+    relay: Relay,
     _server: Proc,
     _worker: Proc,
     url: String,
@@ -140,92 +79,31 @@ struct Env {
 
 impl Env {
     fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = |name: &str| dir.path().join(name);
-        let config = format!(
-            r#"[[agent]]
-name = "assistant"
-owner = "dev"
-projects = ["p1"]
-scopes = ["osfoundry:read", "osfoundry:run"]
-token_sha256 = "{}"
-
-[[agent]]
-name = "other"
-owner = "dev"
-projects = ["p1"]
-scopes = ["osfoundry:read", "osfoundry:run"]
-token_sha256 = "{}"
-
-[[device]]
-name = "desk"
-owner = "dev"
-token_sha256 = "{}"
-"#,
-            hash_token(AGENT_TOKEN),
-            hash_token(OTHER_TOKEN),
-            hash_token(DEVICE_TOKEN)
+        let relay = Relay::new(
+            &[("assistant", AGENT_TOKEN), ("other", OTHER_TOKEN)],
+            DEVICE_TOKEN,
+            DEADLINE,
         );
-        std::fs::write(path("graph-relay.toml"), config).expect("config");
-        std::fs::write(path("device.token"), format!("{DEVICE_TOKEN}\n")).expect("token");
-        let mut graphs = String::from("projects = [\"p1\"]\n");
-        for (id, slug) in [(GS_ECHO, "echo"), (GS_SLOW, "slow"), (GS_FAIL, "fail")] {
-            graphs.push_str(&format!(
-                "\n[[graph]]\nid = \"{id}\"\nname = \"Graph {slug}\"\nslug = \"{slug}\"\nversion = \"1\"\nprojects = [\"p1\"]\ncommand = [\"/bin/sh\", \"{slug}.sh\"]\nworking_dir = \".\"\ntimeout_seconds = 120\nenv = {{ GREETING = \"hello\" }}\n"
-            ));
-        }
-        std::fs::write(path("graphs.toml"), graphs).expect("graphs");
-        std::fs::write(path("echo.sh"), ECHO).expect("script");
-        std::fs::write(path("slow.sh"), SLOW).expect("script");
-        std::fs::write(path("fail.sh"), FAIL).expect("script");
-
-        let server = Proc::spawn(
+        relay.write_graphs(
             &[
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--db",
-                "queue.db",
-                "--config",
-                "graph-relay.toml",
+                (GS_ECHO, "echo", &["p1"]),
+                (GS_SLOW, "slow", &["p1"]),
+                (GS_FAIL, "fail", &["p1"]),
             ],
-            dir.path(),
+            "timeout_seconds = 120\nenv = { GREETING = \"hello\" }\n",
         );
-        let line = server.wait_line("serving MCP at http://");
-        let url = line
-            .split("serving MCP at ")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .expect("url in the serving line")
-            .trim_end_matches("/mcp")
-            .to_owned();
-        let worker = Proc::spawn(
-            &[
-                "worker",
-                "--server",
-                &url,
-                "--token-file",
-                "device.token",
-                "--graphs",
-                "graphs.toml",
-                "--outbox",
-                "outbox.db",
-                "--grace-seconds",
-                "2",
-            ],
-            dir.path(),
-        );
+        relay.script("echo", ECHO);
+        relay.script("slow", SLOW);
+        relay.script("fail", FAIL);
+        let (server, url) = relay.serve("127.0.0.1:0", &["--db", "queue.db"]);
+        let worker = relay.worker(&url, "outbox.db", "2", &[]);
         worker.wait_line("sync: project p1");
         Self {
-            dir,
+            relay,
             _server: server,
             _worker: worker,
             url,
         }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
     }
 
     /// An rmcp client on 2026-07-28 that declares the tasks extension.
@@ -373,12 +251,9 @@ async fn rmcp_queues_waits_reads_inline_and_cancels_tasks_against_serve_and_work
     // Cancel while the script runs.
     let slow = queue_task(&client, GS_SLOW, "rmcp-task-slow-1", json!({})).await;
     let slow_id = slow.task.task_id.clone();
-    let started = env.path(&format!("{slow_id}.started"));
-    let deadline = Instant::now() + DEADLINE;
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the slow script never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.relay
+        .wait_exists(&format!("{slow_id}.started"), "the slow script")
+        .await;
     let running = client
         .get_task(GetTaskParams::new(slow_id.clone()))
         .await
@@ -594,11 +469,9 @@ async fn raw_tasks_requests_follow_the_header_rules_and_hide_other_agents_tasks(
         .as_str()
         .expect("taskId")
         .to_owned();
-    let started = env.path(&format!("{slow}.started"));
-    while !started.exists() {
-        assert!(Instant::now() < deadline, "the slow script never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.relay
+        .wait_exists(&format!("{slow}.started"), "the slow script")
+        .await;
     let listen = http
         .post(format!("{url}/mcp"))
         .bearer_auth(AGENT_TOKEN)

@@ -2,210 +2,56 @@
 //! as processes, an agent speaking HTTP MCP with a bearer token, Graphs as
 //! shell scripts. Every wait polls with a deadline; nothing sleeps to synchronise.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
-use graph_relay_transport_http::auth::hash_token;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use serde_json::{Value, json};
+use common::{Proc, Relay};
+use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
 const AGENT_TOKEN: &str = "gra_e2e_agent_token_0123456789abcdef";
 const DEVICE_TOKEN: &str = "grd_e2e_device_token_0123456789abcdef";
 const GS_A: &str = "gs_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const GS_B: &str = "gs_bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A child process whose stderr lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str], cwd: &Path) -> Self {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .current_dir(cwd)
-            .env("GRAPH_RELAY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn graph-relay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    /// Waits for a stderr line containing `needle`; returns it.
-    fn wait_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with `{needle}` within {DEADLINE:?}:\n{}",
-                self.lines.lock().unwrap().join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
-    fn signal(&self, signal: Signal) {
-        let pid = Pid::from_raw(i32::try_from(self.child.id()).unwrap());
-        let _ = kill(pid, signal);
-    }
-
-    /// SIGINT, then waits for the exit.
-    fn interrupt(mut self) -> Vec<String> {
-        self.signal(Signal::SIGINT);
-        let deadline = Instant::now() + DEADLINE;
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "did not exit after SIGINT");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.lines.lock().unwrap().clone()
-    }
-
-    fn sigkill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One server + worker set-up in a temporary folder.
-struct Env {
-    dir: tempfile::TempDir,
-    http: reqwest::Client,
+struct Env(Relay);
+
+impl Deref for Env {
+    type Target = Relay;
+
+    fn deref(&self) -> &Relay {
+        &self.0
+    }
 }
 
 impl Env {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            r#"[[agent]]
-name = "assistant"
-owner = "dev"
-projects = ["p1"]
-scopes = ["osfoundry:read", "osfoundry:run"]
-token_sha256 = "{}"
-
-[[device]]
-name = "desk"
-owner = "dev"
-token_sha256 = "{}"
-"#,
-            hash_token(AGENT_TOKEN),
-            hash_token(DEVICE_TOKEN)
-        );
-        std::fs::write(dir.path().join("graph-relay.toml"), config).unwrap();
-        std::fs::write(dir.path().join("device.token"), format!("{DEVICE_TOKEN}\n")).unwrap();
-        let env = Self {
-            dir,
-            http: reqwest::Client::new(),
-        };
+        let env = Self(Relay::new(
+            &[("assistant", AGENT_TOKEN)],
+            DEVICE_TOKEN,
+            DEADLINE,
+        ));
         env.write_graphs(&[(GS_A, "a", &["p1"]), (GS_B, "b", &["p1"])]);
         env
     }
 
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
     /// Writes `graphs.toml`: each graph runs `<slug>.sh`, shared to the given projects.
     fn write_graphs(&self, graphs: &[(&str, &str, &[&str])]) {
-        let mut text = String::from("projects = [\"p1\"]\n");
-        for (id, slug, projects) in graphs {
-            let projects: Vec<String> = projects.iter().map(|p| format!("\"{p}\"")).collect();
-            text.push_str(&format!(
-                "\n[[graph]]\nid = \"{id}\"\nname = \"Graph {slug}\"\nslug = \"{slug}\"\nversion = \"1\"\nprojects = [{}]\ncommand = [\"/bin/sh\", \"{slug}.sh\"]\nworking_dir = \".\"\ntimeout_seconds = 60\nenv = {{ GREETING = \"hello\" }}\n",
-                projects.join(", ")
-            ));
-        }
-        let tmp = self.path("graphs.toml.tmp");
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(tmp, self.path("graphs.toml")).unwrap();
-    }
-
-    fn script(&self, slug: &str, body: &str) {
-        std::fs::write(self.path(&format!("{slug}.sh")), body).unwrap();
+        self.0.write_graphs(
+            graphs,
+            "timeout_seconds = 60\nenv = { GREETING = \"hello\" }\n",
+        );
     }
 
     fn serve(&self, listen: &str) -> (Proc, String) {
-        let server = Proc::spawn(
-            &[
-                "serve",
-                "--listen",
-                listen,
-                "--db",
-                "queue.db",
-                "--config",
-                "graph-relay.toml",
-            ],
-            self.dir.path(),
-        );
-        let line = server.wait_line("serving MCP at http://");
-        let url = line
-            .split("serving MCP at ")
-            .nth(1)
-            .and_then(|s| s.split_whitespace().next())
-            .unwrap()
-            .trim_end_matches("/mcp")
-            .to_owned();
-        (server, url)
+        self.0.serve(listen, &["--db", "queue.db"])
     }
 
     fn worker(&self, url: &str, extra: &[&str]) -> Proc {
-        let mut args = vec![
-            "worker",
-            "--server",
-            url,
-            "--token-file",
-            "device.token",
-            "--graphs",
-            "graphs.toml",
-            "--outbox",
-            "outbox.db",
-            "--grace-seconds",
-            "2",
-        ];
-        args.extend_from_slice(extra);
-        Proc::spawn(&args, self.dir.path())
+        self.0.worker(url, "outbox.db", "2", extra)
     }
 
     /// Runs a worker until its first pass synced the shared sessions, then stops it.
@@ -213,85 +59,6 @@ token_sha256 = "{}"
         let worker = self.worker(url, &[]);
         worker.wait_line("sync: project p1");
         worker.interrupt();
-    }
-
-    /// A tools/call over HTTP MCP (2026-07-28, stateless) with the agent token.
-    async fn call(&self, url: &str, tool: &str, arguments: Value) -> Value {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-            "name": tool, "arguments": arguments,
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});
-        let reply: Value = self
-            .http
-            .post(format!("{url}/mcp"))
-            .bearer_auth(AGENT_TOKEN)
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", "tools/call")
-            .header("mcp-name", tool)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        reply["result"].clone()
-    }
-
-    async fn run(&self, url: &str, gs: &str, key: &str, arguments: Value) -> String {
-        let result = self
-            .call(
-                url,
-                "run_graph_session",
-                json!({"graph_session_id": gs, "idempotency_key": key, "arguments": arguments}),
-            )
-            .await;
-        assert_eq!(result["isError"], false, "{result}");
-        result["structuredContent"]["command_id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    }
-
-    async fn get(&self, url: &str, id: &str) -> Value {
-        let result = self
-            .call(url, "get_graph_run", json!({"command_id": id}))
-            .await;
-        result["structuredContent"].clone()
-    }
-
-    /// Polls get_graph_run until the status is `status`.
-    async fn wait_status(&self, url: &str, id: &str, status: &str) -> Value {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let run = self.get(url, id).await;
-            if run["status"] == status {
-                return run;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{id} never became {status}: {run}"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    async fn cancel(&self, url: &str, id: &str) -> Value {
-        self.call(url, "cancel_graph_run", json!({"command_id": id}))
-            .await
-    }
-
-    fn wait_file(&self, name: &str) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Ok(text) = std::fs::read_to_string(self.path(name))
-                && text.ends_with('\n')
-            {
-                return text;
-            }
-            assert!(Instant::now() < deadline, "{name} never written");
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 }
 
