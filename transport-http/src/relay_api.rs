@@ -230,19 +230,37 @@ async fn hold_sync(
     state: &HttpState,
     device: &Device,
     project: &ProjectId,
-    mut subscription: Subscription,
+    subscription: Subscription,
 ) -> Result<Vec<CommandRecord>, StoreError> {
     let queue: &Queue = state.mcp().queue();
+    hold(
+        state,
+        subscription,
+        || queue.queued_for(device, project),
+        |commands| !commands.is_empty(),
+    )
+    .await
+}
+
+/// Holds a long-poll request: answers `look()` once `subscription` fires or
+/// the hold bound passes, or earlier when a periodic look (every
+/// [`RelayApiConfig::recheck`]) is `ready`.
+async fn hold<T, E, F: Future<Output = Result<T, E>>>(
+    state: &HttpState,
+    mut subscription: Subscription,
+    look: impl Fn() -> F,
+    ready: impl Fn(&T) -> bool,
+) -> Result<T, E> {
     let deadline = tokio::time::Instant::now() + hold_bound(state);
     let recheck = state.config().relay.recheck.max(Duration::from_millis(10));
     loop {
         tokio::select! {
-            () = &mut subscription => return queue.queued_for(device, project).await,
-            () = tokio::time::sleep_until(deadline) => return queue.queued_for(device, project).await,
+            () = &mut subscription => return look().await,
+            () = tokio::time::sleep_until(deadline) => return look().await,
             () = tokio::time::sleep(recheck) => {
-                let commands = queue.queued_for(device, project).await?;
-                if !commands.is_empty() {
-                    return Ok(commands);
+                let answer = look().await?;
+                if ready(&answer) {
+                    return Ok(answer);
                 }
             }
         }
@@ -324,11 +342,9 @@ async fn hold_control(
     state: &HttpState,
     device: &Device,
     id: &CommandId,
-    mut subscription: Subscription,
+    subscription: Subscription,
 ) -> Result<ControlAnswer, ControlError> {
     let queue: &Queue = state.mcp().queue();
-    let deadline = tokio::time::Instant::now() + hold_bound(state);
-    let recheck = state.config().relay.recheck.max(Duration::from_millis(10));
     // A read without touching the device, for the periodic look.
     let look = || async {
         let record = queue
@@ -341,18 +357,7 @@ async fn hold_control(
             status: record.status,
         })
     };
-    loop {
-        tokio::select! {
-            () = &mut subscription => return look().await,
-            () = tokio::time::sleep_until(deadline) => return look().await,
-            () = tokio::time::sleep(recheck) => {
-                let answer = look().await?;
-                if settled(&answer) {
-                    return Ok(answer);
-                }
-            }
-        }
-    }
+    hold(state, subscription, look, settled).await
 }
 
 /// `POST /commands/{id}/complete`.

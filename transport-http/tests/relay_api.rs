@@ -181,6 +181,26 @@ impl Server {
             .status
     }
 
+    /// A device request held in the background; its answer comes with how long it took.
+    fn held(&self, path: &str, body: Value) -> tokio::task::JoinHandle<(Value, Duration)> {
+        let http = self.http.clone();
+        let url = format!("{}{RELAY_PREFIX}{path}", self.base);
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let body: Value = http
+                .post(url)
+                .bearer_auth(DEVICE)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            (body, started.elapsed())
+        })
+    }
+
     fn sync_body(long_poll: bool) -> Value {
         json!({"project_id": "p1", "sessions": [{"graph_session_id": GS, "name": "Drafts", "slug": "drafts", "version": "1", "status": "ready"}], "long_poll": long_poll})
     }
@@ -374,24 +394,7 @@ async fn decline_closes_a_queued_command_with_the_exact_message() {
 async fn a_held_sync_answers_when_work_is_queued_here_or_by_another_process() {
     let s = server(Duration::from_secs(20)).await;
     // Queued through this server's queue: the signal wakes the held sync.
-    let held = {
-        let http = s.http.clone();
-        let url = format!("{}{RELAY_PREFIX}/sync", s.base);
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let body: Value = http
-                .post(url)
-                .bearer_auth(DEVICE)
-                .json(&Server::sync_body(true))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            (body, started.elapsed())
-        })
-    };
+    let held = s.held("/sync", Server::sync_body(true));
     wait_for(|| s.queue.signals().waiting() > 0).await;
     let id = s.run("key-held-1").await;
     let (body, elapsed) = held.await.unwrap();
@@ -404,22 +407,7 @@ async fn a_held_sync_answers_when_work_is_queued_here_or_by_another_process() {
         .await;
     assert_eq!(status, 200);
     let other = queue_on(&s.db);
-    let http = s.http.clone();
-    let url = format!("{}{RELAY_PREFIX}/sync", s.base);
-    let held = tokio::spawn(async move {
-        let started = Instant::now();
-        let body: Value = http
-            .post(url)
-            .bearer_auth(DEVICE)
-            .json(&Server::sync_body(true))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        (body, started.elapsed())
-    });
+    let held = s.held("/sync", Server::sync_body(true));
     wait_for(|| s.queue.signals().waiting() > 0).await;
     let id2 = other
         .run_graph_session(
@@ -454,24 +442,13 @@ async fn a_held_sync_ends_at_the_hold_bound_and_a_held_control_on_cancel() {
         json!({"execution_id": "exec-a"}),
     )
     .await;
-    let http = s.http.clone();
-    let url = format!("{}{RELAY_PREFIX}/commands/{id}/control", s.base);
-    let held = tokio::spawn(async move {
-        let body: Value = http
-            .post(url)
-            .bearer_auth(DEVICE)
-            .json(&json!({"long_poll": true}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        body
-    });
+    let held = s.held(
+        &format!("/commands/{id}/control"),
+        json!({"long_poll": true}),
+    );
     wait_for(|| s.queue.signals().waiting() > 0).await;
     s.queue.cancel_graph_run(&agent(), &id).await.unwrap();
-    let body = held.await.unwrap();
+    let (body, _) = held.await.unwrap();
     assert_eq!(body, json!({"cancel_requested": true, "status": "running"}));
 }
 
