@@ -12,7 +12,7 @@
 //! | [`tool_args`] | a JSON document | decoding never panics; accepted arguments obey the schema |
 //! | [`queue_ops`] | `Arbitrary` agent and relay operations | the reference model of `graph_relay_core::testkit::model` |
 //! | [`envelope`] | arbitrary Unicode | never over 100,000; truncated exactly when the full form does not fit; error cuts keep whole characters |
-//! | [`relay_events`] | arbitrary event orders and failures | never two commands at once; no outbox item dropped without a 2xx or a final refusal; nothing runs after a failed re-check |
+//! | [`relay_events`] | arbitrary event orders and failures | never two commands at once; no outbox item dropped without a 2xx or a final refusal; every claim follows a re-check that holds at that moment |
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -302,10 +302,14 @@ pub fn relay_events(data: &[u8]) {
     let mut pending_claim: Option<CommandId> = None;
     let mut pending_controls: Vec<CommandId> = Vec::new();
     let mut pending_store: Option<CommandId> = None;
-    let mut pending_posts: Vec<CommandId> = Vec::new();
+    let mut pending_posts: Vec<(CommandId, bool)> = Vec::new();
     let mut pending_load = false;
     let mut running: Option<CommandId> = None;
-    let mut declined: BTreeSet<CommandId> = BTreeSet::new();
+    // Commands the server closed for good (a decline or completion it took):
+    // it never hands them out again, and the relay must never claim them.
+    let mut closed: BTreeSet<CommandId> = BTreeSet::new();
+    // The last version of each command a sync handed out.
+    let mut offered: HashMap<CommandId, RelayCommand> = HashMap::new();
     let mut may_remove: HashMap<CommandId, bool> = HashMap::new();
 
     for _ in 0..256 {
@@ -327,18 +331,18 @@ pub fn relay_events(data: &[u8]) {
                 }
                 Action::Claim { command, .. } => {
                     assert!(running.is_none(), "never claims while a command runs");
+                    let c = &offered[&command];
                     assert!(
-                        !declined.contains(&command),
-                        "a declined command is never claimed"
+                        relay
+                            .shared()
+                            .still_shared(&c.project, &c.graph_session_id, &c.slug),
+                        "a claim always follows a re-check that holds now"
                     );
                     pending_claim = Some(command);
                 }
                 Action::Execute(job) => {
                     assert!(running.is_none(), "never two commands at once");
-                    assert!(
-                        !declined.contains(&job.command.id),
-                        "nothing runs after a failed re-check"
-                    );
+                    assert!(!closed.contains(&job.command.id), "nothing closed runs");
                     assert!(
                         relay.shared().still_shared(
                             &job.command.project,
@@ -351,13 +355,10 @@ pub fn relay_events(data: &[u8]) {
                 }
                 Action::Control { command, .. } => pending_controls.push(command),
                 Action::CancelExecution { command } => assert_eq!(running, Some(command)),
-                Action::StoreReport(item) => {
-                    if item.report == RelayReport::Declined {
-                        declined.insert(item.command);
-                    }
-                    pending_store = Some(item.command);
+                Action::StoreReport(item) => pending_store = Some(item.command),
+                Action::PostReport(item) => {
+                    pending_posts.push((item.command, item.report == RelayReport::Declined))
                 }
-                Action::PostReport(item) => pending_posts.push(item.command),
                 Action::RemoveReport(command) => {
                     assert_eq!(
                         may_remove.remove(&command),
@@ -386,6 +387,7 @@ pub fn relay_events(data: &[u8]) {
                     _ => Ok(commands
                         .into_iter()
                         .take(6)
+                        .filter(|(id, _, _)| !closed.contains(&command_id(*id)))
                         .map(|(id, n, renamed)| RelayCommand {
                             id: command_id(id),
                             project: project.clone(),
@@ -397,8 +399,13 @@ pub fn relay_events(data: &[u8]) {
                                 session(n).slug
                             },
                         })
-                        .collect()),
+                        .collect::<Vec<_>>()),
                 };
+                if let Ok(commands) = &answer {
+                    for c in commands {
+                        offered.insert(c.id, c.clone());
+                    }
+                }
                 relay.handle_sync_response(answer, now);
             }
             Step::AnswerClaim(o) => {
@@ -406,6 +413,8 @@ pub fn relay_events(data: &[u8]) {
                     continue;
                 };
                 let outcome = match o % 3 {
+                    // The server never grants a command it has closed.
+                    0 if closed.contains(&command) => ClaimOutcome::Refused("cancelled".into()),
                     0 => ClaimOutcome::Granted,
                     1 => ClaimOutcome::Refused("cancelled".into()),
                     _ => ClaimOutcome::Network("timeout".into()),
@@ -453,13 +462,16 @@ pub fn relay_events(data: &[u8]) {
                 if pending_posts.is_empty() {
                     continue;
                 }
-                let command = pending_posts.remove(0);
+                let (command, declined) = pending_posts.remove(0);
                 let outcome = match o % 3 {
                     0 => PostOutcome::Acknowledged,
                     1 => PostOutcome::Rejected("conflict".into()),
                     _ => PostOutcome::Retry("timeout".into()),
                 };
                 may_remove.insert(command, !matches!(outcome, PostOutcome::Retry(_)));
+                if outcome == PostOutcome::Acknowledged && (declined || running.is_none()) {
+                    closed.insert(command);
+                }
                 relay.handle_report_posted(command, outcome, now);
             }
             Step::Loaded(items) => {
@@ -470,7 +482,7 @@ pub fn relay_events(data: &[u8]) {
                     .into_iter()
                     .take(4)
                     .map(|(id, declined_item)| graph_relay_core::outbox::OutboxItem {
-                        command: command_id(id.wrapping_add(100)),
+                        command: CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(id))),
                         report: if declined_item {
                             RelayReport::Declined
                         } else {
