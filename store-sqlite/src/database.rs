@@ -1,9 +1,12 @@
-//! The threads that own the SQLite connections.
+//! The connections of one database file and the threads that own some.
 //!
-//! A [`Database`] is one writer thread and a few reader threads, each with
-//! its own connection. Callers hand them closures through channels and
-//! await a `futures` oneshot for the answer, so no SQLite call ever runs on
-//! the caller's executor.
+//! A [`Database`] is one writer thread (the only connection that writes),
+//! one checkpoint thread, and a pool of read-only connections. A write is a
+//! closure sent through a channel to the writer; the caller awaits a
+//! `futures` oneshot for the answer, so a write, which may wait for another
+//! process's lock, never blocks the caller's executor. A read runs on the
+//! calling thread with a connection checked out of the pool: in WAL mode a
+//! read never waits for a lock held by a writer (see the crate docs).
 //!
 //! The writer takes every job that is waiting when it wakes up (at most
 //! [`MAX_GROUP`]) and runs them in one `BEGIN IMMEDIATE` transaction, each
@@ -12,11 +15,11 @@
 //! `COMMIT` returned, so "the call returned" always means "the change is
 //! committed".
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -25,7 +28,7 @@ use rusqlite::Connection;
 
 /// Most write jobs committed together in one transaction.
 const MAX_GROUP: usize = 64;
-/// How long an idle worker keeps polling for the next job before it sleeps.
+/// How long an idle writer keeps polling for the next job before it sleeps.
 const SPIN: Duration = Duration::from_micros(30);
 
 /// A failure inside the database threads, before it is mapped to the
@@ -98,65 +101,182 @@ where
 }
 
 type WriteJob = Box<dyn WriteWork>;
-type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
 
-/// The writer and reader threads of one database file.
+/// The writer thread, the checkpoint thread and the read connections of
+/// one database file.
 pub(crate) struct Database {
     writer: Option<Sender<WriteJob>>,
-    readers: Vec<Reader>,
-    threads: Vec<JoinHandle<()>>,
+    writer_thread: Option<JoinHandle<()>>,
+    checkpoints: Arc<Checkpoints>,
+    checkpoint_thread: Option<JoinHandle<()>>,
+    readers: ReadPool,
 }
 
-/// One reader thread's queue and how many jobs it has not finished.
-struct Reader {
-    jobs: Sender<ReadJob>,
-    in_flight: Arc<AtomicUsize>,
+/// The connections a [`Database`] starts with.
+pub(crate) struct Connections {
+    /// The one read-write connection that writes.
+    pub(crate) writer: Connection,
+    /// A read-write connection that only checkpoints the WAL.
+    pub(crate) checkpointer: Connection,
+    /// The first read connection.
+    pub(crate) reader: Connection,
+    /// Opens more read connections.
+    pub(crate) open_reader: OpenReader,
+    /// Most read connections open at once.
+    pub(crate) max_readers: usize,
 }
 
 impl std::fmt::Debug for Database {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Database")
-            .field("threads", &self.threads.len())
+            .field("readers", &self.readers)
             .finish_non_exhaustive()
     }
 }
 
+/// Opens one more read connection for the pool.
+pub(crate) type OpenReader = Box<dyn Fn() -> rusqlite::Result<Connection> + Send + Sync>;
+
+/// Read connections, checked out by the calling thread for one read.
+///
+/// Idle connections wait in a stack (the most recently used one is handed
+/// out first: its statement cache and pages are warm). When every connection
+/// is checked out another one is opened, up to `max`; beyond that a caller
+/// waits for one to come back, which takes microseconds since a read never
+/// waits for a writer.
+struct ReadPool {
+    idle: Mutex<Idle>,
+    returned: Condvar,
+    open: OpenReader,
+    max: usize,
+    busy_timeout: Duration,
+}
+
+struct Idle {
+    connections: Vec<Connection>,
+    /// Connections that exist: idle ones and checked-out ones.
+    count: usize,
+    /// Callers waiting for a connection to come back.
+    waiting: usize,
+}
+
+impl std::fmt::Debug for ReadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPool")
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadPool {
+    fn lock(&self) -> MutexGuard<'_, Idle> {
+        // The pool's state is consistent between statements: a panic while
+        // it was locked left nothing half-done.
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An idle connection, a new one if all are busy and the bound allows,
+    /// or the next one given back.
+    fn checkout(&self) -> Result<Connection, DbError> {
+        let mut idle = self.lock();
+        loop {
+            if let Some(conn) = idle.connections.pop() {
+                return Ok(conn);
+            }
+            if idle.count < self.max {
+                idle.count += 1;
+                drop(idle);
+                return (self.open)().map_err(|e| {
+                    self.lock().count -= 1;
+                    DbError::from(e)
+                });
+            }
+            idle.waiting += 1;
+            idle = self
+                .returned
+                .wait(idle)
+                .unwrap_or_else(PoisonError::into_inner);
+            idle.waiting -= 1;
+        }
+    }
+
+    fn give_back(&self, conn: Connection) {
+        let mut idle = self.lock();
+        idle.connections.push(conn);
+        // Waking nobody would still cost a system call.
+        if idle.waiting > 0 {
+            self.returned.notify_one();
+        }
+    }
+
+    /// A connection that must not be reused (a job panicked with it).
+    fn discard(&self, conn: Connection) {
+        drop(conn);
+        let mut idle = self.lock();
+        idle.count -= 1;
+        if idle.waiting > 0 {
+            self.returned.notify_one();
+        }
+    }
+}
+
 impl Database {
-    /// Starts the threads: `writer` gets the write connection, each of
-    /// `readers` (at least one) a read connection.
+    /// Starts the writer thread with `writer`; `reader` is the first read
+    /// connection, `open_reader` opens more, up to `max_readers`.
     pub(crate) fn start(
         name: &str,
-        writer: Connection,
-        readers: Vec<Connection>,
+        connections: Connections,
         busy_timeout: Duration,
     ) -> std::io::Result<Self> {
+        let Connections {
+            writer,
+            checkpointer,
+            reader,
+            open_reader,
+            max_readers,
+        } = connections;
+        let checkpoints = Arc::new(Checkpoints::default());
+        let signal = Arc::clone(&checkpoints);
+        let checkpoint_thread = std::thread::Builder::new()
+            .name(format!("{name}-checkpoint"))
+            .spawn(move || checkpoint_loop(&checkpointer, &signal))?;
         let (write_tx, write_rx) = std::sync::mpsc::channel::<WriteJob>();
-        let mut db = Self {
-            writer: Some(write_tx),
-            readers: Vec::with_capacity(readers.len()),
-            threads: Vec::with_capacity(1 + readers.len()),
-        };
-        let handle = std::thread::Builder::new()
+        let signal = Arc::clone(&checkpoints);
+        let writer_thread = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || {
                 BUSY_BUDGET.set(busy_timeout);
+                CHECKPOINTS.set(Some(signal));
+                // Replaces SQLite's autocheckpoint, which would run the
+                // checkpoint inside the commit on this thread.
+                writer.wal_hook(Some(wal_hook));
                 writer_loop(writer, write_rx);
-            })?;
-        db.threads.push(handle);
-        for (i, conn) in readers.into_iter().enumerate() {
-            let (jobs, rx) = std::sync::mpsc::channel::<ReadJob>();
-            let in_flight = Arc::new(AtomicUsize::new(0));
-            let count = Arc::clone(&in_flight);
-            let handle = std::thread::Builder::new()
-                .name(format!("{name}-reader-{i}"))
-                .spawn(move || {
-                    BUSY_BUDGET.set(busy_timeout);
-                    reader_loop(conn, rx, count);
-                })?;
-            db.threads.push(handle);
-            db.readers.push(Reader { jobs, in_flight });
-        }
-        Ok(db)
+            });
+        let writer_thread = match writer_thread {
+            Ok(handle) => handle,
+            Err(e) => {
+                checkpoints.stop();
+                let _ = checkpoint_thread.join();
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            writer: Some(write_tx),
+            writer_thread: Some(writer_thread),
+            checkpoints,
+            checkpoint_thread: Some(checkpoint_thread),
+            readers: ReadPool {
+                idle: Mutex::new(Idle {
+                    connections: vec![reader],
+                    count: 1,
+                    waiting: 0,
+                }),
+                returned: Condvar::new(),
+                open: open_reader,
+                max: max_readers.max(1),
+                busy_timeout,
+            },
+        })
     }
 
     /// Runs `job` on the writer thread inside an immediate transaction and
@@ -181,44 +301,43 @@ impl Database {
         answer.await.map_err(|_| DbError::Stopped)?
     }
 
-    /// Runs `job` on a reader thread (autocommit: each statement sees the
-    /// latest committed state).
-    pub(crate) async fn read<R, F>(&self, job: F) -> Result<R, DbError>
-    where
-        F: FnOnce(&Connection) -> Result<R, DbError> + Send + 'static,
-        R: Send + 'static,
-    {
-        let (reply, answer) = oneshot::channel();
-        let work: ReadJob = Box::new(move |conn| {
-            let result =
-                catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked));
-            let _ = reply.send(result);
-        });
-        // The least busy reader, the first one on a tie: a caller that reads
-        // one thing after another keeps meeting the same, still-awake thread.
-        let reader = self
-            .readers
-            .iter()
-            .min_by_key(|r| r.in_flight.load(Ordering::Relaxed))
-            .ok_or(DbError::Stopped)?;
-        reader.in_flight.fetch_add(1, Ordering::Relaxed);
-        if reader.jobs.send(work).is_err() {
-            reader.in_flight.fetch_sub(1, Ordering::Relaxed);
-            return Err(DbError::Stopped);
+    /// Runs `job` right here, on the calling thread, with a read connection
+    /// from the pool (autocommit: each statement sees the latest committed
+    /// state). In WAL mode a read never waits for a writer, so this takes
+    /// as long as the query itself; see the crate docs.
+    pub(crate) fn read<R>(
+        &self,
+        job: impl FnOnce(&Connection) -> Result<R, DbError>,
+    ) -> Result<R, DbError> {
+        let conn = self.readers.checkout()?;
+        // The busy handler runs on this thread: give it this database's
+        // budget (the thread may be shared with other databases).
+        BUSY_BUDGET.set(self.readers.busy_timeout);
+        match catch_unwind(AssertUnwindSafe(|| job(&conn))) {
+            Ok(result) => {
+                self.readers.give_back(conn);
+                result
+            }
+            Err(_) => {
+                self.readers.discard(conn);
+                Err(DbError::Panicked)
+            }
         }
-        answer.await.map_err(|_| DbError::Stopped)?
     }
 }
 
 impl Drop for Database {
-    /// Closes the channels and waits for the threads: jobs already sent are
+    /// Closes the channel and waits for the writer: jobs already sent are
     /// finished and the connections closed (which checkpoints the WAL) before
     /// `drop` returns.
     fn drop(&mut self) {
         self.writer.take();
-        self.readers.clear();
-        for handle in self.threads.drain(..) {
-            // A panicked worker has nothing left to clean up.
+        // A panicked thread has nothing left to clean up.
+        if let Some(handle) = self.writer_thread.take() {
+            let _ = handle.join();
+        }
+        self.checkpoints.stop();
+        if let Some(handle) = self.checkpoint_thread.take() {
             let _ = handle.join();
         }
     }
@@ -297,19 +416,105 @@ fn rollback(conn: &Connection) {
     }
 }
 
-fn reader_loop(conn: Connection, jobs: Receiver<ReadJob>, in_flight: Arc<AtomicUsize>) {
-    while let Some(job) = next_job(&jobs) {
-        job(&conn);
-        in_flight.fetch_sub(1, Ordering::Relaxed);
+/// WAL size (in pages) from which a checkpoint is requested: SQLite's own
+/// autocheckpoint threshold.
+const CHECKPOINT_PAGES: i32 = 1000;
+
+/// Longest wait of the checkpoint thread for a lock.
+const CHECKPOINT_BUSY: Duration = Duration::from_millis(50);
+
+/// Requests from the writer to the checkpoint thread.
+#[derive(Default)]
+struct Checkpoints {
+    state: Mutex<CheckpointState>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct CheckpointState {
+    requested: bool,
+    stop: bool,
+}
+
+impl Checkpoints {
+    fn lock(&self) -> MutexGuard<'_, CheckpointState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn request(&self) {
+        let mut state = self.lock();
+        if !state.requested {
+            state.requested = true;
+            self.wake.notify_one();
+        }
+    }
+
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_one();
+    }
+}
+
+thread_local! {
+    /// The checkpoint thread of the writer running on this thread.
+    static CHECKPOINTS: RefCell<Option<Arc<Checkpoints>>> = const { RefCell::new(None) };
+}
+
+/// Called by SQLite on the writer thread after each commit with the number
+/// of pages in the WAL: past [`CHECKPOINT_PAGES`] it asks the checkpoint
+/// thread for a checkpoint instead of running one inside the commit.
+fn wal_hook(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+    if pages >= CHECKPOINT_PAGES {
+        CHECKPOINTS.with_borrow(|c| {
+            if let Some(c) = c {
+                c.request();
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Runs a checkpoint whenever the writer asks for one, until stopped.
+///
+/// First a passive checkpoint: it takes neither the write lock nor readers'
+/// locks and copies the bulk of the WAL (with its fsyncs) while the writer
+/// goes on committing. Under a steady stream of commits it can never catch
+/// up with the last few, and the WAL is only started over once everything
+/// was copied; so a `FULL` checkpoint follows, which holds the write lock
+/// just long enough to copy those few frames and sync. It waits for the
+/// write lock and for old readers at most [`CHECKPOINT_BUSY`]; if it gives up,
+/// the next request tries again. The writer starts the WAL over at its next
+/// transaction.
+fn checkpoint_loop(conn: &Connection, checkpoints: &Checkpoints) {
+    BUSY_BUDGET.set(CHECKPOINT_BUSY);
+    loop {
+        {
+            let mut state = checkpoints.lock();
+            while !state.requested && !state.stop {
+                state = checkpoints
+                    .wake
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            if state.stop {
+                return;
+            }
+            state.requested = false;
+        }
+        // A failed checkpoint (e.g. another process is checkpointing) is
+        // simply tried again after the writer's next commit.
+        let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+        let _ = conn.query_row("PRAGMA wal_checkpoint(FULL)", [], |_| Ok(()));
     }
 }
 
 /// The next job, or `None` once the channel is closed and drained.
 ///
-/// Right after a job the thread keeps polling for [`SPIN`] (yielding the CPU
-/// between polls) before it sleeps: a caller working through a sequence of
-/// calls sends the next one within microseconds, and waking a sleeping
-/// thread costs far more than that on a busy machine.
+/// Right after a group the writer keeps polling for [`SPIN`] (yielding the
+/// CPU between polls) before it sleeps: a caller working through a sequence
+/// of calls sends the next write within microseconds, and waking a sleeping
+/// thread costs far more than that on a busy machine (measured: a 30 µs
+/// yielding spin beats both no spin and a busy spin).
 fn next_job<T>(jobs: &Receiver<T>) -> Option<T> {
     let start = Instant::now();
     loop {

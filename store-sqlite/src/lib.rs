@@ -8,19 +8,37 @@
 //! atomically. It passes the core's conformance suite unchanged.
 //!
 //! ```text
-//!  Queue (core) ──async──► SqliteStore ──channel──► writer thread ─┐
-//!                                     └─channel──► reader threads ─┴─► one .sqlite file (WAL)
+//!  Queue (core) ──async──► SqliteStore ──reads, on the caller's thread──► pooled read connections ─┐
+//!                                     └─writes, channel──► writer thread (group commit) ──────────┼─► one .sqlite file (WAL)
+//!                                                            └─WAL full──► checkpoint thread ──────┘
 //! ```
 //!
 //! # Design
 //!
-//! - **Runtime-agnostic, never blocking the caller.** Each open database owns
-//!   one *writer thread* with one read-write connection and a few *reader
-//!   threads* (two by default) with read-only connections. A call packs its
-//!   work into a closure, sends it over a channel and awaits a
-//!   `futures::channel::oneshot` for the answer; no SQLite call runs on the
-//!   caller's executor, and any executor (or `futures::executor::block_on`)
-//!   works. There is no tokio dependency.
+//! - **Runtime-agnostic, never blocking the caller on a lock.** There is no
+//!   tokio dependency; any executor (or `futures::executor::block_on`)
+//!   works.
+//!   - *Writes* go to the database's one **writer thread**, which owns the
+//!     only read-write connection: a call packs its work into a closure,
+//!     sends it over a channel and awaits a `futures::channel::oneshot`.
+//!     A write may have to wait for another process's write lock (up to
+//!     [`SqliteOptions::busy_timeout`]), and that wait must never block the
+//!     caller's executor.
+//!   - *Reads* run **on the calling thread**, with a connection checked out
+//!     of a small pool of read-only connections (a mutex-guarded stack;
+//!     another connection is opened when all are in use, up to
+//!     [`SqliteOptions::readers`], 4 by default; beyond that a caller waits
+//!     for one to come back, which takes microseconds). In WAL mode a read
+//!     never waits for a writer: it reads the last committed snapshot from
+//!     the database file and the WAL, whatever the writers (of this or
+//!     another process) are doing. A read therefore costs what its query
+//!     costs, a few microseconds, no more than taking a contended mutex:
+//!     hopping to a thread and back cost 40–70 µs per call on a loaded
+//!     machine, far more than the query. The one wait a read can meet is
+//!     `SQLITE_BUSY` while another connection recovers the WAL after a
+//!     crash (or a brief WAL restart race); the busy handler below retries
+//!     it, bounded by `busy_timeout`. Like any file read, a read of pages
+//!     the OS does not have cached touches the disk.
 //! - **Group commit.** The writer takes every job waiting when it wakes up
 //!   (up to 64) and runs them in one `BEGIN IMMEDIATE` transaction, each in
 //!   its own savepoint: a job that fails is rolled back alone. Answers are
@@ -58,9 +76,23 @@
 //!   is marked with `PRAGMA application_id` = [`APPLICATION_ID`].
 //! - **Reads** go through a memory map of the file (`mmap_size` 1 GiB), since
 //!   a connection reloads its pages whenever another connection wrote.
-//!   Worker threads poll their queue for 30 µs after each job before they
-//!   sleep, so a caller issuing one call after another does not pay for
-//!   waking a thread every time.
+//!   The writer polls its queue for 30 µs after each group before it
+//!   sleeps, so a caller issuing one write after another does not pay for
+//!   waking the thread every time.
+//! - **Checkpoints off the commit path.** SQLite's autocheckpoint would copy
+//!   the WAL back into the database file (and fsync both) inside the commit
+//!   that crossed 1000 WAL pages, while every caller of that group and the
+//!   next waits: milliseconds, a fifth of the writer's time under load.
+//!   Instead the writer's WAL hook wakes a **checkpoint thread** with its
+//!   own connection. It first runs `PRAGMA wal_checkpoint(PASSIVE)`, which
+//!   takes no lock that writers or readers wait for and copies the bulk of
+//!   the WAL, fsyncs included, while the writer goes on committing; then a
+//!   `FULL` checkpoint, which holds the write lock only long enough to copy
+//!   the few frames committed meanwhile (it waits at most 50 ms for locks,
+//!   else it is retried after the next commit). The writer starts the WAL
+//!   over at its next transaction, so the WAL stays a few MB, as with
+//!   SQLite's own autocheckpoint (a test checks it stays under 20 MB over
+//!   5000 commits).
 //! - **Refusing foreign files.** Opening a file that is not SQLite, a SQLite
 //!   database of another application, or one written by a newer schema
 //!   fails with an [`OpenError`] and leaves the file untouched: it is
@@ -149,7 +181,7 @@ impl Default for SqliteOptions {
         Self {
             synchronous: Synchronous::Normal,
             busy_timeout: Duration::from_secs(5),
-            readers: 2,
+            readers: 4,
         }
     }
 }
@@ -170,8 +202,9 @@ impl SqliteOptions {
         self
     }
 
-    /// Number of reader threads, each with its own connection (2 by
-    /// default; at least 1).
+    /// Most read connections open at once (4 by default; at least 1).
+    /// Reads run on the calling thread with a pooled connection; one is
+    /// opened at start-up, more when concurrent reads need them.
     #[must_use]
     pub fn readers(mut self, readers: usize) -> Self {
         self.readers = readers.max(1);
@@ -252,7 +285,7 @@ pub enum OpenError {
         /// What SQLite said.
         source: rusqlite::Error,
     },
-    /// A worker thread could not be started.
+    /// The writer or checkpoint thread could not be started.
     #[error("cannot start the SQLite worker threads: {0}")]
     Thread(std::io::Error),
 }

@@ -26,7 +26,7 @@ pub struct SqliteOutbox {
 impl SqliteOutbox {
     /// Opens (creating if needed) the outbox in the database at `path` with
     /// `synchronous = FULL`, so a stored item survives power loss as well as
-    /// a crash, and one reader thread. Blocks briefly: call it at start-up.
+    /// a crash, and one read connection. Blocks briefly: call it at start-up.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, OpenError> {
         Self::open_with(
             path,
@@ -108,7 +108,6 @@ impl Outbox for SqliteOutbox {
                     })
                     .collect()
             })
-            .await
             .map_err(outbox_error)
     }
 

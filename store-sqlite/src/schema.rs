@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 
-use crate::database::{Database, busy_handler, set_busy_budget};
+use crate::database::{Connections, Database, busy_handler, set_busy_budget};
 use crate::{OpenError, SqliteOptions};
 
 /// `PRAGMA application_id` of every graph-relay database: "GRly".
@@ -111,7 +111,7 @@ pub(crate) fn open(
         path: path.to_owned(),
         source,
     };
-    let writer = connect(path, OpenFlags::default()).map_err(sqlite)?;
+    let writer = connect(path, OpenFlags::default(), MMAP_SIZE).map_err(sqlite)?;
     // WAL first, so that even the first migration is crash-safe in a way a
     // read-only connection can inspect afterwards (an interrupted WAL
     // transaction is simply ignored; a hot rollback journal would need a
@@ -129,15 +129,26 @@ pub(crate) fn open(
     writer
         .pragma_update(None, "synchronous", options.synchronous.pragma())
         .map_err(sqlite)?;
-    let readers = (0..options.readers.max(1))
-        .map(|_| {
-            let conn = connect(path, read_write_no_create())?;
+    let open_reader = {
+        let path = path.to_owned();
+        move || {
+            let conn = connect(&path, read_write_no_create(), MMAP_SIZE)?;
             conn.pragma_update(None, "query_only", true)?;
             Ok(conn)
-        })
-        .collect::<Result<Vec<_>, rusqlite::Error>>()
-        .map_err(sqlite)?;
-    Database::start(name, writer, readers, options.busy_timeout).map_err(OpenError::Thread)
+        }
+    };
+    // The first read connection now, so that a file readers cannot open
+    // fails here rather than at the first read.
+    let reader = open_reader().map_err(sqlite)?;
+    let checkpointer = connect(path, read_write_no_create(), MMAP_SIZE).map_err(sqlite)?;
+    let connections = Connections {
+        writer,
+        checkpointer,
+        reader,
+        open_reader: Box::new(open_reader),
+        max_readers: options.readers,
+    };
+    Database::start(name, connections, options.busy_timeout).map_err(OpenError::Thread)
 }
 
 /// True if `path` exists and is not empty; refuses a file that cannot be
@@ -275,13 +286,13 @@ fn read_write_no_create() -> OpenFlags {
 }
 
 /// A connection with this crate's settings.
-fn connect(path: &Path, flags: OpenFlags) -> rusqlite::Result<Connection> {
+fn connect(path: &Path, flags: OpenFlags, mmap: i64) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_handler(Some(busy_handler))?;
     conn.set_prepared_statement_cache_capacity(64);
     // Read database pages through a memory map instead of a read() per
     // page: every connection reloads its pages after another one wrote.
-    conn.pragma_update(None, "mmap_size", MMAP_SIZE)?;
+    conn.pragma_update(None, "mmap_size", mmap)?;
     Ok(conn)
 }
 

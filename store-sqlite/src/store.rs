@@ -41,8 +41,8 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating and migrating if needed) the database at `path` with
-    /// the default options: `synchronous = NORMAL`, 5 s busy timeout, two
-    /// readers. Blocks briefly (file checks, migrations): call it at start-up.
+    /// the default options: `synchronous = NORMAL`, 5 s busy timeout, up
+    /// to four read connections. Blocks briefly (file checks, migrations): call it at start-up.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, OpenError> {
         Self::open_with(path, &SqliteOptions::default())
     }
@@ -68,7 +68,6 @@ impl SqliteStore {
                     .query_row([], |r| r.get(0))?;
                 Ok(u64::try_from(n).unwrap_or(0))
             })
-            .await
             .map_err(store_error)
     }
 
@@ -103,8 +102,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let (agent, key, now) = (agent.clone(), key.clone(), millis(now)?);
         self.db
-            .read(move |conn| live_key(conn, agent, key, now))
-            .await
+            .read(|conn| live_key(conn, agent, key, now))
             .map_err(store_error)
     }
 
@@ -153,16 +151,15 @@ impl Store for SqliteStore {
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let (agent, id) = (agent.clone(), id.to_string());
+        let id = id.to_string();
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 conn.prepare_cached(select_commands!("WHERE id = ?1 AND agent = ?2"))?
                     .query_row(params![id, agent.as_str()], CommandRow::read)
                     .optional()?
                     .map(CommandRow::decode)
                     .transpose()
             })
-            .await
             .map_err(store_error)
     }
 
@@ -171,16 +168,15 @@ impl Store for SqliteStore {
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let (device, id) = (device.clone(), id.to_string());
+        let id = id.to_string();
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 conn.prepare_cached(select_commands!("WHERE id = ?1 AND device = ?2"))?
                     .query_row(params![id, device.as_str()], CommandRow::read)
                     .optional()?
                     .map(CommandRow::decode)
                     .transpose()
             })
-            .await
             .map_err(store_error)
     }
 
@@ -228,10 +224,9 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let (owner, project, device) = (owner.clone(), project.clone(), device.clone());
         let limit = sql_limit(limit);
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 // `status = 'queued'` literally, so the partial index applies;
                 // the limit as a literal too (see `sql_limit`). The rowid is
                 // the insertion order: same-millisecond runs keep their order.
@@ -251,7 +246,6 @@ impl Store for SqliteStore {
                     .collect::<rusqlite::Result<Vec<_>>>()?;
                 rows.into_iter().map(CommandRow::decode).collect()
             })
-            .await
             .map_err(store_error)
     }
 
@@ -306,10 +300,9 @@ impl Store for SqliteStore {
         project: &ProjectId,
         limit: usize,
     ) -> Result<Vec<SharedSession>, StoreError> {
-        let (owner, project) = (owner.clone(), project.clone());
         let limit = sql_limit(limit);
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT project, device, synced_at, meta FROM shared_sessions
                      WHERE owner = ?1 AND project = ?2
@@ -320,7 +313,6 @@ impl Store for SqliteStore {
                     .collect::<rusqlite::Result<Vec<_>>>()?;
                 rows.into_iter().map(SessionRow::decode).collect()
             })
-            .await
             .map_err(store_error)
     }
 
@@ -330,15 +322,14 @@ impl Store for SqliteStore {
         projects: &[ProjectId],
         id: &GraphSessionId,
     ) -> Result<Option<SharedSession>, StoreError> {
-        let (owner, projects, id) = (owner.clone(), projects.to_vec(), id.clone());
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 let mut stmt = conn.prepare_cached(
                     "SELECT project, device, synced_at, meta FROM shared_sessions
                      WHERE owner = ?1 AND project = ?2 AND graph_session_id = ?3
                      ORDER BY device LIMIT 1",
                 )?;
-                for project in &projects {
+                for project in projects {
                     let found = stmt
                         .query_row(
                             params![owner.as_str(), project.as_str(), id.as_str()],
@@ -351,7 +342,6 @@ impl Store for SqliteStore {
                 }
                 Ok(None)
             })
-            .await
             .map_err(store_error)
     }
 
@@ -392,9 +382,8 @@ impl Store for SqliteStore {
         owner: &OwnerId,
         device: &DeviceId,
     ) -> Result<Option<DeviceRecord>, StoreError> {
-        let (owner, device) = (owner.clone(), device.clone());
         self.db
-            .read(move |conn| {
+            .read(|conn| {
                 let found = conn
                     .prepare_cached(
                         "SELECT last_sync_at, last_seen_at, long_poll FROM devices
@@ -412,14 +401,13 @@ impl Store for SqliteStore {
                     return Ok(None);
                 };
                 Ok(Some(DeviceRecord {
-                    device,
-                    owner,
+                    device: device.clone(),
+                    owner: owner.clone(),
                     last_sync_at: last_sync_at.map(timestamp).transpose()?,
                     last_seen_at: timestamp(last_seen_at)?,
                     long_poll,
                 }))
             })
-            .await
             .map_err(store_error)
     }
 
