@@ -959,40 +959,37 @@ impl Relay {
             }
             // 4. The next project's sync.
             if let Some(project) = self.projects.pop_front() {
-                let sessions = self.shared.sessions(&project);
-                self.awaiting = Awaiting::Sync {
-                    project: project.clone(),
-                    held: false,
-                };
-                self.actions.push_back(Action::Sync {
-                    project,
-                    sessions,
-                    long_poll: false,
-                });
+                self.send_sync(project, false);
                 return;
             }
             // 5. Long-poll: a pass that found nothing waits in one held sync.
-            if self.config.mode == RelayMode::LongPoll
+            let wait_here = self.config.mode == RelayMode::LongPoll
                 && self.work_in_pass == 0
                 && !self.held_done
-                && self.failures == 0
-                && let Some(project) = self.shared.projects().next().cloned()
-            {
+                && self.failures == 0;
+            let first_project = self.shared.projects().next().cloned();
+            if let (true, Some(project)) = (wait_here, first_project) {
                 self.held_done = true;
-                let sessions = self.shared.sessions(&project);
-                self.awaiting = Awaiting::Sync {
-                    project: project.clone(),
-                    held: true,
-                };
-                self.actions.push_back(Action::Sync {
-                    project,
-                    sessions,
-                    long_poll: true,
-                });
+                self.send_sync(project, true);
                 return;
             }
             self.end_pass(now);
         }
+    }
+
+    /// Syncs `project` with its shared sessions; `held` asks the server to
+    /// hold the request until work arrives.
+    fn send_sync(&mut self, project: ProjectId, held: bool) {
+        let sessions = self.shared.sessions(&project);
+        self.awaiting = Awaiting::Sync {
+            project: project.clone(),
+            held,
+        };
+        self.actions.push_back(Action::Sync {
+            project,
+            sessions,
+            long_poll: held,
+        });
     }
 
     fn new_execution_id(&mut self, command: &CommandId) -> ExecutionId {

@@ -93,6 +93,15 @@ impl Fixture {
         )
     }
 
+    /// Queues a run without the tasks extension; returns its command id.
+    fn ticket(&self, key: &str) -> String {
+        let reply = self.run(key, false);
+        reply["result"]["structuredContent"]["command_id"]
+            .as_str()
+            .expect("a ticket")
+            .to_owned()
+    }
+
     fn task(&self, caller: &Caller, method: &str, task_id: &str) -> Value {
         self.request(caller, method, json!({"taskId": task_id}), true)
     }
@@ -257,11 +266,7 @@ fn clients_without_the_extension_keep_the_ticket() {
 #[test]
 fn wait_seconds_returns_when_the_run_finishes() {
     let f = fixture(Some(30));
-    let ticket = f.run("wait-key-01", false);
-    let id = ticket["result"]["structuredContent"]["command_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = f.ticket("wait-key-01");
     let command = CommandId::parse(&id).expect("uuid");
     let queue: Queue = f.world.queue.clone();
     let device = f.world.device.clone();
@@ -302,11 +307,7 @@ fn wait_seconds_returns_when_the_run_finishes() {
 #[test]
 fn wait_seconds_gives_up_at_its_bound_and_is_refused_when_disabled() {
     let f = fixture(Some(30));
-    let ticket = f.run("wait-key-02", false);
-    let id = ticket["result"]["structuredContent"]["command_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = f.ticket("wait-key-02");
     let waited = f.request(
         &f.alice,
         "tools/call",
@@ -326,11 +327,7 @@ fn wait_seconds_gives_up_at_its_bound_and_is_refused_when_disabled() {
     assert_eq!(too_long["result"]["isError"], true);
 
     let off = fixture(None);
-    let ticket = off.run("wait-key-03", false);
-    let id = ticket["result"]["structuredContent"]["command_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = off.ticket("wait-key-03");
     let refused = off.request(
         &off.alice,
         "tools/call",
@@ -370,11 +367,7 @@ fn system_clock_queue_works_with_the_wait_too() {
         alice: alice.clone(),
         other: alice,
     };
-    let ticket = f.run("wait-key-04", false);
-    let id = ticket["result"]["structuredContent"]["command_id"]
-        .as_str()
-        .expect("id")
-        .to_owned();
+    let id = f.ticket("wait-key-04");
     let waited = f.request(
         &f.alice,
         "tools/call",
