@@ -381,6 +381,7 @@ pub fn relay_events(data: &[u8]) {
                 let Some(project) = pending_sync.take() else {
                     continue;
                 };
+                let mut seen = BTreeSet::new();
                 let answer = match failure % 4 {
                     1 => Err(SyncFailure::Network("down".into())),
                     2 => Err(SyncFailure::Refused("403".into())),
@@ -388,22 +389,31 @@ pub fn relay_events(data: &[u8]) {
                         .into_iter()
                         .take(6)
                         .filter(|(id, _, _)| !closed.contains(&command_id(*id)))
-                        .map(|(id, n, renamed)| RelayCommand {
-                            id: command_id(id),
-                            project: project.clone(),
-                            graph_session_id: GraphSessionId::clone(&session(n).graph_session_id),
-                            arguments: Default::default(),
-                            slug: if renamed {
-                                "renamed".into()
-                            } else {
-                                session(n).slug
-                            },
+                        // A sync lists each queued command once.
+                        .filter(|(id, _, _)| seen.insert(command_id(*id)))
+                        // A command's project, session and slug never change: an id
+                        // handed out before is handed out the same, and only in its project.
+                        .filter_map(|(id, n, renamed)| match offered.get(&command_id(id)) {
+                            Some(known) => (known.project == project).then(|| known.clone()),
+                            None => Some(RelayCommand {
+                                id: command_id(id),
+                                project: project.clone(),
+                                graph_session_id: GraphSessionId::clone(
+                                    &session(n).graph_session_id,
+                                ),
+                                arguments: Default::default(),
+                                slug: if renamed {
+                                    "renamed".into()
+                                } else {
+                                    session(n).slug
+                                },
+                            }),
                         })
                         .collect::<Vec<_>>()),
                 };
                 if let Ok(commands) = &answer {
                     for c in commands {
-                        offered.insert(c.id, c.clone());
+                        offered.entry(c.id).or_insert_with(|| c.clone());
                     }
                 }
                 relay.handle_sync_response(answer, now);
