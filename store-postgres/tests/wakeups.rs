@@ -86,8 +86,10 @@ async fn a_write_on_one_server_wakes_waiters_on_the_other() {
     );
 
     let (sa, sb) = (a.wakeups.status().stats(), b.wakeups.status().stats());
-    assert!(sa.published >= 1 && sb.published >= 2, "{sa:?} {sb:?}");
-    assert!(sa.received >= 2 && sb.received >= 1, "{sa:?} {sb:?}");
+    // B's start and cancel publish the same topic; when both are queued at
+    // once they go out as one (deduplicated) notification.
+    assert!(sa.published >= 1 && sb.published >= 1, "{sa:?} {sb:?}");
+    assert!(sa.received >= 1 && sb.received >= 1, "{sa:?} {sb:?}");
     assert_eq!(sa.malformed + sb.malformed, 0);
 }
 
