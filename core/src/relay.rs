@@ -579,6 +579,19 @@ impl Relay {
         self.awaiting = Awaiting::Nothing;
         match outcome {
             ClaimOutcome::Granted => {
+                // The re-check again, now that the command is ours: the owner may
+                // have withdrawn consent while the claim was in flight.
+                if let Some(current) = self.current.take_if(|c| {
+                    !self.shared.still_shared(
+                        &c.job.command.project,
+                        &c.job.command.graph_session_id,
+                        &c.job.command.slug,
+                    )
+                }) {
+                    self.close_withdrawn(current, now);
+                    self.drive(now);
+                    return;
+                }
                 if let Some(current) = self.current.as_mut() {
                     let job = current.job.clone();
                     self.events.push_back(RelayEvent::Started {
@@ -889,7 +902,7 @@ impl Relay {
             // 2. A claim whose answer was lost, first and under the same execution id.
             if let Some((command, execution)) = self.unconfirmed.take() {
                 let id = command.id;
-                let mut current = Current::new(command, execution.clone());
+                let current = Current::new(command, execution.clone());
                 if self.shared.still_shared(
                     &current.job.command.project,
                     &current.job.command.graph_session_id,
@@ -903,28 +916,10 @@ impl Relay {
                     });
                 } else {
                     // Consent was withdrawn meanwhile. If the lost claim did reach
-                    // the server, close that execution as cancelled; if it did not,
-                    // the server refuses this report and the command comes back
+                    // the server, that execution is closed as cancelled; if it did
+                    // not, the server refuses this report and the command comes back
                     // queued on a sync, where the re-check declines it.
-                    self.events.push_back(RelayEvent::Declined { command: id });
-                    let envelope = ResultEnvelope::build(
-                        execution,
-                        FinishStatus::Cancelled,
-                        EnvelopeBody {
-                            error: Some(crate::command::NO_LONGER_SHARED.to_owned()),
-                            ..EnvelopeBody::default()
-                        },
-                    );
-                    let item = OutboxItem {
-                        command: id,
-                        report: RelayReport::Completion { envelope },
-                        stored_at: now,
-                        attempts: 0,
-                    };
-                    current.report = Some(item.clone());
-                    self.current = Some(current);
-                    self.awaiting = Awaiting::Store(id);
-                    self.actions.push_back(Action::StoreReport(item));
+                    self.close_withdrawn(current, now);
                 }
                 return;
             }
@@ -975,6 +970,32 @@ impl Relay {
             }
             self.end_pass(now);
         }
+    }
+
+    /// Closes a command claimed (or possibly claimed) under `current`'s
+    /// execution whose consent re-check now fails: it never runs, and a
+    /// cancelled completion with the re-check's message goes through the outbox.
+    fn close_withdrawn(&mut self, mut current: Current, now: Timestamp) {
+        let id = current.job.command.id;
+        self.events.push_back(RelayEvent::Declined { command: id });
+        let envelope = ResultEnvelope::build(
+            current.job.execution.clone(),
+            FinishStatus::Cancelled,
+            EnvelopeBody {
+                error: Some(crate::command::NO_LONGER_SHARED.to_owned()),
+                ..EnvelopeBody::default()
+            },
+        );
+        let item = OutboxItem {
+            command: id,
+            report: RelayReport::Completion { envelope },
+            stored_at: now,
+            attempts: 0,
+        };
+        current.report = Some(item.clone());
+        self.current = Some(current);
+        self.awaiting = Awaiting::Store(id);
+        self.actions.push_back(Action::StoreReport(item));
     }
 
     /// Syncs `project` with its shared sessions; `held` asks the server to
@@ -1452,6 +1473,32 @@ mod tests {
         assert!(
             !a.iter()
                 .any(|x| matches!(x, Action::Claim { .. } | Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn consent_withdrawn_while_the_claim_is_in_flight_means_it_never_runs() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone()]);
+        r.handle_shared_set(shared(&[]), secs(1));
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let [
+            Action::StoreReport(OutboxItem {
+                report: RelayReport::Completion { envelope },
+                ..
+            }),
+        ] = a.as_slice()
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert_eq!(
+            envelope.body.as_ref().and_then(|b| b.error.as_deref()),
+            Some(crate::command::NO_LONGER_SHARED)
         );
     }
 
