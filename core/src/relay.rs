@@ -641,6 +641,12 @@ impl Relay {
         result: Result<bool, String>,
         now: Timestamp,
     ) {
+        // Only the execution running now listens to control answers: a late
+        // answer from an earlier attempt at the same command (say, before a
+        // claim that got no answer) must not cancel a run that has not started.
+        if self.awaiting != Awaiting::Execution(command) {
+            return;
+        }
         let Some(current) = self
             .current
             .as_mut()
@@ -1500,6 +1506,19 @@ mod tests {
             envelope.body.as_ref().and_then(|b| b.error.as_deref()),
             Some(crate::command::NO_LONGER_SHARED)
         );
+    }
+
+    #[test]
+    fn a_late_control_answer_does_not_touch_a_command_not_yet_running() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone()]);
+        // A stale "cancel requested" for this command arrives while it is being claimed.
+        r.handle_control_response(c.id, Ok(true), secs(1));
+        assert!(drain(&mut r).is_empty());
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
     }
 
     #[test]
