@@ -318,12 +318,17 @@ pub fn js_json_length(value: &Value) -> usize {
 
 /// Length of a JSON string literal as `JSON.stringify` writes it, quotes included.
 fn js_string_length(s: &str) -> usize {
+    // Byte by byte (no UTF-8 decoding): every character is one UTF-16 unit
+    // except those of four UTF-8 bytes (two units); continuation bytes add
+    // nothing; ASCII controls, `"` and `\\` are escaped.
     2 + s
-        .chars()
-        .map(|c| match c {
-            '"' | '\\' | '\u{08}' | '\u{0c}' | '\n' | '\r' | '\t' => 2,
-            c if (c as u32) < 0x20 => 6,
-            c => c.len_utf16(),
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | 0x08 | 0x0c | b'\n' | b'\r' | b'\t' => 2,
+            0x00..=0x1f => 6,
+            0x80..=0xbf => 0,
+            0xf0..=0xff => 2,
+            _ => 1,
         })
         .sum::<usize>()
 }
