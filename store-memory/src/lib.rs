@@ -48,31 +48,60 @@ use graph_relay_core::time::Timestamp;
 /// Where queued commands of one device in one project are indexed.
 type QueueKey = (OwnerId, ProjectId, DeviceId);
 
+/// A command with its insertion number (the tie-break of the queued order).
+struct Entry {
+    record: CommandRecord,
+    order: u64,
+}
+
 #[derive(Default)]
 struct Inner {
     // Boxed: a resize moves pointers, not whole records.
-    commands: HashMap<CommandId, Box<CommandRecord>>,
+    commands: HashMap<CommandId, Box<Entry>>,
     keys: HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>,
+    /// Live keys by expiry, so pruning reads only what it deletes.
+    expiries: BTreeSet<(Timestamp, AgentId, IdempotencyKey)>,
+    /// Terminal commands by the instant they finished, for pruning.
+    finished: BTreeSet<(Timestamp, CommandId)>,
+    /// Terminal commands pruning found still held by a live key:
+    /// (key expiry, finished at, id). They return to `finished` when the key expires.
+    held: BTreeSet<(Timestamp, Timestamp, CommandId)>,
     queued: HashMap<QueueKey, BTreeSet<(Timestamp, u64, CommandId)>>,
-    inserted: HashMap<CommandId, u64>,
     next_insert: u64,
     sessions: HashMap<(OwnerId, ProjectId), BTreeMap<(GraphSessionId, DeviceId), SharedSession>>,
     devices: HashMap<(OwnerId, DeviceId), DeviceRecord>,
 }
 
 impl Inner {
-    fn index(&mut self, c: &CommandRecord) {
-        let key = (c.owner.clone(), c.project.clone(), c.device.clone());
-        let order = self.inserted.get(&c.id).copied().unwrap_or(0);
-        let entry = (c.created_at, order, c.id);
-        if c.status == CommandStatus::Queued {
-            self.queued.entry(key).or_default().insert(entry);
-        } else if let Some(set) = self.queued.get_mut(&key) {
-            set.remove(&entry);
-            if set.is_empty() {
-                self.queued.remove(&key);
+    /// Moves `c` between the queued and finished indexes after a write.
+    /// `was_queued` is whether the stored version before the write was queued.
+    fn index(&mut self, c: &CommandRecord, order: u64, was_queued: bool) {
+        let is_queued = c.status == CommandStatus::Queued;
+        if is_queued != was_queued {
+            let key = (c.owner.clone(), c.project.clone(), c.device.clone());
+            let entry = (c.created_at, order, c.id);
+            if is_queued {
+                self.queued.entry(key).or_default().insert(entry);
+            } else if let Some(set) = self.queued.get_mut(&key) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    self.queued.remove(&key);
+                }
             }
         }
+        if c.status.is_terminal()
+            && let Some(t) = c.finished_at
+        {
+            self.finished.insert((t, c.id));
+        }
+    }
+
+    /// When the live key (unexpired at `now`) that still points at `c` expires, if there is one.
+    fn held_until(&self, c: &CommandRecord, now: Timestamp) -> Option<Timestamp> {
+        self.keys
+            .get(&(c.agent.clone(), c.idempotency_key.clone()))
+            .filter(|k| k.command == c.id && k.expires_at > now)
+            .map(|k| k.expires_at)
     }
 }
 
@@ -109,7 +138,7 @@ impl MemoryStore {
             .lock()
             .commands
             .values()
-            .map(|c| (**c).clone())
+            .map(|e| e.record.clone())
             .collect();
         all.sort_by_key(|c| c.id);
         all
@@ -158,12 +187,24 @@ impl Store for MemoryStore {
                 command.id
             )));
         }
-        inner.keys.insert(slot, key.clone());
+        inner
+            .expiries
+            .insert((key.expires_at, key.agent.clone(), key.key.clone()));
+        if let Some(expired) = inner.keys.insert(slot, key.clone()) {
+            inner
+                .expiries
+                .remove(&(expired.expires_at, expired.agent, expired.key));
+        }
         inner.next_insert += 1;
         let order = inner.next_insert;
-        inner.inserted.insert(command.id, order);
-        inner.index(command);
-        inner.commands.insert(command.id, Box::new(command.clone()));
+        inner.index(command, order, false);
+        inner.commands.insert(
+            command.id,
+            Box::new(Entry {
+                record: command.clone(),
+                order,
+            }),
+        );
         Ok(InsertOutcome::Inserted)
     }
 
@@ -176,8 +217,8 @@ impl Store for MemoryStore {
             .lock()
             .commands
             .get(id)
-            .filter(|c| &c.agent == agent)
-            .map(|c| (**c).clone()))
+            .filter(|e| &e.record.agent == agent)
+            .map(|e| e.record.clone()))
     }
 
     async fn command_for_device(
@@ -189,16 +230,18 @@ impl Store for MemoryStore {
             .lock()
             .commands
             .get(id)
-            .filter(|c| &c.device == device)
-            .map(|c| (**c).clone()))
+            .filter(|e| &e.record.device == device)
+            .map(|e| e.record.clone()))
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         match inner.commands.get_mut(&next.id) {
-            Some(current) if next.revision > 0 && current.revision == next.revision - 1 => {
-                (**current).clone_from(next);
-                inner.index(next);
+            Some(current) if next.revision > 0 && current.record.revision == next.revision - 1 => {
+                let was_queued = current.record.status == CommandStatus::Queued;
+                let order = current.order;
+                current.record.clone_from(next);
+                inner.index(next, order, was_queued);
                 Ok(true)
             }
             _ => Ok(false),
@@ -220,7 +263,7 @@ impl Store for MemoryStore {
             .into_iter()
             .flatten()
             .take(limit)
-            .filter_map(|(_, _, id)| inner.commands.get(id).map(|c| (**c).clone()))
+            .filter_map(|(_, _, id)| inner.commands.get(id).map(|e| e.record.clone()))
             .collect())
     }
 
@@ -340,40 +383,60 @@ impl Store for MemoryStore {
 
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
         let mut inner = self.lock();
-        let expired: Vec<_> = inner
-            .keys
-            .iter()
-            .filter(|(_, k)| k.expires_at <= request.now)
-            .map(|(slot, _)| slot.clone())
-            .take(request.batch)
-            .collect();
-        for slot in &expired {
-            inner.keys.remove(slot);
+        let inner = &mut *inner;
+        let mut keys = 0;
+        while keys < request.batch {
+            let Some(first) = inner.expiries.first() else {
+                break;
+            };
+            if first.0 > request.now {
+                break;
+            }
+            let Some((_, agent, key)) = inner.expiries.pop_first() else {
+                break;
+            };
+            inner.keys.remove(&(agent, key));
+            keys += 1;
         }
         let mut commands = 0;
         if let Some(cutoff) = request.terminal_before {
-            let live: BTreeSet<CommandId> = inner.keys.values().map(|k| k.command).collect();
-            let old: Vec<CommandId> = inner
-                .commands
-                .values()
-                .filter(|c| {
-                    c.status.is_terminal()
-                        && c.finished_at.is_some_and(|t| t <= cutoff)
-                        && !live.contains(&c.id)
-                })
-                .map(|c| c.id)
-                .take(request.batch)
-                .collect();
-            for id in &old {
-                inner.commands.remove(id);
-                inner.inserted.remove(id);
+            // Commands whose key has expired since are candidates again.
+            while let Some(&(expires_at, finished_at, id)) = inner.held.first() {
+                if expires_at > request.now {
+                    break;
+                }
+                inner.held.pop_first();
+                inner.finished.insert((finished_at, id));
             }
-            commands = old.len();
+            // A command a live key still points at is set aside until the
+            // key expires, so each command is passed over at most once.
+            // Look at a bounded number of candidates so one call stays short.
+            let mut looked_at = 0;
+            while commands < request.batch && looked_at < request.batch.saturating_mul(4) {
+                let Some(&(finished_at, id)) = inner.finished.first() else {
+                    break;
+                };
+                if finished_at > cutoff {
+                    break;
+                }
+                looked_at += 1;
+                inner.finished.pop_first();
+                let Some(entry) = inner.commands.get(&id) else {
+                    continue;
+                };
+                let c = &entry.record;
+                if !c.status.is_terminal() || c.finished_at != Some(finished_at) {
+                    continue; // rewritten since; its own entry is indexed
+                }
+                if let Some(expires_at) = inner.held_until(c, request.now) {
+                    inner.held.insert((expires_at, finished_at, id));
+                    continue;
+                }
+                inner.commands.remove(&id);
+                commands += 1;
+            }
         }
-        Ok(PruneReport {
-            keys: expired.len(),
-            commands,
-        })
+        Ok(PruneReport { keys, commands })
     }
 }
 

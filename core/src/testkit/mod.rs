@@ -15,6 +15,7 @@
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
 pub mod model;
+pub mod workload;
 
 use std::sync::Arc;
 use std::time::Duration;

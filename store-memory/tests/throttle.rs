@@ -1,0 +1,107 @@
+//! The queue writes a device's liveness and shared sessions at most once per
+//! `touch_interval` when nothing changed, and at once when something did.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::store::Store;
+use graph_relay_core::testkit::{EPOCH, World, meta, p1};
+use graph_relay_core::time::Timestamp;
+use graph_relay_store_memory::MemoryStore;
+
+fn world() -> (World, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    (World::new(store.clone()), store)
+}
+
+fn last_sync(w: &World, store: &MemoryStore) -> Option<Timestamp> {
+    block_on(store.device(&w.device.owner, &w.device.id))
+        .expect("device")
+        .and_then(|d| d.last_sync_at)
+}
+
+fn synced_at(w: &World) -> Vec<Timestamp> {
+    block_on(w.queue.list_graph_sessions(&w.agent, &p1(), 50))
+        .expect("list")
+        .sessions
+        .iter()
+        .map(|s| s.synced_at)
+        .collect()
+}
+
+fn sync(w: &World, sessions: &[u32], long_poll: bool) {
+    let request = SyncRequest {
+        project: p1(),
+        sessions: sessions.iter().map(|n| meta(*n)).collect(),
+        long_poll,
+    };
+    block_on(w.queue.sync(&w.device, &request)).expect("sync");
+}
+
+#[test]
+fn an_unchanged_sync_within_the_interval_is_not_rewritten() {
+    let (w, store) = world();
+    sync(&w, &[1], false);
+    assert_eq!(last_sync(&w, &store), Some(EPOCH));
+    w.clock.advance(Duration::from_millis(400));
+    sync(&w, &[1], false);
+    assert_eq!(
+        last_sync(&w, &store),
+        Some(EPOCH),
+        "repeat within 1 s skipped"
+    );
+    assert_eq!(synced_at(&w), vec![EPOCH]);
+    w.clock.advance(Duration::from_millis(600));
+    sync(&w, &[1], false);
+    let later = EPOCH.plus(Duration::from_secs(1));
+    assert_eq!(
+        last_sync(&w, &store),
+        Some(later),
+        "written once the interval passed"
+    );
+    assert_eq!(synced_at(&w), vec![later]);
+}
+
+#[test]
+fn a_changed_sync_is_written_at_once() {
+    let (w, store) = world();
+    sync(&w, &[1], false);
+    w.clock.advance(Duration::from_millis(10));
+    sync(&w, &[1, 2], false);
+    let t1 = EPOCH.plus(Duration::from_millis(10));
+    assert_eq!(last_sync(&w, &store), Some(t1));
+    assert_eq!(synced_at(&w), vec![t1, t1]);
+    // Un-sharing shows at once too.
+    w.clock.advance(Duration::from_millis(10));
+    sync(&w, &[2], false);
+    assert_eq!(synced_at(&w).len(), 1);
+    // So does a change of mode.
+    w.clock.advance(Duration::from_millis(10));
+    sync(&w, &[2], true);
+    let device = block_on(store.device(&w.device.owner, &w.device.id))
+        .expect("device")
+        .expect("seen");
+    assert!(device.long_poll);
+    assert_eq!(
+        device.last_sync_at,
+        Some(EPOCH.plus(Duration::from_millis(30)))
+    );
+}
+
+#[test]
+fn a_clock_that_moves_back_writes_again() {
+    let (w, store) = world();
+    w.clock.advance(Duration::from_secs(5));
+    sync(&w, &[1], false);
+    w.clock.set(EPOCH);
+    sync(&w, &[1], false);
+    // The store keeps the latest stamp it saw; the sync was not skipped as
+    // "recent", so the device was touched (max of both stamps).
+    assert_eq!(
+        last_sync(&w, &store),
+        Some(EPOCH.plus(Duration::from_secs(5)))
+    );
+    assert_eq!(synced_at(&w), vec![EPOCH]);
+}
