@@ -136,9 +136,10 @@ pub struct CommandRecord {
 /// What `cancel` decided.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
+#[allow(clippy::large_enum_variant)] // returned once and moved into the store
 pub enum CancelDecision {
     /// Write this record: queued → cancelled, or the running flag set.
-    Apply(Box<CommandRecord>),
+    Apply(CommandRecord),
     /// Nothing to write: already terminal or already flagged.
     Unchanged,
 }
@@ -157,9 +158,10 @@ pub enum StartRefused {
 /// What `start` decided.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
+#[allow(clippy::large_enum_variant)] // returned once and moved into the store
 pub enum StartDecision {
     /// Write this record: queued → running.
-    Apply(Box<CommandRecord>),
+    Apply(CommandRecord),
     /// Already running under the same execution id: a retried start.
     AlreadyStarted,
 }
@@ -181,9 +183,10 @@ pub enum CompleteRefused {
 /// What `complete` decided.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
+#[allow(clippy::large_enum_variant)] // returned once and moved into the store
 pub enum CompleteDecision {
     /// Write this record: running → terminal.
-    Apply(Box<CommandRecord>),
+    Apply(CommandRecord),
     /// The same completion was already applied: acknowledge, change nothing.
     Duplicate,
 }
@@ -191,9 +194,10 @@ pub enum CompleteDecision {
 /// What `decline` decided.
 #[derive(Debug, Clone, PartialEq)]
 #[must_use]
+#[allow(clippy::large_enum_variant)] // returned once and moved into the store
 pub enum DeclineDecision {
     /// Write this record: queued → cancelled with [`NO_LONGER_SHARED`].
-    Apply(Box<CommandRecord>),
+    Apply(CommandRecord),
     /// Already terminal: nothing to do.
     Unchanged,
 }
@@ -258,13 +262,13 @@ impl CommandRecord {
                 next.cancel_requested_at = Some(now);
                 next.finished_at = Some(now);
                 next.reason = Some(CANCELLED_WHILE_QUEUED.to_owned());
-                CancelDecision::Apply(Box::new(next))
+                CancelDecision::Apply(next)
             }
             CommandStatus::Running if !self.cancel_requested => {
                 let mut next = self.next();
                 next.cancel_requested = true;
                 next.cancel_requested_at = Some(now);
-                CancelDecision::Apply(Box::new(next))
+                CancelDecision::Apply(next)
             }
             _ => CancelDecision::Unchanged,
         }
@@ -282,7 +286,7 @@ impl CommandRecord {
                 next.status = CommandStatus::Running;
                 next.execution_id = Some(execution.clone());
                 next.started_at = Some(now);
-                Ok(StartDecision::Apply(Box::new(next)))
+                Ok(StartDecision::Apply(next))
             }
             CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => {
                 Ok(StartDecision::AlreadyStarted)
@@ -316,7 +320,7 @@ impl CommandRecord {
                 };
                 next.finished_at = Some(now);
                 next.completion = Some(envelope.clone());
-                Ok(CompleteDecision::Apply(Box::new(next)))
+                Ok(CompleteDecision::Apply(next))
             }
             _ if self.completion.as_ref() == Some(envelope) => Ok(CompleteDecision::Duplicate),
             _ if self.execution_id.as_ref() != Some(&envelope.execution_id) => {
@@ -335,7 +339,7 @@ impl CommandRecord {
                 next.status = CommandStatus::Cancelled;
                 next.finished_at = Some(now);
                 next.reason = Some(NO_LONGER_SHARED.to_owned());
-                Ok(DeclineDecision::Apply(Box::new(next)))
+                Ok(DeclineDecision::Apply(next))
             }
             CommandStatus::Running => Err(DeclineRefused),
             _ => Ok(DeclineDecision::Unchanged),
@@ -346,15 +350,21 @@ impl CommandRecord {
 /// A stable digest of what a run was asked to do, to tell a retry (same
 /// digest) from a reused key with other arguments. Object keys are sorted
 /// at every depth, so `{"a":1,"b":2}` and `{"b":2,"a":1}` are the same request.
+///
+/// The digest is SHA-256 (lowercase hex) of the session id, a newline, and
+/// the canonical compact JSON of the arguments (keys sorted, serde_json's
+/// escapes and number format). The text is fed to the hash as it is
+/// produced, never built in memory. Stores keep these digests, so the
+/// format never changes.
 pub fn request_fingerprint(
     graph_session_id: &GraphSessionId,
     arguments: &Map<String, Value>,
 ) -> String {
-    let mut canonical = String::with_capacity(64);
-    canonical.push_str(graph_session_id.as_str());
-    canonical.push('\n');
-    write_canonical_map(&mut canonical, arguments);
-    let digest = Sha256::digest(canonical.as_bytes());
+    let mut hasher = Sha256::new();
+    hasher.update(graph_session_id.as_str().as_bytes());
+    hasher.update(b"\n");
+    canonical_map(&mut hasher, arguments);
+    let digest = hasher.finalize();
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(digest.len() * 2);
     for b in digest {
@@ -364,44 +374,104 @@ pub fn request_fingerprint(
     hex
 }
 
-fn write_canonical_map(out: &mut String, map: &Map<String, Value>) {
-    let mut keys: Vec<&String> = map.keys().collect();
-    keys.sort_unstable();
-    out.push('{');
-    for (i, k) in keys.into_iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+/// Feeds text to a hash through `std::fmt::Write`, for number formatting.
+struct HashText<'a>(&'a mut Sha256);
+
+impl std::fmt::Write for HashText<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.update(s.as_bytes());
+        Ok(())
+    }
+}
+
+fn canonical_map(out: &mut Sha256, map: &Map<String, Value>) {
+    out.update(b"{");
+    // serde_json's default map is ordered already; sort only if not.
+    if map.keys().is_sorted() {
+        for (i, (k, v)) in map.iter().enumerate() {
+            canonical_entry(out, i, k, v);
         }
-        write_json_string(out, k);
-        out.push(':');
-        write_canonical(out, &map[k]);
+    } else {
+        let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (i, (k, v)) in entries.into_iter().enumerate() {
+            canonical_entry(out, i, k, v);
+        }
     }
-    out.push('}');
+    out.update(b"}");
 }
 
-fn write_json_string(out: &mut String, text: &str) {
-    // serde_json writes a string to a `String` without failing.
-    if let Ok(quoted) = serde_json::to_string(text) {
-        out.push_str(&quoted);
+fn canonical_entry(out: &mut Sha256, index: usize, key: &str, value: &Value) {
+    if index > 0 {
+        out.update(b",");
     }
+    canonical_string(out, key);
+    out.update(b":");
+    canonical_value(out, value);
 }
 
-fn write_canonical(out: &mut String, value: &Value) {
+fn canonical_value(out: &mut Sha256, value: &Value) {
     match value {
-        Value::Object(map) => write_canonical_map(out, map),
+        Value::Object(map) => canonical_map(out, map),
         Value::Array(items) => {
-            out.push('[');
+            out.update(b"[");
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.update(b",");
                 }
-                write_canonical(out, item);
+                canonical_value(out, item);
             }
-            out.push(']');
+            out.update(b"]");
         }
-        Value::String(text) => write_json_string(out, text),
-        scalar => out.push_str(&scalar.to_string()),
+        Value::String(text) => canonical_string(out, text),
+        Value::Null => out.update(b"null"),
+        Value::Bool(true) => out.update(b"true"),
+        Value::Bool(false) => out.update(b"false"),
+        // Formatting into a hash cannot fail.
+        Value::Number(n) => drop(std::fmt::Write::write_fmt(
+            &mut HashText(out),
+            format_args!("{n}"),
+        )),
     }
+}
+
+/// A JSON string literal exactly as serde_json writes it: `"` and `\\`
+/// escaped, `\b \f \n \r \t` short, other controls as `\u00xx`
+/// (lowercase hex), everything else as is.
+fn canonical_string(out: &mut Sha256, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.update(b"\"");
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x00..=0x1f => &[],
+            _ => continue,
+        };
+        out.update(&bytes[start..i]);
+        if short.is_empty() {
+            out.update([
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0x0f)],
+            ]);
+        } else {
+            out.update(short);
+        }
+        start = i + 1;
+    }
+    out.update(&bytes[start..]);
+    out.update(b"\"");
 }
 
 #[cfg(test)]
@@ -441,7 +511,7 @@ mod tests {
 
     fn started() -> CommandRecord {
         match record().start(&exec("e1"), Timestamp(2000)).unwrap() {
-            StartDecision::Apply(r) => *r,
+            StartDecision::Apply(r) => r,
             other => panic!("{other:?}"),
         }
     }
@@ -552,6 +622,72 @@ mod tests {
                 t.complete(&env("e9", FinishStatus::Failed, json!(0)), Timestamp(9)),
                 Ok(CompleteDecision::Apply(_))
             ));
+        }
+    }
+
+    /// The first implementation: the canonical text built in memory with
+    /// serde_json's own string writer, then hashed. Digests already stored
+    /// must stay valid, so the streaming version must agree with it.
+    fn reference_fingerprint(gs: &GraphSessionId, arguments: &Map<String, Value>) -> String {
+        fn value(out: &mut String, v: &Value) {
+            match v {
+                Value::Object(map) => {
+                    let mut keys: Vec<&String> = map.keys().collect();
+                    keys.sort_unstable();
+                    out.push('{');
+                    for (i, k) in keys.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        out.push_str(&serde_json::to_string(k).unwrap());
+                        out.push(':');
+                        value(out, &map[k]);
+                    }
+                    out.push('}');
+                }
+                Value::Array(items) => {
+                    out.push('[');
+                    for (i, item) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        value(out, item);
+                    }
+                    out.push(']');
+                }
+                Value::String(t) => out.push_str(&serde_json::to_string(t).unwrap()),
+                scalar => out.push_str(&scalar.to_string()),
+            }
+        }
+        let mut text = format!("{}\n", gs.as_str());
+        value(&mut text, &Value::Object(arguments.clone()));
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[test]
+    fn streaming_fingerprint_equals_the_stored_format() {
+        let gs = GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").unwrap();
+        let mut every_byte = String::new();
+        for c in 0u8..0x80 {
+            every_byte.push(char::from(c));
+        }
+        let samples = [
+            json!({}),
+            json!({"n": 1}),
+            json!({"b": 2, "a": [1, -2.5, 1e300, 0.1, null, true, false]}),
+            json!({"text": every_byte, "日本": "😀 \u{7f} \u{2028}", "": {"z": {}, "y": []}}),
+            json!({"deep": {"b": {"d": 1, "c": 2}, "a": [{"y": 1, "x": 2}]}, "u64": u64::MAX, "i64": i64::MIN}),
+        ];
+        for sample in samples {
+            let Value::Object(map) = sample else { panic!() };
+            assert_eq!(
+                request_fingerprint(&gs, &map),
+                reference_fingerprint(&gs, &map),
+                "{map:?}"
+            );
         }
     }
 

@@ -7,6 +7,8 @@
 //! of the same character count fit alike. Over the limit the envelope is
 //! replaced, all or nothing, by `{execution_id, status, result_truncated: true}`.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -48,7 +50,9 @@ pub struct ResultEnvelope {
     /// How the run ended.
     pub status: FinishStatus,
     /// The full result, or `None` when it was too large and was truncated away.
-    pub body: Option<EnvelopeBody>,
+    /// Shared: copies of an envelope (and of the command holding it) do not
+    /// copy the result.
+    pub body: Option<Arc<EnvelopeBody>>,
 }
 
 /// The payload of an envelope that fits the limit.
@@ -94,7 +98,7 @@ impl ResultEnvelope {
         let full = Self {
             execution_id,
             status,
-            body: Some(body),
+            body: Some(Arc::new(body)),
         };
         if full.js_length() <= RESULT_LIMIT {
             full
@@ -264,12 +268,12 @@ impl<'de> Deserialize<'de> for ResultEnvelope {
                 Ok(Self {
                     execution_id: wire.execution_id,
                     status: wire.status,
-                    body: Some(EnvelopeBody {
+                    body: Some(Arc::new(EnvelopeBody {
                         result: wire.result.unwrap_or(Value::Null),
                         total_tokens,
                         reported_cost,
                         error: wire.error,
-                    }),
+                    })),
                 })
             }
         }
@@ -349,9 +353,14 @@ fn js_number_length(x: f64) -> usize {
         return digits + usize::from(x < 0.0);
     }
     let sign = usize::from(x < 0.0);
-    // Rust's `{:e}` prints the shortest round-tripping digits, as ECMAScript does.
-    let text = format!("{:e}", x.abs());
-    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    // Rust's `{:e}` prints the shortest round-tripping digits, as ECMAScript
+    // does; written to the stack (at most 24 bytes for a double).
+    let mut buffer = StackText::default();
+    let text = match std::fmt::Write::write_fmt(&mut buffer, format_args!("{:e}", x.abs())) {
+        Ok(()) => buffer.as_str(),
+        Err(_) => "0e0",
+    };
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((text, "0"));
     let k = mantissa.bytes().filter(u8::is_ascii_digit).count() as i64;
     let n = exponent.parse::<i64>().unwrap_or(0) + 1;
     let body = if k <= n && n <= 21 {
@@ -365,6 +374,37 @@ fn js_number_length(x: f64) -> usize {
         k + i64::from(k > 1) + 2 + exp_digits
     };
     sign + body as usize
+}
+
+/// A small text buffer on the stack for number formatting.
+struct StackText {
+    bytes: [u8; 40],
+    len: usize,
+}
+
+impl Default for StackText {
+    fn default() -> Self {
+        Self {
+            bytes: [0; 40],
+            len: 0,
+        }
+    }
+}
+
+impl StackText {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("0e0")
+    }
+}
+
+impl std::fmt::Write for StackText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let slot = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        slot.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -492,7 +532,7 @@ mod tests {
             },
         );
         assert_eq!(
-            env.body.unwrap().error.unwrap().chars().count(),
+            env.body.unwrap().error.as_ref().unwrap().chars().count(),
             ERROR_LIMIT
         );
     }
@@ -545,7 +585,7 @@ mod tests {
         let big = ResultEnvelope {
             execution_id: exec(),
             status: FinishStatus::Completed,
-            body: Some(body(json!("x".repeat(RESULT_LIMIT)))),
+            body: Some(Arc::new(body(json!("x".repeat(RESULT_LIMIT))))),
         };
         assert!(matches!(
             big.validate(),

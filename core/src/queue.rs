@@ -400,9 +400,10 @@ pub struct ControlAnswer {
 
 /// How `complete` went.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // returned once, by value
 pub enum CompleteAck {
     /// The completion was recorded; the command is now in this state.
-    Recorded(Box<CommandRecord>),
+    Recorded(CommandRecord),
     /// The same completion had been recorded already.
     Duplicate,
 }
@@ -642,7 +643,7 @@ impl Queue {
         let record = self
             .transition(Owner::Agent(&agent.id), id, |current, now| {
                 Ok::<_, std::convert::Infallible>(match current.cancel(now) {
-                    CancelDecision::Apply(next) => Some(*next),
+                    CancelDecision::Apply(next) => Some(next),
                     CancelDecision::Unchanged => None,
                 })
             })
@@ -765,7 +766,7 @@ impl Queue {
         self.transition(Owner::Device(&device.id), id, |current, now| match current
             .start(execution, now)?
         {
-            StartDecision::Apply(next) => Ok(Some(*next)),
+            StartDecision::Apply(next) => Ok(Some(next)),
             StartDecision::AlreadyStarted => Ok(None),
         })
         .await
@@ -808,7 +809,7 @@ impl Queue {
             .transition(Owner::Device(&device.id), id, |current, now| match current
                 .complete(envelope, now)?
             {
-                CompleteDecision::Apply(next) => Ok(Some(*next)),
+                CompleteDecision::Apply(next) => Ok(Some(next)),
                 CompleteDecision::Duplicate => {
                     duplicate = true;
                     Ok(None)
@@ -823,7 +824,7 @@ impl Queue {
         Ok(if duplicate {
             CompleteAck::Duplicate
         } else {
-            CompleteAck::Recorded(Box::new(record))
+            CompleteAck::Recorded(record)
         })
     }
 
@@ -839,7 +840,7 @@ impl Queue {
             Owner::Device(&device.id),
             id,
             |current, now| match current.decline(now)? {
-                DeclineDecision::Apply(next) => Ok(Some(*next)),
+                DeclineDecision::Apply(next) => Ok(Some(next)),
                 DeclineDecision::Unchanged => Ok(None),
             },
         )

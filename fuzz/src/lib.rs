@@ -214,10 +214,10 @@ pub fn envelope(data: &[u8]) {
     let full = ResultEnvelope {
         execution_id: exec,
         status,
-        body: Some(EnvelopeBody {
+        body: Some(std::sync::Arc::new(EnvelopeBody {
             error: (!error.is_empty()).then_some(cut),
             ..body
-        }),
+        })),
     };
     assert_eq!(
         built.is_truncated(),

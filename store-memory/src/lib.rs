@@ -488,5 +488,9 @@ impl Outbox for MemoryOutbox {
 
 /// The smallest possible device id, to start a range scan over (session, device) pairs.
 fn min_device() -> DeviceId {
-    DeviceId::parse("-").unwrap_or_else(|_| unreachable!("`-` is a valid device id"))
+    static MIN: std::sync::OnceLock<DeviceId> = std::sync::OnceLock::new();
+    MIN.get_or_init(|| {
+        DeviceId::parse("-").unwrap_or_else(|_| unreachable!("`-` is a valid device id"))
+    })
+    .clone()
 }
