@@ -416,13 +416,12 @@ pub struct Queue {
     ids: Arc<dyn IdSource>,
     config: QueueConfig,
     signals: Arc<Signals>,
-    touched: Arc<
-        std::sync::Mutex<
-            std::collections::HashMap<(crate::ids::OwnerId, crate::ids::DeviceId), Timestamp>,
-        >,
-    >,
-    synced: Arc<std::sync::Mutex<std::collections::HashMap<SyncSlot, SyncWritten>>>,
+    touched: Arc<std::sync::Mutex<FastMap<(crate::ids::OwnerId, crate::ids::DeviceId), Timestamp>>>,
+    synced: Arc<std::sync::Mutex<FastMap<SyncSlot, SyncWritten>>>,
 }
+
+/// A hash map with a fast keyed hash (seeded per process).
+type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Whose sessions a sync replaces: (owner, project, device).
 type SyncSlot = (crate::ids::OwnerId, ProjectId, crate::ids::DeviceId);

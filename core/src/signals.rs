@@ -11,7 +11,7 @@
 //! Processes that share a store (several servers on one database) forward
 //! notifications to each other through [`Signals::set_forwarder`].
 
-use std::collections::HashMap;
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -89,7 +89,13 @@ impl Signals {
     /// Wakes the waiters of this process only (for a notification that came
     /// from another process).
     pub fn notify_local(&self, topic: &Topic) {
-        let senders = self.lock().remove(topic);
+        let senders = {
+            let mut waiters = self.lock();
+            if waiters.is_empty() {
+                return;
+            }
+            waiters.remove(topic)
+        };
         for s in senders.into_iter().flatten() {
             let _ = s.send(());
         }

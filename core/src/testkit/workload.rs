@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{World, completed, exec, meta, p1, run_args};
+use super::{World, completed, exec, gs, meta, p1};
+use crate::args::RunArgs;
+use crate::ids::{GraphSessionId, IdempotencyKey};
 use crate::queue::{QueueConfig, SyncRequest};
 use crate::store::Store;
 use std::sync::Arc;
@@ -33,6 +35,7 @@ pub struct Workload {
     /// The queue and its principals.
     pub world: World,
     sync: SyncRequest,
+    session: GraphSessionId,
     steady: bool,
     done: u64,
 }
@@ -61,6 +64,7 @@ impl Workload {
                 sessions: vec![meta(1)],
                 long_poll: false,
             },
+            session: gs(1),
             steady,
             done: 0,
         }
@@ -89,10 +93,16 @@ impl Workload {
                 w.queue.prune().await.expect("prune");
             }
         }
-        let key = format!("lifecycle-key-{n}");
+        let mut arguments = serde_json::Map::new();
+        arguments.insert("n".to_owned(), json!(n));
+        let args = RunArgs {
+            graph_session_id: self.session.clone(),
+            arguments,
+            idempotency_key: IdempotencyKey::parse(&format!("lifecycle-key-{n}")).expect("key"),
+        };
         let ticket = w
             .queue
-            .run_graph_session(&w.agent, run_args(1, &key, json!({ "n": n })))
+            .run_graph_session(&w.agent, args)
             .await
             .expect("run");
         let queued = w.queue.sync(&w.device, &self.sync).await.expect("sync");
