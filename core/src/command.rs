@@ -108,7 +108,7 @@ pub struct CommandRecord {
     /// The session's slug when the run was queued; the relay's re-check
     /// refuses to run the command if the desktop's slug differs now.
     #[serde(default)]
-    pub slug: String,
+    pub slug: std::sync::Arc<str>,
     /// The agent's retry key.
     pub idempotency_key: IdempotencyKey,
     /// Where the command is in its life.
@@ -229,7 +229,7 @@ impl CommandRecord {
             device,
             graph_session_id,
             arguments: std::sync::Arc::new(arguments),
-            slug: String::new(),
+            slug: std::sync::Arc::default(),
             idempotency_key,
             status: CommandStatus::Queued,
             cancel_requested: false,
@@ -242,6 +242,61 @@ impl CommandRecord {
             reason: None,
             revision: 0,
         }
+    }
+
+    /// Makes `self` equal to `next`, a later revision of the same command.
+    /// Only the fields a transition changes are copied when the request
+    /// fields (ids, arguments, slug, key, creation time) are the same
+    /// shared values, which they are for every record the queue writes;
+    /// otherwise the whole record is copied. For stores that keep records
+    /// in memory.
+    pub fn overwrite_with(&mut self, next: &CommandRecord) {
+        let same_request = self.id == next.id
+            && self.agent == next.agent
+            && self.owner == next.owner
+            && self.project == next.project
+            && self.device == next.device
+            && self.graph_session_id == next.graph_session_id
+            && std::sync::Arc::ptr_eq(&self.arguments, &next.arguments)
+            && std::sync::Arc::ptr_eq(&self.slug, &next.slug)
+            && self.idempotency_key == next.idempotency_key
+            && self.created_at == next.created_at;
+        if !same_request {
+            self.clone_from(next);
+            return;
+        }
+        let Self {
+            id: _,
+            agent: _,
+            owner: _,
+            project: _,
+            device: _,
+            graph_session_id: _,
+            arguments: _,
+            slug: _,
+            idempotency_key: _,
+            created_at: _,
+            status,
+            cancel_requested,
+            execution_id,
+            started_at,
+            cancel_requested_at,
+            finished_at,
+            completion,
+            reason,
+            revision,
+        } = next;
+        self.status = *status;
+        self.cancel_requested = *cancel_requested;
+        if self.execution_id != *execution_id {
+            self.execution_id.clone_from(execution_id);
+        }
+        self.started_at = *started_at;
+        self.cancel_requested_at = *cancel_requested_at;
+        self.finished_at = *finished_at;
+        self.completion.clone_from(completion);
+        self.reason.clone_from(reason);
+        self.revision = *revision;
     }
 
     fn next(&self) -> Self {
@@ -689,6 +744,29 @@ mod tests {
                 "{map:?}"
             );
         }
+    }
+
+    #[test]
+    fn overwrite_with_makes_records_equal() {
+        // A later revision of the same command: the cheap path.
+        let mut stored = record();
+        let running = started();
+        stored.overwrite_with(&running);
+        assert_eq!(stored, running);
+        let Ok(CompleteDecision::Apply(done)) = running.complete(
+            &env("e1", FinishStatus::Completed, json!({"ok": 1})),
+            Timestamp(3000),
+        ) else {
+            panic!()
+        };
+        stored.overwrite_with(&done);
+        assert_eq!(stored, done);
+        // A different request (other arguments): everything is copied.
+        let mut other = record();
+        other.arguments = std::sync::Arc::new(Map::from_iter([("x".to_owned(), json!(1))]));
+        other.revision = 9;
+        stored.overwrite_with(&other);
+        assert_eq!(stored, other);
     }
 
     #[test]

@@ -525,7 +525,7 @@ impl Queue {
             args.idempotency_key,
             now,
         );
-        command.slug = shared.meta.slug;
+        command.slug = shared.meta.slug.into();
         let key = IdempotencyRecord {
             agent: agent.id.clone(),
             key: command.idempotency_key.clone(),

@@ -726,6 +726,6 @@ pub fn relay_command(c: &CommandRecord) -> RelayCommand {
         project: c.project.clone(),
         graph_session_id: c.graph_session_id.clone(),
         arguments: (*c.arguments).clone(),
-        slug: c.slug.clone(),
+        slug: c.slug.to_string(),
     }
 }

@@ -240,7 +240,7 @@ impl Store for MemoryStore {
             Some(current) if next.revision > 0 && current.record.revision == next.revision - 1 => {
                 let was_queued = current.record.status == CommandStatus::Queued;
                 let order = current.order;
-                current.record.clone_from(next);
+                current.record.overwrite_with(next);
                 inner.index(next, order, was_queued);
                 Ok(true)
             }
@@ -257,14 +257,17 @@ impl Store for MemoryStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let inner = self.lock();
         let key = (owner.clone(), project.clone(), device.clone());
-        Ok(inner
-            .queued
-            .get(&key)
-            .into_iter()
-            .flatten()
-            .take(limit)
-            .filter_map(|(_, _, id)| inner.commands.get(id).map(|e| e.record.clone()))
-            .collect())
+        let Some(queued) = inner.queued.get(&key) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::with_capacity(queued.len().min(limit));
+        out.extend(
+            queued
+                .iter()
+                .take(limit)
+                .filter_map(|(_, _, id)| inner.commands.get(id).map(|e| e.record.clone())),
+        );
+        Ok(out)
     }
 
     async fn replace_shared_sessions(

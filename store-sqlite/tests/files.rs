@@ -269,7 +269,7 @@ fn wal_stays_bounded_and_pooled_reads_see_every_write() {
         c.id = graph_relay_core::time::IdSource::new_command_id(&ids);
         c.idempotency_key =
             graph_relay_core::ids::IdempotencyKey::parse(&format!("wal-key-{i:06}")).expect("key");
-        c.slug = "x".repeat(2000);
+        c.slug = "x".repeat(2000).into();
         block_on(store.import_commands(vec![c])).expect("write");
         let wal = std::fs::metadata(path.with_extension("sqlite-wal")).map_or(0, |m| m.len());
         max_wal = max_wal.max(wal);

@@ -81,7 +81,7 @@ impl WireCommand {
             graph_session_id: c.graph_session_id.clone(),
             project_id: c.project.clone(),
             arguments: (*c.arguments).clone(),
-            slug: c.slug.clone(),
+            slug: c.slug.to_string(),
             channel: c.id.channel(),
         }
     }
