@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let meta = SessionMeta {
         graph_session_id: GraphSessionId::parse(GS)?,
         name: "Bench".into(),
-        description: String::new(),
+        description: "".into(),
         slug: "bench".into(),
         version: "1".into(),
         status: "ready".into(),

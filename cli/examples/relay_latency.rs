@@ -146,7 +146,7 @@ async fn main() {
         SessionMeta {
             graph_session_id: GraphSessionId::parse(GS).expect("session"),
             name: "Bench".into(),
-            description: String::new(),
+            description: "".into(),
             slug: "bench".into(),
             version: "1".into(),
             status: "ready".into(),

@@ -159,11 +159,11 @@ impl Graphs {
             }
             let meta = SessionMeta {
                 graph_session_id: id.clone(),
-                name: g.name,
-                description: g.description,
-                slug: g.slug,
-                version: g.version,
-                status: g.status,
+                name: g.name.into(),
+                description: g.description.into(),
+                slug: g.slug.into(),
+                version: g.version.into(),
+                status: g.status.into(),
             };
             meta.validate(index)
                 .map_err(|e| invalid(&g.id, e.to_string()))?;

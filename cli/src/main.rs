@@ -687,8 +687,8 @@ fn dev_share(
         sessions: vec![SessionMeta {
             graph_session_id: GraphSessionId::parse(session).map_err(bad)?,
             name: name.into(),
-            description: String::new(),
-            slug: name.to_lowercase().replace(' ', "-"),
+            description: "".into(),
+            slug: name.to_lowercase().replace(' ', "-").into(),
             version: "1".into(),
             status: "ready".into(),
         }],

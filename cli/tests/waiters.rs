@@ -75,7 +75,7 @@ async fn fifty_concurrent_waiting_calls_return_completed_once_their_runs_complet
                 sessions: vec![SessionMeta {
                     graph_session_id: GraphSessionId::parse(GS).expect("session"),
                     name: "Waiters".into(),
-                    description: String::new(),
+                    description: "".into(),
                     slug: "waiters".into(),
                     version: "1".into(),
                     status: "ready".into(),

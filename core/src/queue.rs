@@ -416,18 +416,22 @@ pub struct Queue {
     ids: Arc<dyn IdSource>,
     config: QueueConfig,
     signals: Arc<Signals>,
-    touched: Arc<std::sync::Mutex<FastMap<(crate::ids::OwnerId, crate::ids::DeviceId), Timestamp>>>,
-    synced: Arc<std::sync::Mutex<FastMap<SyncSlot, SyncWritten>>>,
+    /// Per device id: its owner and when this queue last wrote its liveness.
+    touched: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, (crate::ids::OwnerId, Timestamp)>>>,
+    /// Per device id: the syncs this queue last wrote, one per (owner, project).
+    synced: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, Vec<SyncWritten>>>>,
 }
 
 /// A hash map with a fast keyed hash (seeded per process).
 type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
-/// Whose sessions a sync replaces: (owner, project, device).
-type SyncSlot = (crate::ids::OwnerId, ProjectId, crate::ids::DeviceId);
+/// Syncs remembered per device (one per project it syncs).
+const MAX_SYNCS_PER_DEVICE: usize = 32;
 
-/// What this queue last wrote for a [`SyncSlot`], and when.
+/// What this queue last wrote for one device's sync of one project, and when.
 struct SyncWritten {
+    owner: crate::ids::OwnerId,
+    project: ProjectId,
     sessions: Vec<SessionMeta>,
     long_poll: bool,
     at: Timestamp,
@@ -525,7 +529,7 @@ impl Queue {
             args.idempotency_key,
             now,
         );
-        command.slug = shared.meta.slug.into();
+        command.slug = shared.meta.slug;
         let key = IdempotencyRecord {
             agent: agent.id.clone(),
             key: command.idempotency_key.clone(),
@@ -872,17 +876,15 @@ impl Queue {
         let now = self.clock.now();
         {
             let mut touched = self.touched.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (device.owner.clone(), device.id.clone());
-            if touched
-                .get(&key)
-                .is_some_and(|t| now.since(*t) < self.config.touch_interval && *t <= now)
-            {
+            if touched.get(&device.id).is_some_and(|(owner, t)| {
+                *owner == device.owner && now.since(*t) < self.config.touch_interval && *t <= now
+            }) {
                 return Ok(());
             }
             if touched.len() >= MAX_TOUCH_CACHE {
                 touched.clear();
             }
-            touched.insert(key, now);
+            touched.insert(device.id.clone(), (device.owner.clone(), now));
         }
         self.store
             .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
@@ -901,36 +903,37 @@ impl Queue {
         now: Timestamp,
     ) -> bool {
         let synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
-        let slot = (
-            device.owner.clone(),
-            request.project.clone(),
-            device.id.clone(),
-        );
-        synced.get(&slot).is_some_and(|w| {
-            w.at <= now
-                && now.since(w.at) < self.config.touch_interval
-                && w.long_poll == request.long_poll
-                && w.sessions == request.sessions
-        })
+        synced
+            .get(&device.id)
+            .and_then(|list| {
+                list.iter()
+                    .find(|w| w.owner == device.owner && w.project == request.project)
+            })
+            .is_some_and(|w| {
+                w.at <= now
+                    && now.since(w.at) < self.config.touch_interval
+                    && w.long_poll == request.long_poll
+                    && w.sessions == request.sessions
+            })
     }
 
     fn remember_sync(&self, device: &Device, request: &SyncRequest, now: Timestamp) {
         let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
-        if synced.len() >= MAX_TOUCH_CACHE {
+        if synced.len() >= MAX_TOUCH_CACHE && !synced.contains_key(&device.id) {
             synced.clear();
         }
-        synced.insert(
-            (
-                device.owner.clone(),
-                request.project.clone(),
-                device.id.clone(),
-            ),
-            SyncWritten {
-                sessions: request.sessions.clone(),
-                long_poll: request.long_poll,
-                at: now,
-            },
-        );
+        let list = synced.entry(device.id.clone()).or_default();
+        list.retain(|w| !(w.owner == device.owner && w.project == request.project));
+        if list.len() >= MAX_SYNCS_PER_DEVICE {
+            list.remove(0);
+        }
+        list.push(SyncWritten {
+            owner: device.owner.clone(),
+            project: request.project.clone(),
+            sessions: request.sessions.clone(),
+            long_poll: request.long_poll,
+            at: now,
+        });
     }
 
     /// Loads a record, lets `decide` compute the next one, and writes it with

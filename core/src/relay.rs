@@ -126,7 +126,7 @@ impl SharedSet {
         self.projects
             .get(project)
             .and_then(|m| m.get(session))
-            .is_some_and(|meta| slug.is_empty() || meta.slug == slug)
+            .is_some_and(|meta| slug.is_empty() || &*meta.slug == slug)
     }
 }
 
@@ -1045,8 +1045,8 @@ mod tests {
     fn session(n: u32, slug: &str) -> SessionMeta {
         SessionMeta {
             graph_session_id: GraphSessionId::parse(&format!("gs_{n:032x}")).unwrap(),
-            name: format!("g{n}"),
-            description: String::new(),
+            name: format!("g{n}").into(),
+            description: "".into(),
             slug: slug.into(),
             version: "1".into(),
             status: "ready".into(),

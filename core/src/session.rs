@@ -1,5 +1,7 @@
 //! Graph sessions shared from a desktop to a project.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{DeviceId, GraphSessionId, ProjectId};
@@ -8,25 +10,26 @@ use crate::time::Timestamp;
 /// Most sessions one sync may carry for one project.
 pub const MAX_SESSIONS_PER_SYNC: usize = 100;
 
-/// The metadata a relay uploads for one shared session.
+/// The metadata a relay uploads for one shared session. Text fields are
+/// shared (`Arc<str>`): the queue copies session records often.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionMeta {
     /// The saved Graph.
     pub graph_session_id: GraphSessionId,
     /// Display name (1–200 characters).
-    pub name: String,
+    pub name: Arc<str>,
     /// What the Graph does (at most 2,000 characters).
     #[serde(default)]
-    pub description: String,
+    pub description: Arc<str>,
     /// Stable short name (1–200 characters); a change means a different Graph.
-    pub slug: String,
+    pub slug: Arc<str>,
     /// Version label (at most 64 characters).
     #[serde(default)]
-    pub version: String,
+    pub version: Arc<str>,
     /// Status label from the desktop, e.g. `ready` (at most 64 characters).
     #[serde(default)]
-    pub status: String,
+    pub status: Arc<str>,
 }
 
 /// A session metadata field that breaks its rule.

@@ -405,7 +405,7 @@ pub fn relay_events(data: &[u8]) {
                                 slug: if renamed {
                                     "renamed".into()
                                 } else {
-                                    session(n).slug
+                                    session(n).slug.to_string()
                                 },
                             }),
                         })

@@ -105,3 +105,34 @@ fn a_clock_that_moves_back_writes_again() {
     );
     assert_eq!(synced_at(&w), vec![EPOCH]);
 }
+
+#[test]
+fn the_same_device_id_of_another_owner_is_not_confused() {
+    use graph_relay_core::ids::OwnerId;
+    use graph_relay_core::principal::Device;
+    let (w, store) = world();
+    let twin = Device::new(
+        w.device.id.clone(),
+        OwnerId::parse("mallory").expect("owner"),
+    );
+    sync(&w, &[1], false);
+    block_on(w.queue.sync(
+        &twin,
+        &SyncRequest {
+            project: p1(),
+            sessions: vec![meta(1)],
+            long_poll: false,
+        },
+    ))
+    .expect("sync");
+    let seen = block_on(store.device(&twin.owner, &twin.id)).expect("device");
+    assert_eq!(
+        seen.and_then(|d| d.last_sync_at),
+        Some(EPOCH),
+        "written, not skipped"
+    );
+    // Alice's next repeat is still recognised as recent.
+    w.clock.advance(Duration::from_millis(100));
+    sync(&w, &[1], false);
+    assert_eq!(last_sync(&w, &store), Some(EPOCH));
+}

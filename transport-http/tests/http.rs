@@ -51,7 +51,7 @@ async fn harness_with(config: HttpConfig) -> Harness {
                 sessions: vec![SessionMeta {
                     graph_session_id: GraphSessionId::parse(GS).unwrap(),
                     name: "Drafts".into(),
-                    description: String::new(),
+                    description: "".into(),
                     slug: "drafts".into(),
                     version: "1".into(),
                     status: "ready".into(),

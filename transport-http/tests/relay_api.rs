@@ -55,7 +55,7 @@ fn session() -> SessionMeta {
     SessionMeta {
         graph_session_id: GraphSessionId::parse(GS).unwrap(),
         name: "Drafts".into(),
-        description: String::new(),
+        description: "".into(),
         slug: "drafts".into(),
         version: "1".into(),
         status: "ready".into(),

@@ -105,9 +105,9 @@ pub fn gs(n: u32) -> GraphSessionId {
 pub fn meta(n: u32) -> SessionMeta {
     SessionMeta {
         graph_session_id: gs(n),
-        name: format!("Graph {n}"),
-        description: format!("Test graph number {n}"),
-        slug: format!("graph-{n}"),
+        name: format!("Graph {n}").into(),
+        description: format!("Test graph number {n}").into(),
+        slug: format!("graph-{n}").into(),
         version: "1".into(),
         status: "ready".into(),
     }
@@ -733,7 +733,7 @@ pub async fn listing(store: Arc<dyn Store>) {
     };
     assert!(w.queue.sync(&w.device, &dup).await.is_err());
     let mut bad = meta(8);
-    bad.name = String::new();
+    bad.name = "".into();
     let invalid = SyncRequest {
         project: p1(),
         sessions: vec![bad],
