@@ -299,33 +299,14 @@ impl CommandRecord {
         self.revision = *revision;
     }
 
-    fn next(&self) -> Self {
-        Self {
-            revision: self.revision + 1,
-            ..self.clone()
-        }
-    }
-
     /// The agent asks to cancel. Queued: cancelled at once. Running: the flag
     /// is set for the relay's control poll. Terminal or already flagged: no change.
     pub fn cancel(&self, now: Timestamp) -> CancelDecision {
-        match self.status {
-            CommandStatus::Queued => {
-                let mut next = self.next();
-                next.status = CommandStatus::Cancelled;
-                next.cancel_requested = true;
-                next.cancel_requested_at = Some(now);
-                next.finished_at = Some(now);
-                next.reason = Some(CANCELLED_WHILE_QUEUED.to_owned());
-                CancelDecision::Apply(next)
-            }
-            CommandStatus::Running if !self.cancel_requested => {
-                let mut next = self.next();
-                next.cancel_requested = true;
-                next.cancel_requested_at = Some(now);
-                CancelDecision::Apply(next)
-            }
-            _ => CancelDecision::Unchanged,
+        let mut next = self.clone();
+        if next.cancel_in_place(now) {
+            CancelDecision::Apply(next)
+        } else {
+            CancelDecision::Unchanged
         }
     }
 
@@ -335,20 +316,12 @@ impl CommandRecord {
         execution: &ExecutionId,
         now: Timestamp,
     ) -> Result<StartDecision, StartRefused> {
-        match self.status {
-            CommandStatus::Queued => {
-                let mut next = self.next();
-                next.status = CommandStatus::Running;
-                next.execution_id = Some(execution.clone());
-                next.started_at = Some(now);
-                Ok(StartDecision::Apply(next))
-            }
-            CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => {
-                Ok(StartDecision::AlreadyStarted)
-            }
-            CommandStatus::Running => Err(StartRefused::OtherExecution),
-            terminal => Err(StartRefused::Finished(terminal.as_str())),
-        }
+        let mut next = self.clone();
+        Ok(if next.start_in_place(execution, now)? {
+            StartDecision::Apply(next)
+        } else {
+            StartDecision::AlreadyStarted
+        })
     }
 
     /// The relay reports how the execution ended. Fenced by execution id: the
@@ -360,24 +333,93 @@ impl CommandRecord {
         envelope: &ResultEnvelope,
         now: Timestamp,
     ) -> Result<CompleteDecision, CompleteRefused> {
+        let mut next = self.clone();
+        Ok(if next.complete_in_place(envelope, now)? {
+            CompleteDecision::Apply(next)
+        } else {
+            CompleteDecision::Duplicate
+        })
+    }
+
+    /// The relay's re-check just before running failed: close as cancelled
+    /// with [`NO_LONGER_SHARED`].
+    pub fn decline(&self, now: Timestamp) -> Result<DeclineDecision, DeclineRefused> {
+        let mut next = self.clone();
+        Ok(if next.decline_in_place(now)? {
+            DeclineDecision::Apply(next)
+        } else {
+            DeclineDecision::Unchanged
+        })
+    }
+
+    // The transitions proper. Each one changes the record in place and bumps
+    // the revision, or returns `Ok(false)` / an error having changed nothing,
+    // so a caller that owns a fresh copy (the queue) needs no second one.
+
+    /// [`CommandRecord::cancel`] on this record; `true` if it changed.
+    pub(crate) fn cancel_in_place(&mut self, now: Timestamp) -> bool {
+        match self.status {
+            CommandStatus::Queued => {
+                self.status = CommandStatus::Cancelled;
+                self.cancel_requested = true;
+                self.cancel_requested_at = Some(now);
+                self.finished_at = Some(now);
+                self.reason = Some(CANCELLED_WHILE_QUEUED.to_owned());
+            }
+            CommandStatus::Running if !self.cancel_requested => {
+                self.cancel_requested = true;
+                self.cancel_requested_at = Some(now);
+            }
+            _ => return false,
+        }
+        self.revision += 1;
+        true
+    }
+
+    /// [`CommandRecord::start`] on this record; `Ok(false)` for a retried start.
+    pub(crate) fn start_in_place(
+        &mut self,
+        execution: &ExecutionId,
+        now: Timestamp,
+    ) -> Result<bool, StartRefused> {
+        match self.status {
+            CommandStatus::Queued => {
+                self.status = CommandStatus::Running;
+                self.execution_id = Some(execution.clone());
+                self.started_at = Some(now);
+                self.revision += 1;
+                Ok(true)
+            }
+            CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => Ok(false),
+            CommandStatus::Running => Err(StartRefused::OtherExecution),
+            terminal => Err(StartRefused::Finished(terminal.as_str())),
+        }
+    }
+
+    /// [`CommandRecord::complete`] on this record; `Ok(false)` for a duplicate.
+    pub(crate) fn complete_in_place(
+        &mut self,
+        envelope: &ResultEnvelope,
+        now: Timestamp,
+    ) -> Result<bool, CompleteRefused> {
         match self.status {
             CommandStatus::Queued => Err(CompleteRefused::NotStarted),
             CommandStatus::Running => {
                 if self.execution_id.as_ref() != Some(&envelope.execution_id) {
                     return Err(CompleteRefused::StaleExecution);
                 }
-                let mut next = self.next();
-                next.status = if self.cancel_requested {
-                    next.reason = Some(CANCELLED_WHILE_RUNNING.to_owned());
+                self.status = if self.cancel_requested {
+                    self.reason = Some(CANCELLED_WHILE_RUNNING.to_owned());
                     CommandStatus::Cancelled
                 } else {
                     envelope.status.into()
                 };
-                next.finished_at = Some(now);
-                next.completion = Some(envelope.clone());
-                Ok(CompleteDecision::Apply(next))
+                self.finished_at = Some(now);
+                self.completion = Some(envelope.clone());
+                self.revision += 1;
+                Ok(true)
             }
-            _ if self.completion.as_ref() == Some(envelope) => Ok(CompleteDecision::Duplicate),
+            _ if self.completion.as_ref() == Some(envelope) => Ok(false),
             _ if self.execution_id.as_ref() != Some(&envelope.execution_id) => {
                 Err(CompleteRefused::StaleExecution)
             }
@@ -385,19 +427,18 @@ impl CommandRecord {
         }
     }
 
-    /// The relay's re-check just before running failed: close as cancelled
-    /// with [`NO_LONGER_SHARED`].
-    pub fn decline(&self, now: Timestamp) -> Result<DeclineDecision, DeclineRefused> {
+    /// [`CommandRecord::decline`] on this record; `Ok(false)` if already terminal.
+    pub(crate) fn decline_in_place(&mut self, now: Timestamp) -> Result<bool, DeclineRefused> {
         match self.status {
             CommandStatus::Queued => {
-                let mut next = self.next();
-                next.status = CommandStatus::Cancelled;
-                next.finished_at = Some(now);
-                next.reason = Some(NO_LONGER_SHARED.to_owned());
-                Ok(DeclineDecision::Apply(next))
+                self.status = CommandStatus::Cancelled;
+                self.finished_at = Some(now);
+                self.reason = Some(NO_LONGER_SHARED.to_owned());
+                self.revision += 1;
+                Ok(true)
             }
             CommandStatus::Running => Err(DeclineRefused),
-            _ => Ok(DeclineDecision::Unchanged),
+            _ => Ok(false),
         }
     }
 }

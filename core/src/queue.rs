@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 
 use crate::args::RunArgs;
 use crate::command::{
-    CancelDecision, CommandRecord, CommandStatus, CompleteDecision, CompleteRefused,
-    DeclineDecision, DeclineRefused, StartDecision, StartRefused, request_fingerprint,
+    CommandRecord, CommandStatus, CompleteRefused, DeclineRefused, StartRefused,
+    request_fingerprint,
 };
 use crate::envelope::{EnvelopeError, ResultEnvelope};
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
@@ -644,11 +644,8 @@ impl Queue {
         id: &CommandId,
     ) -> Result<RunView, CancelError> {
         let record = self
-            .transition(Owner::Agent(&agent.id), id, |current, now| {
-                Ok::<_, std::convert::Infallible>(match current.cancel(now) {
-                    CancelDecision::Apply(next) => Some(next),
-                    CancelDecision::Unchanged => None,
-                })
+            .transition(Owner::Agent(&agent.id), id, |record, now| {
+                Ok::<_, std::convert::Infallible>(record.cancel_in_place(now))
             })
             .await
             .map_err(|e| match e {
@@ -766,11 +763,8 @@ impl Queue {
         execution: &ExecutionId,
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
-        self.transition(Owner::Device(&device.id), id, |current, now| match current
-            .start(execution, now)?
-        {
-            StartDecision::Apply(next) => Ok(Some(next)),
-            StartDecision::AlreadyStarted => Ok(None),
+        self.transition(Owner::Device(&device.id), id, |record, now| {
+            record.start_in_place(execution, now)
         })
         .await
         .map_err(|e| match e {
@@ -809,14 +803,10 @@ impl Queue {
         self.touch(device).await?;
         let mut duplicate = false;
         let record = self
-            .transition(Owner::Device(&device.id), id, |current, now| match current
-                .complete(envelope, now)?
-            {
-                CompleteDecision::Apply(next) => Ok(Some(next)),
-                CompleteDecision::Duplicate => {
-                    duplicate = true;
-                    Ok(None)
-                }
+            .transition(Owner::Device(&device.id), id, |record, now| {
+                let changed = record.complete_in_place(envelope, now)?;
+                duplicate = !changed;
+                Ok(changed)
             })
             .await
             .map_err(|e| match e {
@@ -839,14 +829,9 @@ impl Queue {
         id: &CommandId,
     ) -> Result<CommandRecord, DeclineError> {
         self.touch(device).await?;
-        self.transition(
-            Owner::Device(&device.id),
-            id,
-            |current, now| match current.decline(now)? {
-                DeclineDecision::Apply(next) => Ok(Some(next)),
-                DeclineDecision::Unchanged => Ok(None),
-            },
-        )
+        self.transition(Owner::Device(&device.id), id, |record, now| {
+            record.decline_in_place(now)
+        })
         .await
         .map_err(|e| match e {
             TransitionError::NotFound => DeclineError::NotFound,
@@ -936,36 +921,35 @@ impl Queue {
         });
     }
 
-    /// Loads a record, lets `decide` compute the next one, and writes it with
-    /// a compare-and-swap, retrying from a fresh read if another writer won.
-    /// Returns the record as it stands afterwards.
+    /// Loads a record, lets `apply` turn it into the next revision in place
+    /// (`Ok(false)`: nothing to write), and writes it with a compare-and-swap,
+    /// retrying from a fresh read if another writer won. Returns the record
+    /// as it stands afterwards.
     async fn transition<E>(
         &self,
         owner: Owner<'_>,
         id: &CommandId,
-        mut decide: impl FnMut(&CommandRecord, Timestamp) -> Result<Option<CommandRecord>, E>,
+        mut apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let current = match owner {
+            let mut record = match owner {
                 Owner::Agent(agent) => self.store.command_for_agent(agent, id).await,
                 Owner::Device(device) => self.store.command_for_device(device, id).await,
             }
             .map_err(TransitionError::Store)?
             .ok_or(TransitionError::NotFound)?;
             let now = self.clock.now();
-            match decide(&current, now).map_err(TransitionError::Refused)? {
-                None => return Ok(current),
-                Some(next) => {
-                    if self
-                        .store
-                        .update_command(&next)
-                        .await
-                        .map_err(TransitionError::Store)?
-                    {
-                        self.signals.notify(&Topic::Command(next.id));
-                        return Ok(next);
-                    }
-                }
+            if !apply(&mut record, now).map_err(TransitionError::Refused)? {
+                return Ok(record);
+            }
+            if self
+                .store
+                .update_command(&record)
+                .await
+                .map_err(TransitionError::Store)?
+            {
+                self.signals.notify(&Topic::Command(record.id));
+                return Ok(record);
             }
         }
         Err(TransitionError::Store(StoreError::Backend(format!(
