@@ -1,6 +1,7 @@
 //! [`SqliteStore`]: the queue's [`Store`] on SQLite.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use graph_relay_core::command::CommandRecord;
@@ -15,14 +16,15 @@ use graph_relay_core::store::{
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use crate::cache::{Entry, MetaCache, RecordCache};
 use crate::database::{Database, DbError};
 use crate::{OpenError, SqliteOptions, schema};
 
-/// The columns of `commands`, in the order [`CommandRow::read`] expects.
+/// The columns of `commands` that [`decode_row`] reads, in its order.
 macro_rules! select_commands {
     ($($tail:literal)*) => {
         concat!(
-            "SELECT id, agent, owner, project, device, idempotency_key, status, created_at, finished_at, revision, record FROM commands ",
+            "SELECT id, agent, device, status, revision, record FROM commands ",
             $($tail),*
         )
     };
@@ -37,6 +39,10 @@ macro_rules! select_commands {
 pub struct SqliteStore {
     db: Database,
     path: PathBuf,
+    /// Records written or decoded last, by their JSON (see [`RecordCache`]).
+    records: RecordCache,
+    /// Session metadata decoded last, by its JSON.
+    metas: MetaCache,
 }
 
 impl SqliteStore {
@@ -51,7 +57,12 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, OpenError> {
         let path = path.as_ref().to_owned();
         let db = schema::open(&path, options, "graph-relay-store")?;
-        Ok(Self { db, path })
+        Ok(Self {
+            db,
+            path,
+            records: RecordCache::default(),
+            metas: MetaCache::default(),
+        })
     }
 
     /// The database file.
@@ -113,37 +124,55 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
         let row = CommandRow::encode(command).map_err(store_error)?;
+        let entry = Arc::clone(&row.entry);
         let key = key.clone();
+        let key_command = id_text(&key.command);
         let now = millis(now)?;
         let expires_at = millis(key.expires_at)?;
-        self.db
+        let outcome = self
+            .db
             .write(move |conn| {
                 // Under the write lock of BEGIN IMMEDIATE: no other
-                // connection can insert the same key between this read and
-                // the writes below.
-                if let Some(existing) = live_key(conn, key.agent.clone(), key.key.clone(), now)? {
+                // connection can insert the same key between this statement
+                // and the ones below. The key is written unless a live one
+                // (`expires_at > now`, as `live_key` reads it) holds it.
+                let written = conn
+                    .prepare_cached(
+                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (agent, key) DO UPDATE SET
+                            command = excluded.command,
+                            fingerprint = excluded.fingerprint,
+                            expires_at = excluded.expires_at
+                         WHERE idempotency_keys.expires_at <= ?6",
+                    )?
+                    .execute(params![
+                        key.agent.as_str(),
+                        key.key.as_str(),
+                        key_command,
+                        key.fingerprint,
+                        expires_at,
+                        now
+                    ])?;
+                if written == 0 {
+                    let existing = live_key(conn, key.agent.clone(), key.key.clone(), now)?
+                        .ok_or_else(|| {
+                            DbError::Sqlite(format!(
+                                "idempotency key {} was neither written nor found",
+                                key.key.as_str()
+                            ))
+                        })?;
                     return Ok(InsertOutcome::KeyTaken(existing));
                 }
-                conn.prepare_cached(
-                    "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (agent, key) DO UPDATE SET
-                        command = excluded.command,
-                        fingerprint = excluded.fingerprint,
-                        expires_at = excluded.expires_at",
-                )?
-                .execute(params![
-                    key.agent.as_str(),
-                    key.key.as_str(),
-                    key.command.to_string(),
-                    key.fingerprint,
-                    expires_at
-                ])?;
                 row.insert(conn)?;
                 Ok(InsertOutcome::Inserted)
             })
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        if let InsertOutcome::Inserted = outcome {
+            self.records.put(command.id, entry);
+        }
+        Ok(outcome)
     }
 
     async fn command_for_agent(
@@ -151,13 +180,14 @@ impl Store for SqliteStore {
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id.to_string();
+        let id = id_text(id);
         self.db
             .read(|conn| {
-                conn.prepare_cached(select_commands!("WHERE id = ?1 AND agent = ?2"))?
-                    .query_row(params![id, agent.as_str()], CommandRow::read)
-                    .optional()?
-                    .map(CommandRow::decode)
+                let mut stmt =
+                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND agent = ?2"))?;
+                let mut rows = stmt.query(params![id, agent.as_str()])?;
+                rows.next()?
+                    .map(|row| decode_row(row, &self.records))
                     .transpose()
             })
             .map_err(store_error)
@@ -168,13 +198,14 @@ impl Store for SqliteStore {
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id.to_string();
+        let id = id_text(id);
         self.db
             .read(|conn| {
-                conn.prepare_cached(select_commands!("WHERE id = ?1 AND device = ?2"))?
-                    .query_row(params![id, device.as_str()], CommandRow::read)
-                    .optional()?
-                    .map(CommandRow::decode)
+                let mut stmt =
+                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND device = ?2"))?;
+                let mut rows = stmt.query(params![id, device.as_str()])?;
+                rows.next()?
+                    .map(|row| decode_row(row, &self.records))
                     .transpose()
             })
             .map_err(store_error)
@@ -186,35 +217,36 @@ impl Store for SqliteStore {
         };
         let previous = revision(previous)?;
         let row = CommandRow::encode(next).map_err(store_error)?;
-        self.db
+        let entry = Arc::clone(&row.entry);
+        let changed = self
+            .db
             .write(move |conn| {
-                // One conditional statement: the compare-and-swap on the revision.
+                // One conditional statement: the compare-and-swap on the
+                // revision. Only what a transition can change is written: the
+                // id, agent, owner, project, device, key and creation time of
+                // a command never change (and are checked against the record
+                // at every read).
                 let changed = conn
                     .prepare_cached(
-                        "UPDATE commands SET
-                            agent = ?2, owner = ?3, project = ?4, device = ?5, idempotency_key = ?6,
-                            status = ?7, created_at = ?8, finished_at = ?9, revision = ?10,
-                            record = ?11
-                         WHERE id = ?1 AND revision = ?12",
+                        "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4, record = ?5
+                         WHERE id = ?1 AND revision = ?6",
                     )?
                     .execute(params![
                         row.id,
-                        row.agent,
-                        row.owner,
-                        row.project,
-                        row.device,
-                        row.idempotency_key,
-                        row.status,
-                        row.created_at,
+                        row.entry.record.status.as_str(),
                         row.finished_at,
                         row.revision,
-                        row.record,
+                        row.entry.json,
                         previous
                     ])?;
                 Ok(changed == 1)
             })
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        if changed {
+            self.records.put(next.id, entry);
+        }
+        Ok(changed)
     }
 
     async fn queued_commands(
@@ -238,13 +270,13 @@ impl Store for SqliteStore {
                     )
                 );
                 let mut stmt = conn.prepare_cached(&sql)?;
-                let rows = stmt
-                    .query_map(
-                        params![owner.as_str(), project.as_str(), device.as_str()],
-                        CommandRow::read,
-                    )?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                rows.into_iter().map(CommandRow::decode).collect()
+                let mut rows =
+                    stmt.query(params![owner.as_str(), project.as_str(), device.as_str()])?;
+                let mut commands = Vec::new();
+                while let Some(row) = rows.next()? {
+                    commands.push(decode_row(row, &self.records)?);
+                }
+                Ok(commands)
             })
             .map_err(store_error)
     }
@@ -308,10 +340,12 @@ impl Store for SqliteStore {
                      WHERE owner = ?1 AND project = ?2
                      ORDER BY graph_session_id, device LIMIT {limit}"
                 ))?;
-                let rows = stmt
-                    .query_map(params![owner.as_str(), project.as_str()], SessionRow::read)?
-                    .collect::<rusqlite::Result<Vec<_>>>()?;
-                rows.into_iter().map(SessionRow::decode).collect()
+                let mut rows = stmt.query(params![owner.as_str(), project.as_str()])?;
+                let mut sessions = Vec::new();
+                while let Some(row) = rows.next()? {
+                    sessions.push(decode_session(row, &self.metas)?);
+                }
+                Ok(sessions)
             })
             .map_err(store_error)
     }
@@ -330,14 +364,10 @@ impl Store for SqliteStore {
                      ORDER BY device LIMIT 1",
                 )?;
                 for project in projects {
-                    let found = stmt
-                        .query_row(
-                            params![owner.as_str(), project.as_str(), id.as_str()],
-                            SessionRow::read,
-                        )
-                        .optional()?;
-                    if let Some(row) = found {
-                        return row.decode().map(Some);
+                    let mut rows =
+                        stmt.query(params![owner.as_str(), project.as_str(), id.as_str()])?;
+                    if let Some(row) = rows.next()? {
+                        return decode_session(row, &self.metas).map(Some);
                     }
                 }
                 Ok(None)
@@ -479,41 +509,33 @@ fn live_key(
     }))
 }
 
-/// One row of `commands`, as stored.
+/// A command as its row stores it; the record and its JSON are shared with
+/// the cache, which learns them once the write committed.
 struct CommandRow {
     id: String,
-    agent: String,
-    owner: String,
-    project: String,
-    device: String,
-    idempotency_key: String,
-    status: String,
     created_at: i64,
     finished_at: Option<i64>,
     revision: i64,
-    /// The whole record as JSON.
-    record: String,
+    entry: Arc<Entry>,
 }
 
 impl CommandRow {
     fn encode(c: &CommandRecord) -> Result<Self, DbError> {
         Ok(Self {
-            id: c.id.to_string(),
-            agent: c.agent.as_str().to_owned(),
-            owner: c.owner.as_str().to_owned(),
-            project: c.project.as_str().to_owned(),
-            device: c.device.as_str().to_owned(),
-            idempotency_key: c.idempotency_key.as_str().to_owned(),
-            status: c.status.as_str().to_owned(),
+            id: id_text(&c.id),
             created_at: encode_millis(c.created_at)?,
             finished_at: c.finished_at.map(encode_millis).transpose()?,
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
-            record: serde_json::to_string(c).map_err(|e| DbError::Encode(e.to_string()))?,
+            entry: Arc::new(Entry {
+                json: serde_json::to_string(c).map_err(|e| DbError::Encode(e.to_string()))?,
+                record: c.clone(),
+            }),
         })
     }
 
     fn insert(&self, conn: &Connection) -> Result<(), DbError> {
+        let c = &self.entry.record;
         let inserted = conn
             .prepare_cached(
                 "INSERT INTO commands
@@ -524,16 +546,16 @@ impl CommandRow {
             )?
             .execute(params![
                 self.id,
-                self.agent,
-                self.owner,
-                self.project,
-                self.device,
-                self.idempotency_key,
-                self.status,
+                c.agent.as_str(),
+                c.owner.as_str(),
+                c.project.as_str(),
+                c.device.as_str(),
+                c.idempotency_key.as_str(),
+                c.status.as_str(),
                 self.created_at,
                 self.finished_at,
                 self.revision,
-                self.record
+                self.entry.json
             ])?;
         if inserted == 0 {
             return Err(DbError::Sqlite(format!(
@@ -543,70 +565,82 @@ impl CommandRow {
         }
         Ok(())
     }
+}
 
-    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            id: r.get(0)?,
-            agent: r.get(1)?,
-            owner: r.get(2)?,
-            project: r.get(3)?,
-            device: r.get(4)?,
-            idempotency_key: r.get(5)?,
-            status: r.get(6)?,
-            created_at: r.get(7)?,
-            finished_at: r.get(8)?,
-            revision: r.get(9)?,
-            record: r.get(10)?,
-        })
-    }
-
-    /// The record is the JSON column; the other columns are copies of its
-    /// fields for the indexes and are checked against it.
-    fn decode(self) -> Result<CommandRecord, DbError> {
-        let record: CommandRecord = serde_json::from_str(&self.record)
-            .map_err(|e| DbError::Corrupt(format!("command {}: record: {e}", self.id)))?;
-        let consistent = record.id.to_string() == self.id
-            && record.agent.as_str() == self.agent
-            && record.device.as_str() == self.device
-            && record.status.as_str() == self.status
-            && i64::try_from(record.revision).ok() == Some(self.revision);
-        if !consistent {
-            return Err(DbError::Corrupt(format!(
-                "command {}: the columns disagree with the stored record",
-                self.id
-            )));
+/// The record of one row selected with [`select_commands!`].
+///
+/// The record is the JSON column, taken from `cache` if it holds exactly
+/// that JSON, else decoded (and remembered). The other columns are copies
+/// of its fields for the indexes and are checked against it.
+fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRecord, DbError> {
+    let text = |i: usize, column: &str| {
+        row.get_ref(i)?
+            .as_str()
+            .map_err(|e| DbError::Corrupt(format!("commands.{column}: {e}")))
+    };
+    let id_column = text(0, "id")?;
+    let id = parse(CommandId::parse(id_column), "commands.id")?;
+    let json = text(5, "record")?;
+    let (entry, fresh) = match cache.get(&id, json.as_bytes()) {
+        Some(entry) => (entry, false),
+        None => {
+            let record: CommandRecord = serde_json::from_str(json)
+                .map_err(|e| DbError::Corrupt(format!("command {id_column}: record: {e}")))?;
+            let entry = Entry {
+                json: json.to_owned(),
+                record,
+            };
+            (Arc::new(entry), true)
         }
-        Ok(record)
+    };
+    let record = &entry.record;
+    let consistent = record.id == id
+        && record.agent.as_str() == text(1, "agent")?
+        && record.device.as_str() == text(2, "device")?
+        && record.status.as_str() == text(3, "status")?
+        && i64::try_from(record.revision).ok() == Some(row.get::<_, i64>(4)?);
+    if !consistent {
+        return Err(DbError::Corrupt(format!(
+            "command {id_column}: the columns disagree with the stored record"
+        )));
     }
+    let decoded = record.clone();
+    if fresh {
+        cache.put(id, entry);
+    }
+    Ok(decoded)
 }
 
-/// One row of `shared_sessions`, as stored.
-struct SessionRow {
-    project: String,
-    device: String,
-    synced_at: i64,
-    meta: String,
+/// The text of a command id in the database: lowercase hyphenated, as the
+/// id prints, without going through the formatting machinery.
+fn id_text(id: &CommandId) -> String {
+    let mut buffer = [0u8; 36];
+    id.as_uuid()
+        .hyphenated()
+        .encode_lower(&mut buffer)
+        .to_owned()
 }
 
-impl SessionRow {
-    fn read(r: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            project: r.get(0)?,
-            device: r.get(1)?,
-            synced_at: r.get(2)?,
-            meta: r.get(3)?,
-        })
-    }
-
-    fn decode(self) -> Result<SharedSession, DbError> {
-        Ok(SharedSession {
-            project: parse(ProjectId::parse(&self.project), "shared_sessions.project")?,
-            device: parse(DeviceId::parse(&self.device), "shared_sessions.device")?,
-            meta: serde_json::from_str(&self.meta)
-                .map_err(|e| DbError::Corrupt(format!("shared_sessions.meta: {e}")))?,
-            synced_at: timestamp(self.synced_at)?,
-        })
-    }
+/// The shared session of one row `SELECT project, device, synced_at, meta`
+/// of `shared_sessions`; the metadata through `metas`.
+fn decode_session(row: &Row<'_>, metas: &MetaCache) -> Result<SharedSession, DbError> {
+    let text = |i: usize, column: &str| {
+        row.get_ref(i)?
+            .as_str()
+            .map_err(|e| DbError::Corrupt(format!("shared_sessions.{column}: {e}")))
+    };
+    Ok(SharedSession {
+        project: parse(
+            ProjectId::parse(text(0, "project")?),
+            "shared_sessions.project",
+        )?,
+        device: parse(
+            DeviceId::parse(text(1, "device")?),
+            "shared_sessions.device",
+        )?,
+        meta: metas.get_or_decode(text(3, "meta")?)?,
+        synced_at: timestamp(row.get(2)?)?,
+    })
 }
 
 /// A stored id that no longer parses is corruption.

@@ -289,3 +289,38 @@ fn wal_stays_bounded_and_pooled_reads_see_every_write() {
         }
     });
 }
+
+/// Two stores on one file: each remembers the records it wrote or decoded,
+/// and still reads what the other one wrote since, at every step.
+#[test]
+fn a_record_changed_through_another_store_is_read_as_it_now_is() {
+    use graph_relay_core::command::CommandStatus;
+    use graph_relay_core::testkit::exec;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("shared.sqlite");
+    let a = World::new(Arc::new(SqliteStore::open(&path).expect("open a")));
+    let b = World::new(Arc::new(SqliteStore::open(&path).expect("open b")));
+    a.sync(&a.device, p1(), &[1]).await_now();
+    // Queued through `a`, which remembers the record it wrote.
+    let cmd = a.run(&a.agent, 1, "shared-key-1").await_now();
+    let read = |w: &World| {
+        block_on(w.queue.get_graph_run(&w.agent, &cmd.id))
+            .expect("get")
+            .command
+    };
+    assert_eq!(read(&a).status, CommandStatus::Queued);
+    // Started through `b`; `a` still remembers the queued record.
+    block_on(b.queue.start(&b.device, &cmd.id, &exec("e1"))).expect("start through b");
+    let running = read(&a);
+    assert_eq!(running.status, CommandStatus::Running);
+    assert_eq!(running.execution_id, Some(exec("e1")));
+    assert_eq!(running, read(&b));
+    // Completed through `a` (which read the running record from the file).
+    let envelope = completed("e1", json!({"n": 1}));
+    block_on(a.queue.complete(&a.device, &cmd.id, &envelope)).expect("complete through a");
+    let done = read(&b);
+    assert_eq!(done.status, CommandStatus::Completed);
+    assert_eq!(done.completion, Some(envelope));
+    assert_eq!(done, read(&a));
+    assert_eq!(done.revision, 2);
+}
