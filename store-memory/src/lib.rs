@@ -29,7 +29,28 @@ use std::collections::{BTreeMap, BTreeSet};
 
 // foldhash is keyed per process (seeded at random), so agent-chosen keys
 // cannot be aimed at one bucket, and it is several times faster than SipHash.
-type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+// hashbrown's map looks composite keys up by borrowed parts (`Parts`), so a
+// look-up copies no ids.
+type HashMap<K, V> = hashbrown::HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A borrowed view of a tuple key `(A, B)` or `(A, B, C)`: hashes like the
+/// tuple and compares equal to it.
+#[derive(Hash)]
+struct Parts<T>(T);
+
+impl<A: PartialEq, B: PartialEq> hashbrown::Equivalent<(A, B)> for Parts<(&A, &B)> {
+    fn equivalent(&self, key: &(A, B)) -> bool {
+        *self.0.0 == key.0 && *self.0.1 == key.1
+    }
+}
+
+impl<A: PartialEq, B: PartialEq, C: PartialEq> hashbrown::Equivalent<(A, B, C)>
+    for Parts<(&A, &B, &C)>
+{
+    fn equivalent(&self, key: &(A, B, C)) -> bool {
+        *self.0.0 == key.0 && *self.0.1 == key.1 && *self.0.2 == key.2
+    }
+}
 use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
@@ -78,10 +99,18 @@ impl Inner {
     fn index(&mut self, c: &CommandRecord, order: u64, was_queued: bool) {
         let is_queued = c.status == CommandStatus::Queued;
         if is_queued != was_queued {
-            let key = (c.owner.clone(), c.project.clone(), c.device.clone());
+            let key = Parts((&c.owner, &c.project, &c.device));
             let entry = (c.created_at, order, c.id);
             if is_queued {
-                self.queued.entry(key).or_default().insert(entry);
+                match self.queued.get_mut(&key) {
+                    Some(set) => {
+                        set.insert(entry);
+                    }
+                    None => {
+                        let key = (c.owner.clone(), c.project.clone(), c.device.clone());
+                        self.queued.insert(key, BTreeSet::from([entry]));
+                    }
+                }
             } else if let Some(set) = self.queued.get_mut(&key) {
                 set.remove(&entry);
                 if set.is_empty() {
@@ -99,7 +128,7 @@ impl Inner {
     /// When the live key (unexpired at `now`) that still points at `c` expires, if there is one.
     fn held_until(&self, c: &CommandRecord, now: Timestamp) -> Option<Timestamp> {
         self.keys
-            .get(&(c.agent.clone(), c.idempotency_key.clone()))
+            .get(&Parts((&c.agent, &c.idempotency_key)))
             .filter(|k| k.command == c.id && k.expires_at > now)
             .map(|k| k.expires_at)
     }
@@ -165,7 +194,7 @@ impl Store for MemoryStore {
         let inner = self.lock();
         Ok(inner
             .keys
-            .get(&(agent.clone(), key.clone()))
+            .get(&Parts((agent, key)))
             .filter(|k| k.expires_at > now)
             .cloned())
     }
@@ -177,8 +206,11 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
         let mut inner = self.lock();
-        let slot = (key.agent.clone(), key.key.clone());
-        if let Some(existing) = inner.keys.get(&slot).filter(|k| k.expires_at > now) {
+        if let Some(existing) = inner
+            .keys
+            .get(&Parts((&key.agent, &key.key)))
+            .filter(|k| k.expires_at > now)
+        {
             return Ok(InsertOutcome::KeyTaken(existing.clone()));
         }
         if inner.commands.contains_key(&command.id) {
@@ -190,6 +222,7 @@ impl Store for MemoryStore {
         inner
             .expiries
             .insert((key.expires_at, key.agent.clone(), key.key.clone()));
+        let slot = (key.agent.clone(), key.key.clone());
         if let Some(expired) = inner.keys.insert(slot, key.clone()) {
             inner
                 .expiries
@@ -256,8 +289,7 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let inner = self.lock();
-        let key = (owner.clone(), project.clone(), device.clone());
-        let Some(queued) = inner.queued.get(&key) else {
+        let Some(queued) = inner.queued.get(&Parts((owner, project, device))) else {
             return Ok(Vec::new());
         };
         let mut out = Vec::with_capacity(queued.len().min(limit));
@@ -321,7 +353,7 @@ impl Store for MemoryStore {
         let inner = self.lock();
         Ok(inner
             .sessions
-            .get(&(owner.clone(), project.clone()))
+            .get(&Parts((owner, project)))
             .map(|m| m.values().take(limit).cloned().collect())
             .unwrap_or_default())
     }
@@ -334,7 +366,7 @@ impl Store for MemoryStore {
     ) -> Result<Option<SharedSession>, StoreError> {
         let inner = self.lock();
         for project in projects {
-            if let Some(map) = inner.sessions.get(&(owner.clone(), project.clone()))
+            if let Some(map) = inner.sessions.get(&Parts((owner, project)))
                 && let Some((_, s)) = map
                     .range((id.clone(), min_device())..)
                     .next()
@@ -354,20 +386,28 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        let record = inner
-            .devices
-            .entry((owner.clone(), device.clone()))
-            .or_insert_with(|| DeviceRecord {
-                device: device.clone(),
-                owner: owner.clone(),
-                last_sync_at: None,
-                last_seen_at: now,
-                long_poll: false,
-            });
-        record.last_seen_at = record.last_seen_at.max(now);
-        if let DeviceContact::Sync { long_poll } = contact {
-            record.last_sync_at = Some(record.last_sync_at.map_or(now, |t| t.max(now)));
-            record.long_poll = long_poll;
+        let seen = |record: &mut DeviceRecord| {
+            record.last_seen_at = record.last_seen_at.max(now);
+            if let DeviceContact::Sync { long_poll } = contact {
+                record.last_sync_at = Some(record.last_sync_at.map_or(now, |t| t.max(now)));
+                record.long_poll = long_poll;
+            }
+        };
+        match inner.devices.get_mut(&Parts((owner, device))) {
+            Some(record) => seen(record),
+            None => {
+                let mut record = DeviceRecord {
+                    device: device.clone(),
+                    owner: owner.clone(),
+                    last_sync_at: None,
+                    last_seen_at: now,
+                    long_poll: false,
+                };
+                seen(&mut record);
+                inner
+                    .devices
+                    .insert((owner.clone(), device.clone()), record);
+            }
         }
         Ok(())
     }
@@ -377,11 +417,7 @@ impl Store for MemoryStore {
         owner: &OwnerId,
         device: &DeviceId,
     ) -> Result<Option<DeviceRecord>, StoreError> {
-        Ok(self
-            .lock()
-            .devices
-            .get(&(owner.clone(), device.clone()))
-            .cloned())
+        Ok(self.lock().devices.get(&Parts((owner, device))).cloned())
     }
 
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
