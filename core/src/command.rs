@@ -810,6 +810,42 @@ mod tests {
         assert_eq!(stored, other);
     }
 
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+            "[\\x00-\\x1f\"\\\\a-z\u{7f}\u{2028}é😀]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec(("[a-z\\x00-\\x1f\"é]{0,6}", inner), 0..6)
+                    .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn streaming_fingerprint_equals_the_reference_for_any_arguments(
+            entries in proptest::collection::vec(("[a-z\\x00-\\x1f\"é]{0,6}", json_value()), 0..6)
+        ) {
+            let gs = GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").unwrap();
+            let map: Map<String, Value> = entries.into_iter().collect();
+            proptest::prop_assert_eq!(
+                request_fingerprint(&gs, &map),
+                reference_fingerprint(&gs, &map)
+            );
+        }
+    }
+
     #[test]
     fn fingerprint_ignores_key_order_only() {
         let gs = GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").unwrap();
