@@ -21,7 +21,7 @@ use graph_relay_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 use serde_json::json;
 
 async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
-    let key = format!("loop-key-{n:012}");
+    let key = format!("loop-key-{}-{n:012}", std::process::id());
     let ticket = w
         .queue
         .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
@@ -98,12 +98,20 @@ fn main() {
     let before = thread_times();
     let started = Instant::now();
     let mut counter = 0u64;
+    let mut report = String::new();
+    // The rate of every 20,000 lifecycles, to see it change as the file grows.
+    let (mut stage_start, mut stage_count) = (Instant::now(), 0u64);
     for _ in 0..rounds {
         let runs = desks.iter().map(|(device, session)| {
             counter += 1;
             lifecycle(&w, device, *session, counter)
         });
         block_on(futures::future::join_all(runs));
+        if counter - stage_count >= 20_000 {
+            let rate = (counter - stage_count) as f64 / stage_start.elapsed().as_secs_f64();
+            report += &format!("  up to {counter:>8}: {rate:>7.0} lifecycles/s\n");
+            (stage_start, stage_count) = (Instant::now(), counter);
+        }
     }
     let secs = started.elapsed().as_secs_f64();
     let after = thread_times();
@@ -111,6 +119,7 @@ fn main() {
         "{counter} lifecycles, {in_flight} in flight, in {secs:.3} s: {:.0} lifecycles/s",
         counter as f64 / secs
     );
+    print!("{report}");
     let mut total = Duration::ZERO;
     for (name, t) in &after {
         let t0 = before

@@ -76,19 +76,27 @@
 //!   columns are copies of its fields and are checked against it on every
 //!   read), so a field the core adds with `#[serde(default)]` needs no
 //!   migration. An update writes only what a transition can change (status,
-//!   `finished_at`, revision, record).
+//!   `finished_at`, revision, record). Migrations are tracked in
+//!   `PRAGMA user_version`; the file is marked with `PRAGMA application_id`
+//!   = [`APPLICATION_ID`].
 //! - **Decoding once.** Decoding the JSON costs more than the query. A store
 //!   remembers the records it wrote or decoded last (a few thousand, a few
 //!   MB) together with their exact JSON; a read still queries the file, and
 //!   takes the remembered record only when the stored JSON is byte for byte
 //!   the same, so a change made by another store or process is always seen.
-//!   Session metadata is remembered the same way. Migrations are tracked in `PRAGMA user_version`; the file
-//!   is marked with `PRAGMA application_id` = [`APPLICATION_ID`].
-//! - **Reads** go through a memory map of the file (`mmap_size` 1 GiB), since
-//!   a connection reloads its pages whenever another connection wrote.
-//!   The writer polls its queue for 30 µs after each group before it
-//!   sleeps, so a caller issuing one write after another does not pay for
-//!   waking the thread every time.
+//!   Session metadata is remembered the same way.
+//! - **Read connections do not map the file.** After any commit SQLite
+//!   drops a read connection's pages at its next read; with a memory map it
+//!   also unmaps the whole file, and every unmap interrupts the other cores
+//!   running this process to flush their TLBs (a fifth of the time of a
+//!   lifecycle loop on a 2-core VM went there). Read connections therefore
+//!   read pages with `pread` into a page cache of 16 MiB each, which also
+//!   keeps hot pages of a large file decoded between writes. The writer and
+//!   the checkpointer, whose pages stay valid across their own commits, map
+//!   up to 1 GiB.
+//! - **Waking the writer.** The writer polls its queue for 30 µs after each
+//!   group before it sleeps, so a caller issuing one write after another
+//!   does not pay for waking the thread every time.
 //! - **Checkpoints off the commit path.** SQLite's autocheckpoint would copy
 //!   the WAL back into the database file (and fsync both) inside the commit
 //!   that crossed 1000 WAL pages, while every caller of that group and the

@@ -132,8 +132,11 @@ pub(crate) fn open(
     let open_reader = {
         let path = path.to_owned();
         move || {
-            let conn = connect(&path, read_write_no_create(), MMAP_SIZE)?;
+            // No memory map: see the crate docs ("Read connections do not
+            // map the file").
+            let conn = connect(&path, read_write_no_create(), 0)?;
             conn.pragma_update(None, "query_only", true)?;
+            conn.pragma_update(None, "cache_size", READER_CACHE_KIB)?;
             Ok(conn)
         }
     };
@@ -290,11 +293,16 @@ fn connect(path: &Path, flags: OpenFlags, mmap: i64) -> rusqlite::Result<Connect
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_handler(Some(busy_handler))?;
     conn.set_prepared_statement_cache_capacity(64);
-    // Read database pages through a memory map instead of a read() per
-    // page: every connection reloads its pages after another one wrote.
+    // The writer and the checkpointer read pages through a memory map
+    // instead of a read() per page.
     conn.pragma_update(None, "mmap_size", mmap)?;
     Ok(conn)
 }
 
-/// Bytes of the database file each connection maps (1 GiB of address space).
+/// Bytes of the database file the writer and the checkpointer map (1 GiB of
+/// address space).
 const MMAP_SIZE: i64 = 1 << 30;
+
+/// Page cache of each read connection, as `PRAGMA cache_size` (negative:
+/// KiB): 16 MiB.
+const READER_CACHE_KIB: i64 = -16 * 1024;
