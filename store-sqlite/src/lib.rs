@@ -104,10 +104,12 @@
 //!   Instead the writer's WAL hook wakes a **checkpoint thread** with its
 //!   own connection. It first runs `PRAGMA wal_checkpoint(PASSIVE)`, which
 //!   takes no lock that writers or readers wait for and copies the bulk of
-//!   the WAL, fsyncs included, while the writer goes on committing; then a
-//!   `FULL` checkpoint, which holds the write lock only long enough to copy
-//!   the few frames committed meanwhile (it waits at most 50 ms for locks,
-//!   else it is retried after the next commit). The writer starts the WAL
+//!   the WAL, fsyncs included, while the writer goes on committing, and
+//!   repeats it (up to 4 rounds) while a round still copied 64 frames or
+//!   more; then a `FULL` checkpoint, which holds the write lock only long
+//!   enough to copy the few frames committed meanwhile and sync (about 1 ms
+//!   under load, against 2-6 ms after a single passive round; it waits at
+//!   most 50 ms for locks, else it is retried after the next commit). The writer starts the WAL
 //!   over at its next transaction, so the WAL stays a few MB, as with
 //!   SQLite's own autocheckpoint (a test checks it stays under 20 MB over
 //!   5000 commits).
