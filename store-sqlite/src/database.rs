@@ -9,8 +9,8 @@
 //! read never waits for a lock held by a writer (see the crate docs).
 //!
 //! The writer takes every job that is waiting when it wakes up (at most
-//! [`MAX_GROUP`]) and runs them in one `BEGIN IMMEDIATE` transaction (group
-//! commit); a job that fails is rolled back alone and the others commit
+//! [`MAX_GROUP`]; under load it lingers for more, see [`linger`]) and runs
+//! them in one `BEGIN IMMEDIATE` transaction (group commit); a job that fails is rolled back alone and the others commit
 //! (see [`run_group`]). Replies are sent only after `COMMIT` returned, so
 //! "the call returned" always means "the change is committed".
 
@@ -29,6 +29,13 @@ use rusqlite::Connection;
 const MAX_GROUP: usize = 64;
 /// How long an idle writer keeps polling for the next job before it sleeps.
 const SPIN: Duration = Duration::from_micros(30);
+/// A group that follows one of at least this many jobs waits for more
+/// (see [`linger`]).
+const LINGER_AFTER: usize = 8;
+/// Lingering ends once no job came for this long...
+const LINGER_GAP: Duration = Duration::from_micros(40);
+/// ... or after this long in all.
+const LINGER_MAX: Duration = Duration::from_micros(400);
 
 /// A failure inside the database threads, before it is mapped to the
 /// error type of the trait being implemented.
@@ -348,15 +355,55 @@ impl Drop for Database {
 
 fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>) {
     let mut group: Vec<WriteJob> = Vec::with_capacity(MAX_GROUP);
+    let mut previous = 0;
     while let Some(first) = next_job(&jobs) {
         group.push(first);
-        while group.len() < MAX_GROUP {
-            match jobs.try_recv() {
-                Ok(job) => group.push(job),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        take_waiting(&jobs, &mut group);
+        if previous >= LINGER_AFTER {
+            linger(&jobs, &mut group);
         }
+        previous = group.len();
         run_group(&conn, &mut group);
+    }
+}
+
+/// Moves the jobs waiting in `jobs` into `group`, up to [`MAX_GROUP`].
+fn take_waiting(jobs: &Receiver<WriteJob>, group: &mut Vec<WriteJob>) {
+    while group.len() < MAX_GROUP {
+        match jobs.try_recv() {
+            Ok(job) => group.push(job),
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+        }
+    }
+}
+
+/// Waits for more jobs while they keep coming: until none came for
+/// [`LINGER_GAP`], [`LINGER_MAX`] passed, or the group is full.
+///
+/// Called only when the previous group held [`LINGER_AFTER`] jobs or more,
+/// i.e. while many callers write at once. Without it the writer, being
+/// faster than a caller's executor at producing writes, commits nearly every
+/// write alone as it arrives (4-5 jobs per commit with 64 lifecycles in
+/// flight); every commit writes its pages to the WAL again and makes every
+/// read connection drop its cache. Lingering a little gathers 15-30 jobs
+/// per commit: 64 lifecycles in flight ran 10-20% faster, 16 in flight
+/// 5-10%, 4 in flight (below the threshold) and one at a time unchanged.
+fn linger(jobs: &Receiver<WriteJob>, group: &mut Vec<WriteJob>) {
+    let start = Instant::now();
+    let mut last_arrival = start;
+    while group.len() < MAX_GROUP {
+        let before = group.len();
+        take_waiting(jobs, group);
+        let now = Instant::now();
+        if group.len() > before {
+            last_arrival = now;
+        } else if now.duration_since(last_arrival) >= LINGER_GAP
+            || now.duration_since(start) >= LINGER_MAX
+        {
+            return;
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 
