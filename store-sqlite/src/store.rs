@@ -14,6 +14,7 @@ use graph_relay_core::store::{
     Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::cache::{Entry, MetaCache, RecordCache};
@@ -573,17 +574,25 @@ impl CommandRow {
 /// that JSON, else decoded (and remembered). The other columns are copies
 /// of its fields for the indexes and are checked against it.
 fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRecord, DbError> {
-    let text = |i: usize, column: &str| {
-        row.get_ref(i)?
-            .as_str()
-            .map_err(|e| DbError::Corrupt(format!("commands.{column}: {e}")))
+    // The text of a column, as bytes: compared as they are (equal to a
+    // string means valid UTF-8), validated only where they are parsed.
+    let text = |i: usize, column: &str| match row.get_ref(i)? {
+        ValueRef::Text(bytes) => Ok(bytes),
+        other => Err(DbError::Corrupt(format!(
+            "commands.{column}: {} instead of text",
+            other.data_type()
+        ))),
     };
-    let id_column = text(0, "id")?;
+    let utf8 = |bytes, column: &str| {
+        std::str::from_utf8(bytes).map_err(|e| DbError::Corrupt(format!("commands.{column}: {e}")))
+    };
+    let id_column = utf8(text(0, "id")?, "id")?;
     let id = parse(CommandId::parse(id_column), "commands.id")?;
     let json = text(5, "record")?;
-    let (entry, fresh) = match cache.get(&id, json.as_bytes()) {
+    let (entry, fresh) = match cache.get(&id, json) {
         Some(entry) => (entry, false),
         None => {
+            let json = utf8(json, "record")?;
             let record: CommandRecord = serde_json::from_str(json)
                 .map_err(|e| DbError::Corrupt(format!("command {id_column}: record: {e}")))?;
             let entry = Entry {
@@ -595,9 +604,9 @@ fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRecord, DbErr
     };
     let record = &entry.record;
     let consistent = record.id == id
-        && record.agent.as_str() == text(1, "agent")?
-        && record.device.as_str() == text(2, "device")?
-        && record.status.as_str() == text(3, "status")?
+        && record.agent.as_str().as_bytes() == text(1, "agent")?
+        && record.device.as_str().as_bytes() == text(2, "device")?
+        && record.status.as_str().as_bytes() == text(3, "status")?
         && i64::try_from(record.revision).ok() == Some(row.get::<_, i64>(4)?);
     if !consistent {
         return Err(DbError::Corrupt(format!(
