@@ -165,18 +165,20 @@ impl ResultEnvelope {
     }
 }
 
-/// The flat wire form shared by both shapes.
+/// The flat wire form shared by both shapes. `R` is the result: owned when
+/// reading, borrowed when writing (so writing copies nothing).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireEnvelope {
+struct WireEnvelope<R> {
     execution_id: ExecutionId,
     status: FinishStatus,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        deserialize_with = "present"
+        deserialize_with = "present",
+        bound(deserialize = "R: Deserialize<'de>")
     )]
-    result: Option<Value>,
+    result: Option<R>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     result_truncated: Option<bool>,
     #[serde(
@@ -196,8 +198,10 @@ struct WireEnvelope {
 }
 
 /// Deserializes a field that is present (even as `null`) to `Some`.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 impl Serialize for ResultEnvelope {
@@ -215,7 +219,7 @@ impl Serialize for ResultEnvelope {
             Some(body) => WireEnvelope {
                 execution_id: self.execution_id.clone(),
                 status: self.status,
-                result: Some(body.result.clone()),
+                result: Some(&body.result),
                 result_truncated: None,
                 total_tokens: Some(body.total_tokens.map_or(Value::Null, Value::from)),
                 reported_cost: Some(
@@ -233,7 +237,7 @@ impl Serialize for ResultEnvelope {
 impl<'de> Deserialize<'de> for ResultEnvelope {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
-        let wire = WireEnvelope::deserialize(deserializer)?;
+        let wire = WireEnvelope::<Value>::deserialize(deserializer)?;
         match wire.result_truncated {
             Some(true) => {
                 if wire.result.is_some()
