@@ -7,6 +7,12 @@
 //! opened, the journal switched to WAL and the migrations applied, in one
 //! `BEGIN IMMEDIATE` transaction that repeats the checks (another process
 //! may be opening the same file at the same moment).
+//!
+//! A file that does not exist yet is built beside its final name and linked
+//! into place only when complete (see [`create_new`]): switching a fresh file
+//! to WAL goes through a rollback journal, and a crash in that moment would
+//! otherwise leave a hot journal that the read-only checks cannot recover,
+//! so the next open would fail.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -104,6 +110,9 @@ pub(crate) fn open(
     name: &str,
 ) -> Result<Database, OpenError> {
     set_busy_budget(options.busy_timeout);
+    if !path.exists() {
+        create_new(path)?;
+    }
     if file_has_content(path)? {
         check(path, &inspect(path)?)?;
     }
@@ -152,6 +161,77 @@ pub(crate) fn open(
         max_readers: options.readers,
     };
     Database::start(name, connections, options.busy_timeout).map_err(OpenError::Thread)
+}
+
+/// Creates the database at `path`, which does not exist, without a moment in
+/// which a crash leaves it half made: the file is built under a temporary
+/// name in the same directory (WAL, schema, application id), closed (which
+/// folds the WAL back in), synced, and hard-linked to `path`. If another
+/// process linked its own first, that one is used. On a file system without
+/// hard links the file is created in place as before.
+///
+/// A crash while building leaves only the temporary file
+/// (`.NAME.creating-PID`), which nothing reads.
+fn create_new(path: &Path) -> Result<(), OpenError> {
+    let io = |source| OpenError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "graph-relay.sqlite".to_owned());
+    let temporary = path.with_file_name(format!(".{name}.creating-{}", std::process::id()));
+    let remove_temporary = || {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut file = temporary.clone().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
+    };
+    remove_temporary();
+    let built = (|| {
+        let conn =
+            connect(&temporary, OpenFlags::default(), 0).map_err(|source| OpenError::Sqlite {
+                path: temporary.clone(),
+                source,
+            })?;
+        let journal: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+            .map_err(|source| OpenError::Sqlite {
+                path: temporary.clone(),
+                source,
+            })?;
+        if !journal.eq_ignore_ascii_case("wal") {
+            return Err(OpenError::NoWal {
+                path: path.to_owned(),
+                journal_mode: journal,
+            });
+        }
+        migrate(&conn, &temporary)?;
+        drop(conn);
+        std::fs::File::open(&temporary)
+            .and_then(|f| f.sync_all())
+            .map_err(io)
+    })();
+    if let Err(e) = built {
+        remove_temporary();
+        return Err(e);
+    }
+    let linked = std::fs::hard_link(&temporary, path);
+    remove_temporary();
+    match linked {
+        Ok(()) => {
+            // Make the new name durable too.
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+            }
+            Ok(())
+        }
+        // Another process created it first, or links are not supported:
+        // the normal open path takes it from here.
+        Err(_) => Ok(()),
+    }
 }
 
 /// True if `path` exists and is not empty; refuses a file that cannot be
