@@ -15,71 +15,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use graph_relay_core::command::CommandStatus;
-use graph_relay_core::ids::DeviceId;
-use graph_relay_core::principal::Device;
-use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::store::Store;
-use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
+use graph_relay_core::testkit::World;
+use graph_relay_core::testkit::workload::{Desk, desks, lifecycle};
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_store_postgres::testing::{TestSchema, URL_ENV};
 use graph_relay_store_sqlite::SqliteStore;
-use serde_json::json;
 
 /// Desktops (one lifecycle each) in flight at once in the concurrent variant.
 const IN_FLIGHT: u32 = 16;
 /// Measured rounds per figure; the best is reported.
 const ROUNDS: usize = 3;
 
-/// One checked lifecycle of a fresh command of `session`, which only `device` shares.
-async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
-    let key = format!("bench-key-{n:012}");
-    let ticket = w
-        .queue
-        .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
-        .await
-        .expect("run");
-    let id = ticket.command.id;
-    assert_eq!(&ticket.command.device, &device.id);
-    let request = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(session)],
-        long_poll: false,
-    };
-    let synced = w.queue.sync(device, &request).await.expect("sync");
-    assert_eq!(synced.commands.len(), 1, "the queued command is handed out");
-    let execution = exec(&format!("exec-{n}"));
-    w.queue.start(device, &id, &execution).await.expect("start");
-    w.queue
-        .complete(device, &id, &completed(execution.as_str(), json!({"n": n})))
-        .await
-        .expect("complete");
-    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
-    assert_eq!(view.command.status, CommandStatus::Completed);
-}
-
-/// `count` desktops, desktop k the only one sharing session k + 1.
-async fn desks(w: &World, count: u32) -> Vec<(Device, u32)> {
-    let mut out = Vec::new();
-    for k in 0..count {
-        let device = Device::new(
-            DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
-            w.device.owner.clone(),
-        );
-        w.sync(&device, p1(), &[k + 1]).await;
-        out.push((device, k + 1));
-    }
-    out
-}
-
 /// Lifecycles per second over about `budget`, all `desks` in flight at once.
-async fn rate(w: &World, desks: &[(Device, u32)], counter: &AtomicU64, budget: Duration) -> f64 {
+async fn rate(w: &World, desks: &[Desk], counter: &AtomicU64, budget: Duration) -> f64 {
     let start = Instant::now();
     let mut done = 0u64;
     while start.elapsed() < budget {
-        let runs = desks.iter().map(|(device, session)| {
-            lifecycle(w, device, *session, counter.fetch_add(1, Ordering::Relaxed))
-        });
+        let runs = desks
+            .iter()
+            .map(|desk| lifecycle(w, desk, counter.fetch_add(1, Ordering::Relaxed)));
         futures::future::join_all(runs).await;
         done += desks.len() as u64;
     }

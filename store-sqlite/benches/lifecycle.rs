@@ -24,10 +24,10 @@ use criterion::{Criterion, Throughput};
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::{DeviceId, IdempotencyKey, ProjectId};
-use graph_relay_core::principal::Device;
 use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::store::Store;
-use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
+use graph_relay_core::testkit::workload::{Desk, desks, lifecycle};
+use graph_relay_core::testkit::{World, completed, exec, meta, p1};
 use graph_relay_core::time::{IdSource, SeededIds};
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_store_sqlite::{SCHEMA_VERSION, SqliteStore};
@@ -51,52 +51,6 @@ fn record(name: &'static str, elapsed: Duration, iterations: u64) {
     entry.1 += iterations;
 }
 
-/// One full lifecycle of a fresh command of session `session`, which only
-/// `device` shares; panics if any step misbehaves.
-async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
-    let key = format!("bench-key-{n:012}");
-    let ticket = w
-        .queue
-        .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
-        .await
-        .expect("run");
-    let id = ticket.command.id;
-    assert_eq!(&ticket.command.device, &device.id);
-    let request = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(session)],
-        long_poll: false,
-    };
-    let synced = w.queue.sync(device, &request).await.expect("sync");
-    assert_eq!(
-        synced.commands.len(),
-        1,
-        "the one queued command is handed out"
-    );
-    let execution = exec(&format!("exec-{n}"));
-    w.queue.start(device, &id, &execution).await.expect("start");
-    w.queue
-        .complete(device, &id, &completed(execution.as_str(), json!({"n": n})))
-        .await
-        .expect("complete");
-    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
-    assert_eq!(view.command.status, CommandStatus::Completed);
-}
-
-/// Devices `desk-k` (k < count), each the only one sharing session `k + 1`.
-fn desks(w: &World, count: u32) -> Vec<(Device, u32)> {
-    (0..count)
-        .map(|k| {
-            let device = Device::new(
-                DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
-                w.device.owner.clone(),
-            );
-            block_on(w.sync(&device, p1(), &[k + 1]));
-            (device, k + 1)
-        })
-        .collect()
-}
-
 fn world(store: Arc<dyn Store>) -> World {
     let w = World::new(store);
     block_on(w.sync(&w.device, p1(), &[1]));
@@ -105,12 +59,12 @@ fn world(store: Arc<dyn Store>) -> World {
 
 /// Measures `desks.len()` lifecycles at a time on `w` (1 = one after
 /// another), all on the calling thread's `block_on`.
-fn measure(w: &World, desks: &[(Device, u32)], counter: &AtomicU64, iters: u64) -> Duration {
+fn measure(w: &World, desks: &[Desk], counter: &AtomicU64, iters: u64) -> Duration {
     let start = Instant::now();
     for _ in 0..iters {
-        let runs = desks.iter().map(|(device, session)| {
-            lifecycle(w, device, *session, counter.fetch_add(1, Ordering::Relaxed))
-        });
+        let runs = desks
+            .iter()
+            .map(|desk| lifecycle(w, desk, counter.fetch_add(1, Ordering::Relaxed)));
         block_on(futures::future::join_all(runs));
     }
     start.elapsed()
@@ -124,7 +78,7 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
         SqliteStore::open(scratch.join("lifecycle.sqlite")).expect("open"),
     ));
     for (name, w) in [("memory", &memory), ("sqlite", &sqlite)] {
-        let one = desks(w, 1);
+        let one = block_on(desks(w, 1));
         group.throughput(Throughput::Elements(1));
         let label: &'static str = if name == "memory" {
             "lifecycle/memory"
@@ -154,7 +108,7 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
             "lifecycle/sqlite_64_in_flight",
         ),
     ] {
-        let many = desks(&sqlite, in_flight as u32);
+        let many = block_on(desks(&sqlite, in_flight as u32));
         group.throughput(Throughput::Elements(in_flight));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {

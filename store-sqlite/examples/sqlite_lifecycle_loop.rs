@@ -13,37 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use graph_relay_core::ids::DeviceId;
-use graph_relay_core::principal::Device;
-use graph_relay_core::queue::SyncRequest;
-use graph_relay_core::testkit::{World, completed, exec, meta, p1, run_args};
+use graph_relay_core::testkit::World;
+use graph_relay_core::testkit::workload::{desks, lifecycle};
 use graph_relay_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
-use serde_json::json;
-
-async fn lifecycle(w: &World, device: &Device, session: u32, n: u64) {
-    let key = format!("loop-key-{}-{n:012}", std::process::id());
-    let ticket = w
-        .queue
-        .run_graph_session(&w.agent, run_args(session, &key, json!({"n": n})))
-        .await
-        .expect("run");
-    let id = ticket.command.id;
-    let request = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(session)],
-        long_poll: false,
-    };
-    let synced = w.queue.sync(device, &request).await.expect("sync");
-    assert_eq!(synced.commands.len(), 1);
-    let execution = exec(&format!("exec-{n}"));
-    w.queue.start(device, &id, &execution).await.expect("start");
-    w.queue
-        .complete(device, &id, &completed(execution.as_str(), json!({"n": n})))
-        .await
-        .expect("complete");
-    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
-    assert!(view.command.status.is_terminal());
-}
 
 /// CPU time of every thread of this process so far (Linux), by name.
 fn thread_times() -> Vec<(String, Duration)> {
@@ -84,27 +56,20 @@ fn main() {
         std::env::var_os("LOOP_DB").map_or_else(|| dir.path().join("loop.sqlite"), Into::into);
     let store = SqliteStore::open_with(path, &options).expect("open the store");
     let w = World::new(Arc::new(store));
-    let desks: Vec<(Device, u32)> = (0..in_flight)
-        .map(|k| {
-            let device = Device::new(
-                DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
-                w.device.owner.clone(),
-            );
-            block_on(w.sync(&device, p1(), &[k + 1]));
-            (device, k + 1)
-        })
-        .collect();
+    let desks = block_on(desks(&w, in_flight));
     let rounds = n.div_ceil(u64::from(in_flight));
     let before = thread_times();
     let started = Instant::now();
     let mut counter = 0u64;
+    // Keys are numbered from here, so a kept database (`LOOP_DB`) gets new keys.
+    let first_key = u64::from(std::process::id()) * 1_000_000_000;
     let mut report = String::new();
     // The rate of every 20,000 lifecycles, to see it change as the file grows.
     let (mut stage_start, mut stage_count) = (Instant::now(), 0u64);
     for _ in 0..rounds {
-        let runs = desks.iter().map(|(device, session)| {
+        let runs = desks.iter().map(|desk| {
             counter += 1;
-            lifecycle(&w, device, *session, counter)
+            lifecycle(&w, desk, first_key + counter)
         });
         block_on(futures::future::join_all(runs));
         if counter - stage_count >= 20_000 {

@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{World, completed, exec, gs, meta, p1};
+use super::{World, completed, exec, meta, p1};
 use crate::args::RunArgs;
-use crate::ids::{GraphSessionId, IdempotencyKey};
+use crate::command::CommandStatus;
+use crate::ids::{DeviceId, IdempotencyKey};
+use crate::principal::Device;
 use crate::queue::{QueueConfig, SyncRequest};
 use crate::store::Store;
 use std::sync::Arc;
@@ -30,12 +32,89 @@ pub const STEADY_TICK: Duration = Duration::from_millis(1);
 /// Lifecycles between pruning steps in the steady workload.
 pub const PRUNE_EVERY: u64 = 100;
 
+/// A desktop of the world's owner and the sync it sends: it alone shares
+/// one session to `p1`.
+#[derive(Debug, Clone)]
+pub struct Desk {
+    /// The desktop.
+    pub device: Device,
+    /// Its sync of `p1`, sharing its one session.
+    pub sync: SyncRequest,
+}
+
+impl Desk {
+    /// `device` sharing session `session` (not synced yet).
+    pub fn new(device: Device, session: u32) -> Self {
+        Self {
+            device,
+            sync: SyncRequest {
+                project: p1(),
+                sessions: vec![meta(session)],
+                long_poll: false,
+            },
+        }
+    }
+}
+
+/// Desks `desk-k` (k < `count`) of the world's owner, desk k the only one
+/// sharing session k + 1; each has synced once.
+pub async fn desks(w: &World, count: u32) -> Vec<Desk> {
+    let mut out = Vec::new();
+    for k in 0..count {
+        let device = Device::new(
+            DeviceId::parse(&format!("desk-{k:03}")).expect("device id"),
+            w.device.owner.clone(),
+        );
+        let desk = Desk::new(device, k + 1);
+        w.queue.sync(&desk.device, &desk.sync).await.expect("sync");
+        out.push(desk);
+    }
+    out
+}
+
+/// One lifecycle of a fresh command (number `n`, which makes its key) of the
+/// desk's session, checked at every step; panics if any step misbehaves.
+pub async fn lifecycle(w: &World, desk: &Desk, n: u64) {
+    let device = &desk.device;
+    let mut arguments = serde_json::Map::new();
+    arguments.insert("n".to_owned(), json!(n));
+    let args = RunArgs {
+        graph_session_id: desk.sync.sessions[0].graph_session_id.clone(),
+        arguments,
+        idempotency_key: IdempotencyKey::parse(&format!("lifecycle-key-{n}")).expect("key"),
+    };
+    let ticket = w
+        .queue
+        .run_graph_session(&w.agent, args)
+        .await
+        .expect("run");
+    let id = ticket.command.id;
+    assert_eq!(&ticket.command.device, &device.id);
+    let synced = w.queue.sync(device, &desk.sync).await.expect("sync");
+    assert_eq!(
+        synced.commands.len(),
+        1,
+        "the one queued command is handed out"
+    );
+    let execution = exec(&format!("exec-{n}"));
+    w.queue.start(device, &id, &execution).await.expect("start");
+    w.queue
+        .complete(
+            device,
+            &id,
+            &completed(execution.as_str(), json!({ "n": n })),
+        )
+        .await
+        .expect("complete");
+    let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
+    assert_eq!(view.command.status, CommandStatus::Completed);
+}
+
 /// A queue over one store, one agent, one device sharing one session.
 pub struct Workload {
     /// The queue and its principals.
     pub world: World,
-    sync: SyncRequest,
-    session: GraphSessionId,
+    desk: Desk,
     steady: bool,
     done: u64,
 }
@@ -59,14 +138,10 @@ impl Workload {
     }
 
     fn new(world: World, steady: bool) -> Self {
+        let desk = Desk::new(world.device.clone(), 1);
         Self {
             world,
-            sync: SyncRequest {
-                project: p1(),
-                sessions: vec![meta(1)],
-                long_poll: false,
-            },
-            session: gs(1),
+            desk,
             steady,
             done: 0,
         }
@@ -77,7 +152,8 @@ impl Workload {
         self.done
     }
 
-    /// Runs one lifecycle; panics if any step misbehaves.
+    /// Runs one lifecycle (see [`lifecycle`]), with the steady workload's
+    /// clock and pruning steps; panics if any step misbehaves.
     pub async fn lifecycle(&mut self) {
         let n = self.done;
         self.done += 1;
@@ -85,7 +161,7 @@ impl Workload {
         if n == 0 {
             // The desktop shares the session before the first run.
             w.queue
-                .sync(&w.device, &self.sync)
+                .sync(&self.desk.device, &self.desk.sync)
                 .await
                 .expect("first sync");
         }
@@ -95,39 +171,6 @@ impl Workload {
                 w.queue.prune().await.expect("prune");
             }
         }
-        let mut arguments = serde_json::Map::new();
-        arguments.insert("n".to_owned(), json!(n));
-        let args = RunArgs {
-            graph_session_id: self.session.clone(),
-            arguments,
-            idempotency_key: IdempotencyKey::parse(&format!("lifecycle-key-{n}")).expect("key"),
-        };
-        let ticket = w
-            .queue
-            .run_graph_session(&w.agent, args)
-            .await
-            .expect("run");
-        let queued = w.queue.sync(&w.device, &self.sync).await.expect("sync");
-        assert_eq!(
-            queued.commands.len(),
-            1,
-            "the one queued command is handed out"
-        );
-        let id = ticket.command.id;
-        let execution = exec(&format!("exec-{n}"));
-        w.queue
-            .start(&w.device, &id, &execution)
-            .await
-            .expect("start");
-        w.queue
-            .complete(
-                &w.device,
-                &id,
-                &completed(execution.as_str(), json!({ "ok": n })),
-            )
-            .await
-            .expect("complete");
-        let view = w.queue.get_graph_run(&w.agent, &id).await.expect("get");
-        assert!(view.command.status.is_terminal());
+        lifecycle(w, &self.desk, n).await;
     }
 }
