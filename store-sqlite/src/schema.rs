@@ -125,16 +125,7 @@ pub(crate) fn open(
     // read-only connection can inspect afterwards (an interrupted WAL
     // transaction is simply ignored; a hot rollback journal would need a
     // write to recover).
-    let journal: String = writer
-        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-        .map_err(sqlite)?;
-    if !journal.eq_ignore_ascii_case("wal") {
-        return Err(OpenError::NoWal {
-            path: path.to_owned(),
-            journal_mode: journal,
-        });
-    }
-    migrate(&writer, path)?;
+    wal_and_schema(&writer, path)?;
     writer
         .pragma_update(None, "synchronous", options.synchronous.pragma())
         .map_err(sqlite)?;
@@ -161,6 +152,24 @@ pub(crate) fn open(
         max_readers: options.readers,
     };
     Database::start(name, connections, options.busy_timeout).map_err(OpenError::Thread)
+}
+
+/// Switches `conn` to WAL and applies the migrations; `path` names the
+/// database in errors.
+fn wal_and_schema(conn: &Connection, path: &Path) -> Result<(), OpenError> {
+    let journal: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|source| OpenError::Sqlite {
+            path: path.to_owned(),
+            source,
+        })?;
+    if !journal.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::NoWal {
+            path: path.to_owned(),
+            journal_mode: journal,
+        });
+    }
+    migrate(conn, path)
 }
 
 /// Creates the database at `path`, which does not exist, without a moment in
@@ -196,19 +205,7 @@ fn create_new(path: &Path) -> Result<(), OpenError> {
                 path: temporary.clone(),
                 source,
             })?;
-        let journal: String = conn
-            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
-            .map_err(|source| OpenError::Sqlite {
-                path: temporary.clone(),
-                source,
-            })?;
-        if !journal.eq_ignore_ascii_case("wal") {
-            return Err(OpenError::NoWal {
-                path: path.to_owned(),
-                journal_mode: journal,
-            });
-        }
-        migrate(&conn, &temporary)?;
+        wal_and_schema(&conn, path)?;
         drop(conn);
         std::fs::File::open(&temporary)
             .and_then(|f| f.sync_all())
