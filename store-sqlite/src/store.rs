@@ -47,6 +47,26 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// The command `id` selected by `sql` (`?1` the id, `?2` the agent or
+    /// device that must own it).
+    fn one_command(
+        &self,
+        sql: &'static str,
+        id: &CommandId,
+        owner: &str,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let id = id_text(id);
+        self.db
+            .read(|conn| {
+                let mut stmt = conn.prepare_cached(sql)?;
+                let mut rows = stmt.query(params![id, owner])?;
+                rows.next()?
+                    .map(|row| decode_row(row, &self.records))
+                    .transpose()
+            })
+            .map_err(store_error)
+    }
+
     /// Opens (creating and migrating if needed) the database at `path` with
     /// the default options: `synchronous = NORMAL`, 5 s busy timeout, up
     /// to four read connections. Blocks briefly (file checks, migrations): call it at start-up.
@@ -181,17 +201,11 @@ impl Store for SqliteStore {
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id_text(id);
-        self.db
-            .read(|conn| {
-                let mut stmt =
-                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND agent = ?2"))?;
-                let mut rows = stmt.query(params![id, agent.as_str()])?;
-                rows.next()?
-                    .map(|row| decode_row(row, &self.records))
-                    .transpose()
-            })
-            .map_err(store_error)
+        self.one_command(
+            select_commands!("WHERE id = ?1 AND agent = ?2"),
+            id,
+            agent.as_str(),
+        )
     }
 
     async fn command_for_device(
@@ -199,17 +213,11 @@ impl Store for SqliteStore {
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id_text(id);
-        self.db
-            .read(|conn| {
-                let mut stmt =
-                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND device = ?2"))?;
-                let mut rows = stmt.query(params![id, device.as_str()])?;
-                rows.next()?
-                    .map(|row| decode_row(row, &self.records))
-                    .transpose()
-            })
-            .map_err(store_error)
+        self.one_command(
+            select_commands!("WHERE id = ?1 AND device = ?2"),
+            id,
+            device.as_str(),
+        )
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
