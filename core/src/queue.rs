@@ -85,6 +85,13 @@ pub struct QueueConfig {
     /// While a `wait_seconds` call waits, the store is re-read at least this
     /// often (1 s), for changes made by another process on the same store.
     pub wait_recheck: Duration,
+    /// Most projects one device may share sessions into at once (100). A
+    /// sync that would share into one more is refused with
+    /// [`SyncError::TooManyProjects`]; un-sharing (a sync with no sessions)
+    /// is always accepted. Two syncs of one device racing on two servers
+    /// may each pass the check, so the bound can be exceeded by the number
+    /// of servers, never more.
+    pub max_projects_per_device: usize,
 }
 
 impl Default for QueueConfig {
@@ -101,6 +108,7 @@ impl Default for QueueConfig {
             prune_batch: 500,
             wait_recheck: Duration::from_secs(1),
             touch_interval: Duration::from_secs(1),
+            max_projects_per_device: 100,
         }
     }
 }
@@ -166,6 +174,14 @@ pub enum SyncError {
     /// The same session listed twice.
     #[error("session {0} is listed more than once")]
     DuplicateSession(GraphSessionId),
+    /// The device already shares into as many projects as it may.
+    #[error(
+        "a device may share sessions into at most {limit} projects and this one would be one more; un-share a project first (sync it with no sessions)"
+    )]
+    TooManyProjects {
+        /// [`QueueConfig::max_projects_per_device`].
+        limit: usize,
+    },
     /// A session's metadata breaks a rule.
     #[error(transparent)]
     InvalidSession(#[from] InvalidSession),
@@ -510,7 +526,7 @@ impl Queue {
             // A retry must get its ticket even if the session was un-shared since.
             return match self
                 .store
-                .idempotency(&agent.id, &args.idempotency_key, now)
+                .idempotency(&agent.owner, &agent.id, &args.idempotency_key, now)
                 .await?
             {
                 Some(existing) => self.replay(agent, existing, &fingerprint, now).await,
@@ -531,6 +547,7 @@ impl Queue {
         );
         command.slug = shared.meta.slug;
         let key = IdempotencyRecord {
+            owner: agent.owner.clone(),
             agent: agent.id.clone(),
             key: command.idempotency_key.clone(),
             command: command.id,
@@ -570,7 +587,7 @@ impl Queue {
         }
         let command = self
             .store
-            .command_for_agent(&agent.id, &existing.command)
+            .command_for_agent(&agent.owner, &agent.id, &existing.command)
             .await?
             .ok_or_else(|| {
                 StoreError::Corrupt(format!(
@@ -595,7 +612,7 @@ impl Queue {
         let now = self.clock.now();
         let command = self
             .store
-            .command_for_agent(&agent.id, id)
+            .command_for_agent(&agent.owner, &agent.id, id)
             .await?
             .ok_or(GetError::NotFound)?;
         Ok(self.view(command, now).await?)
@@ -644,7 +661,7 @@ impl Queue {
         id: &CommandId,
     ) -> Result<RunView, CancelError> {
         let record = self
-            .transition(Owner::Agent(&agent.id), id, |record, now| {
+            .transition(Party::Agent(agent), id, |record, now| {
                 Ok::<_, std::convert::Infallible>(record.cancel_in_place(now))
             })
             .await
@@ -704,6 +721,9 @@ impl Queue {
         }
         let now = self.clock.now();
         if !self.sync_written_recently(device, request, now) {
+            if !request.sessions.is_empty() {
+                self.check_project_bound(device, &request.project).await?;
+            }
             self.store
                 .replace_shared_sessions(
                     &device.owner,
@@ -763,7 +783,7 @@ impl Queue {
         execution: &ExecutionId,
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
-        self.transition(Owner::Device(&device.id), id, |record, now| {
+        self.transition(Party::Device(device), id, |record, now| {
             record.start_in_place(execution, now)
         })
         .await
@@ -783,7 +803,7 @@ impl Queue {
         self.touch(device).await?;
         let command = self
             .store
-            .command_for_device(&device.id, id)
+            .command_for_device(&device.owner, &device.id, id)
             .await?
             .ok_or(ControlError::NotFound)?;
         Ok(ControlAnswer {
@@ -803,7 +823,7 @@ impl Queue {
         self.touch(device).await?;
         let mut duplicate = false;
         let record = self
-            .transition(Owner::Device(&device.id), id, |record, now| {
+            .transition(Party::Device(device), id, |record, now| {
                 let changed = record.complete_in_place(envelope, now)?;
                 duplicate = !changed;
                 Ok(changed)
@@ -829,7 +849,7 @@ impl Queue {
         id: &CommandId,
     ) -> Result<CommandRecord, DeclineError> {
         self.touch(device).await?;
-        self.transition(Owner::Device(&device.id), id, |record, now| {
+        self.transition(Party::Device(device), id, |record, now| {
             record.decline_in_place(now)
         })
         .await
@@ -853,6 +873,26 @@ impl Queue {
     }
 
     // ----- internals --------------------------------------------------------
+
+    /// Refuses a share into one project more than
+    /// [`QueueConfig::max_projects_per_device`]; a project the device
+    /// already shares into is always fine.
+    async fn check_project_bound(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+    ) -> Result<(), SyncError> {
+        let limit = self.config.max_projects_per_device;
+        let shared = self
+            .store
+            .shared_projects(&device.owner, &device.id, limit.saturating_add(1))
+            .await?;
+        if shared.len() < limit || shared.contains(project) {
+            Ok(())
+        } else {
+            Err(SyncError::TooManyProjects { limit })
+        }
+    }
 
     /// Records that `device` was seen, at most once per
     /// [`QueueConfig::touch_interval`] per device from this queue (liveness
@@ -927,14 +967,22 @@ impl Queue {
     /// as it stands afterwards.
     async fn transition<E>(
         &self,
-        owner: Owner<'_>,
+        party: Party<'_>,
         id: &CommandId,
         mut apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let mut record = match owner {
-                Owner::Agent(agent) => self.store.command_for_agent(agent, id).await,
-                Owner::Device(device) => self.store.command_for_device(device, id).await,
+            let mut record = match party {
+                Party::Agent(agent) => {
+                    self.store
+                        .command_for_agent(&agent.owner, &agent.id, id)
+                        .await
+                }
+                Party::Device(device) => {
+                    self.store
+                        .command_for_device(&device.owner, &device.id, id)
+                        .await
+                }
             }
             .map_err(TransitionError::Store)?
             .ok_or(TransitionError::NotFound)?;
@@ -1022,11 +1070,12 @@ fn pickup_hint(
     (wait_ms.div_ceil(1000).clamp(1, interval_secs) + 1, None)
 }
 
-/// Whose view a transition loads the command through (ownership is hidden by the key).
+/// Whose view a transition loads the command through: always (owner, name),
+/// so "not yours" and "does not exist" are one code path.
 #[derive(Clone, Copy)]
-enum Owner<'a> {
-    Agent(&'a crate::ids::AgentId),
-    Device(&'a crate::ids::DeviceId),
+enum Party<'a> {
+    Agent(&'a Agent),
+    Device(&'a Device),
 }
 
 enum TransitionError<E> {

@@ -4,8 +4,12 @@
 //! liveness. It decides nothing: the [`Queue`](crate::queue::Queue) computes
 //! every transition and asks the store to write it with
 //! [`Store::update_command`], a compare-and-swap on the record's revision.
-//! Look-ups of commands are keyed by (agent, command) or (device, command),
-//! so "not yours" and "does not exist" are one code path.
+//! Look-ups of commands are keyed by ((owner, agent), command) or
+//! ((owner, device), command), so "not yours" and "does not exist" are one
+//! code path. A name alone is never an identity: two owners may both have
+//! an agent called `assistant` or a desktop called `desktop`, and every
+//! method that finds something for an agent or a device matches the owner
+//! too.
 //!
 //! Implementations must pass the conformance suite in
 //! `graph_relay_core::testkit` (feature `testkit`) unchanged.
@@ -31,10 +35,12 @@ pub enum StoreError {
     Corrupt(String),
 }
 
-/// A live idempotency key: (agent, key) → the command it created.
+/// A live idempotency key: (owner, agent, key) → the command it created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyRecord {
-    /// The agent that used the key; keys are scoped per agent.
+    /// The owner of the agent that used the key.
+    pub owner: OwnerId,
+    /// The agent that used the key; keys are scoped per (owner, agent).
     pub agent: AgentId,
     /// The key.
     pub key: IdempotencyKey,
@@ -51,7 +57,7 @@ pub struct IdempotencyRecord {
 pub enum InsertOutcome {
     /// The command and its key were written.
     Inserted,
-    /// A live key with the same (agent, key) exists; nothing was written.
+    /// A live key with the same (owner, agent, key) exists; nothing was written.
     KeyTaken(IdempotencyRecord),
 }
 
@@ -106,18 +112,21 @@ pub struct PruneReport {
 /// Durable state of the queue. See the module docs for the contract.
 #[async_trait]
 pub trait Store: Send + Sync {
-    /// The live (unexpired at `now`) idempotency key for (agent, key), if any.
+    /// The live (unexpired at `now`) idempotency key for (owner, agent, key), if any.
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<IdempotencyRecord>, StoreError>;
 
     /// Atomically writes `command` and `key` unless a live key for the same
-    /// (agent, key) exists, in which case nothing is written and that key is
-    /// returned. An expired key for the same pair is replaced. Concurrent
-    /// calls with the same (agent, key) insert exactly one command.
+    /// (owner, agent, key) exists, in which case nothing is written and that
+    /// key is returned. An expired key for the same triple is replaced.
+    /// Concurrent calls with the same (owner, agent, key) insert exactly one
+    /// command. `key.owner` and `key.agent` are `command.owner` and
+    /// `command.agent`.
     async fn insert_command(
         &self,
         command: &CommandRecord,
@@ -125,16 +134,18 @@ pub trait Store: Send + Sync {
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError>;
 
-    /// The command `id` if `agent` queued it.
+    /// The command `id` if `agent` of `owner` queued it.
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError>;
 
-    /// The command `id` if it is assigned to `device`.
+    /// The command `id` if it is assigned to `device` of `owner`.
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError>;
@@ -165,6 +176,15 @@ pub trait Store: Send + Sync {
         sessions: &[SessionMeta],
         now: Timestamp,
     ) -> Result<(), StoreError>;
+
+    /// The projects of `owner` that `device` currently shares at least one
+    /// session to, in ascending order; at most `limit`.
+    async fn shared_projects(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError>;
 
     /// Sessions shared to (owner, project) by any device, ordered by
     /// graph session id, then device; at most `limit`.

@@ -79,9 +79,9 @@ struct Entry {
 struct Inner {
     // Boxed: a resize moves pointers, not whole records.
     commands: HashMap<CommandId, Box<Entry>>,
-    keys: HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>,
+    keys: HashMap<KeySlot, IdempotencyRecord>,
     /// Live keys by expiry, so pruning reads only what it deletes.
-    expiries: BTreeSet<(Timestamp, AgentId, IdempotencyKey)>,
+    expiries: BTreeSet<(Timestamp, KeySlot)>,
     /// Terminal commands by the instant they finished, for pruning.
     finished: BTreeSet<(Timestamp, CommandId)>,
     /// Terminal commands pruning found still held by a live key:
@@ -90,8 +90,13 @@ struct Inner {
     queued: HashMap<QueueKey, BTreeSet<(Timestamp, u64, CommandId)>>,
     next_insert: u64,
     sessions: HashMap<(OwnerId, ProjectId), BTreeMap<(GraphSessionId, DeviceId), SharedSession>>,
+    /// The projects each device shares at least one session to.
+    shared_projects: HashMap<(OwnerId, DeviceId), BTreeSet<ProjectId>>,
     devices: HashMap<(OwnerId, DeviceId), DeviceRecord>,
 }
+
+/// Where an idempotency key lives: keys are scoped per (owner, agent).
+type KeySlot = (OwnerId, AgentId, IdempotencyKey);
 
 impl Inner {
     /// Moves `c` between the queued and finished indexes after a write.
@@ -128,7 +133,7 @@ impl Inner {
     /// When the live key (unexpired at `now`) that still points at `c` expires, if there is one.
     fn held_until(&self, c: &CommandRecord, now: Timestamp) -> Option<Timestamp> {
         self.keys
-            .get(&Parts((&c.agent, &c.idempotency_key)))
+            .get(&Parts((&c.owner, &c.agent, &c.idempotency_key)))
             .filter(|k| k.command == c.id && k.expires_at > now)
             .map(|k| k.expires_at)
     }
@@ -187,6 +192,7 @@ impl MemoryStore {
 impl Store for MemoryStore {
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: Timestamp,
@@ -194,7 +200,7 @@ impl Store for MemoryStore {
         let inner = self.lock();
         Ok(inner
             .keys
-            .get(&Parts((agent, key)))
+            .get(&Parts((owner, agent, key)))
             .filter(|k| k.expires_at > now)
             .cloned())
     }
@@ -208,7 +214,7 @@ impl Store for MemoryStore {
         let mut inner = self.lock();
         if let Some(existing) = inner
             .keys
-            .get(&Parts((&key.agent, &key.key)))
+            .get(&Parts((&key.owner, &key.agent, &key.key)))
             .filter(|k| k.expires_at > now)
         {
             return Ok(InsertOutcome::KeyTaken(existing.clone()));
@@ -219,14 +225,13 @@ impl Store for MemoryStore {
                 command.id
             )));
         }
-        inner
-            .expiries
-            .insert((key.expires_at, key.agent.clone(), key.key.clone()));
-        let slot = (key.agent.clone(), key.key.clone());
+        let slot = (key.owner.clone(), key.agent.clone(), key.key.clone());
+        inner.expiries.insert((key.expires_at, slot.clone()));
         if let Some(expired) = inner.keys.insert(slot, key.clone()) {
-            inner
-                .expiries
-                .remove(&(expired.expires_at, expired.agent, expired.key));
+            inner.expiries.remove(&(
+                expired.expires_at,
+                (expired.owner, expired.agent, expired.key),
+            ));
         }
         inner.next_insert += 1;
         let order = inner.next_insert;
@@ -243,6 +248,7 @@ impl Store for MemoryStore {
 
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
@@ -250,12 +256,13 @@ impl Store for MemoryStore {
             .lock()
             .commands
             .get(id)
-            .filter(|e| &e.record.agent == agent)
+            .filter(|e| &e.record.agent == agent && &e.record.owner == owner)
             .map(|e| e.record.clone()))
     }
 
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
@@ -263,7 +270,7 @@ impl Store for MemoryStore {
             .lock()
             .commands
             .get(id)
-            .filter(|e| &e.record.device == device)
+            .filter(|e| &e.record.device == device && &e.record.owner == owner)
             .map(|e| e.record.clone()))
     }
 
@@ -311,6 +318,30 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
+        let inner = &mut *inner;
+        let device_key = Parts((owner, device));
+        if sessions.is_empty() {
+            if let Some(projects) = inner.shared_projects.get_mut(&device_key) {
+                projects.remove(project);
+                if projects.is_empty() {
+                    inner.shared_projects.remove(&device_key);
+                }
+            }
+        } else {
+            match inner.shared_projects.get_mut(&device_key) {
+                Some(projects) => {
+                    if !projects.contains(project) {
+                        projects.insert(project.clone());
+                    }
+                }
+                None => {
+                    inner.shared_projects.insert(
+                        (owner.clone(), device.clone()),
+                        BTreeSet::from([project.clone()]),
+                    );
+                }
+            }
+        }
         let shared = inner
             .sessions
             .entry((owner.clone(), project.clone()))
@@ -342,6 +373,20 @@ impl Store for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    async fn shared_projects(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError> {
+        Ok(self
+            .lock()
+            .shared_projects
+            .get(&Parts((owner, device)))
+            .map(|p| p.iter().take(limit).cloned().collect())
+            .unwrap_or_default())
     }
 
     async fn shared_sessions(
@@ -431,10 +476,10 @@ impl Store for MemoryStore {
             if first.0 > request.now {
                 break;
             }
-            let Some((_, agent, key)) = inner.expiries.pop_first() else {
+            let Some((_, slot)) = inner.expiries.pop_first() else {
                 break;
             };
-            inner.keys.remove(&(agent, key));
+            inner.keys.remove(&slot);
             keys += 1;
         }
         let mut commands = 0;

@@ -43,8 +43,8 @@ macro_rules! store_conformance_suite {
     ($block_on:path, $make:expr) => {
         $crate::store_conformance_suite!(@tests $block_on, $make;
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
-            compare_and_swap, ownership_is_hidden, listing, queued_order_and_limit, device_liveness,
-            pruning, cancellation);
+            compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
+            listing, queued_order_and_limit, device_liveness, pruning, cancellation);
     };
     (@tests $block_on:path, $make:expr; $($name:ident),*) => {
         $(
@@ -77,6 +77,11 @@ pub struct World {
     pub other_device: Device,
     /// Mallory's desktop.
     pub stranger_device: Device,
+    /// Bob's agent, named `assistant` like Alice's and connected to his own
+    /// `p1` and `p2`: the same name under another owner.
+    pub twin: Agent,
+    /// Bob's desktop, named `desktop` like Alice's.
+    pub twin_device: Device,
 }
 
 /// 2026-01-01T00:00:00Z.
@@ -157,7 +162,10 @@ impl World {
         let queue = Queue::new(store, clock.clone(), Arc::new(SeededIds::new(1)), config);
         let alice = id(OwnerId::parse("alice"));
         let mallory = id(OwnerId::parse("mallory"));
+        let bob = id(OwnerId::parse("bob"));
         Self {
+            twin: Agent::new(id(AgentId::parse("assistant")), bob.clone(), [p1(), p2()]),
+            twin_device: Device::new(id(DeviceId::parse("desktop")), bob),
             queue,
             clock,
             agent: Agent::new(id(AgentId::parse("assistant")), alice.clone(), [p1(), p2()]),
@@ -365,6 +373,7 @@ pub async fn idempotency(store: Arc<dyn Store>) {
     assert_ne!(fresh.command.id, first.command.id);
     let stored = store
         .idempotency(
+            &w.agent.owner,
             &w.agent.id,
             &id(IdempotencyKey::parse("retry-key")),
             w.clock.now(),
@@ -403,6 +412,7 @@ pub async fn racing_duplicate_starts(store: Arc<dyn Store>) {
     };
     let (a, b) = (make(1), make(2));
     let key = |c: &CommandRecord| IdempotencyRecord {
+        owner: c.owner.clone(),
         agent: c.agent.clone(),
         key: c.idempotency_key.clone(),
         command: c.id,
@@ -538,6 +548,7 @@ pub async fn compare_and_swap(store: Arc<dyn Store>) {
     let w = World::new(store.clone());
     let cmd = w.sync_template(7);
     let key = IdempotencyRecord {
+        owner: cmd.owner.clone(),
         agent: cmd.agent.clone(),
         key: cmd.idempotency_key.clone(),
         command: cmd.id,
@@ -570,7 +581,7 @@ pub async fn compare_and_swap(store: Arc<dyn Store>) {
     same.revision = 0;
     assert!(!store.update_command(&same).await.expect("rev 0"));
     let stored = store
-        .command_for_agent(&w.agent.id, &cmd.id)
+        .command_for_agent(&w.agent.owner, &w.agent.id, &cmd.id)
         .await
         .expect("read")
         .expect("exists");
@@ -652,6 +663,292 @@ pub async fn ownership_is_hidden(store: Arc<dyn Store>) {
         w.queue.list_graph_sessions(&w.other_agent, &p2(), 50).await,
         Err(ListError::ProjectNotFound)
     ));
+}
+
+/// Two owners whose agents and desktops have the same names: neither can
+/// read, cancel, replay, sync, start, control, complete or decline the
+/// other's command. Every attempt gets exactly the answer an unknown id
+/// gets, and changes nothing.
+pub async fn names_are_scoped_by_owner(store: Arc<dyn Store>) {
+    let w = World::new(store.clone());
+    assert_eq!(w.twin.id, w.agent.id, "same agent name");
+    assert_eq!(w.twin_device.id, w.device.id, "same device name");
+    w.sync(&w.device, p1(), &[1]).await;
+    w.sync(&w.twin_device, p1(), &[2]).await;
+    let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(0x0dd_f00d));
+    let alice_args = || run_args(1, "shared-key-01", json!({"secret": "alice"}));
+    let queued = w
+        .queue
+        .run_graph_session(&w.agent, alice_args())
+        .await
+        .expect("alice runs")
+        .command;
+    let running = w.run(&w.agent, 1, "shared-key-02").await;
+    w.queue
+        .start(&w.device, &running.id, &exec("alice-exec"))
+        .await
+        .expect("alice's desktop starts");
+    let snapshot = |id: CommandId| {
+        let (q, a) = (&w.queue, &w.agent);
+        async move { q.get_graph_run(a, &id).await.expect("alice reads").command }
+    };
+    let before = (snapshot(queued.id).await, snapshot(running.id).await);
+
+    // Bob's assistant: reads and cancels answer as for an unknown id.
+    for target in [queued.id, running.id] {
+        let theirs = w.queue.get_graph_run(&w.twin, &target).await;
+        let none = w.queue.get_graph_run(&w.twin, &unknown).await;
+        assert!(matches!(theirs, Err(GetError::NotFound)), "{theirs:?}");
+        assert_eq!(
+            theirs.err().map(|e| e.to_string()),
+            none.err().map(|e| e.to_string())
+        );
+        let theirs = w.queue.cancel_graph_run(&w.twin, &target).await;
+        let none = w.queue.cancel_graph_run(&w.twin, &unknown).await;
+        assert!(matches!(theirs, Err(CancelError::NotFound)), "{theirs:?}");
+        assert_eq!(
+            theirs.err().map(|e| e.to_string()),
+            none.err().map(|e| e.to_string())
+        );
+    }
+    // Replaying Alice's key with Alice's request: Bob cannot reach the
+    // session, and Alice's ticket is not handed over.
+    match w.queue.run_graph_session(&w.twin, alice_args()).await {
+        Err(e @ RunError::SessionNotFound) => {
+            let fresh = w
+                .queue
+                .run_graph_session(
+                    &w.twin,
+                    run_args(1, "never-used-key", json!({"secret": "alice"})),
+                )
+                .await
+                .expect_err("unreachable session");
+            assert_eq!(e.to_string(), fresh.to_string());
+        }
+        other => panic!("expected SessionNotFound, got {other:?}"),
+    }
+    // The same key for Bob's own session is Bob's own new run: no
+    // "already used" error naming Alice's command.
+    let bobs = w
+        .queue
+        .run_graph_session(&w.twin, run_args(2, "shared-key-01", json!({"x": 1})))
+        .await
+        .expect("bob's key space is his own");
+    assert!(!bobs.replayed);
+    assert_ne!(bobs.command.id, queued.id);
+    assert_eq!(bobs.command.owner, w.twin.owner);
+    assert_eq!(bobs.command.device, w.twin_device.id);
+    // And Alice's key still replays Alice's command, for Alice.
+    let replay = w
+        .queue
+        .run_graph_session(&w.agent, alice_args())
+        .await
+        .expect("alice replays");
+    assert!(replay.replayed);
+    assert_eq!(replay.command.id, queued.id);
+
+    // Bob's desktop: syncs hand out only Bob's commands.
+    let handed = w.sync(&w.twin_device, p1(), &[2]).await;
+    assert_eq!(
+        handed.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![bobs.command.id]
+    );
+    // Start, control, complete and decline answer as for an unknown id.
+    let forged = completed("alice-exec", json!({"forged": true}));
+    for target in [queued.id, running.id] {
+        let pairs = [
+            (
+                w.queue
+                    .start(&w.twin_device, &target, &exec("alice-exec"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                w.queue
+                    .start(&w.twin_device, &unknown, &exec("alice-exec"))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            ),
+            (
+                w.queue
+                    .control(&w.twin_device, &target)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                w.queue
+                    .control(&w.twin_device, &unknown)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            ),
+            (
+                w.queue
+                    .complete(&w.twin_device, &target, &forged)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                w.queue
+                    .complete(&w.twin_device, &unknown, &forged)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            ),
+            (
+                w.queue
+                    .decline(&w.twin_device, &target)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                w.queue
+                    .decline(&w.twin_device, &unknown)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+            ),
+        ];
+        for (theirs, none) in pairs {
+            assert!(theirs.is_err(), "another owner's device acted: {theirs:?}");
+            assert_eq!(theirs, none);
+        }
+    }
+    assert_eq!(
+        (snapshot(queued.id).await, snapshot(running.id).await),
+        before,
+        "nothing of Alice's changed"
+    );
+    // Alice's desktop still gets Alice's queued command.
+    let handed = w.sync(&w.device, p1(), &[1]).await;
+    assert_eq!(
+        handed.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![queued.id]
+    );
+
+    // The store itself keys by owner.
+    let key = id(IdempotencyKey::parse("shared-key-01"));
+    let now = w.clock.now();
+    let alice_key = store
+        .idempotency(&w.agent.owner, &w.agent.id, &key, now)
+        .await
+        .expect("key")
+        .expect("alice's key");
+    let bob_key = store
+        .idempotency(&w.twin.owner, &w.twin.id, &key, now)
+        .await
+        .expect("key")
+        .expect("bob's key");
+    assert_eq!(
+        (alice_key.command, bob_key.command),
+        (queued.id, bobs.command.id)
+    );
+    assert_eq!(bob_key.owner, w.twin.owner);
+    for target in [queued.id, running.id] {
+        assert!(
+            store
+                .command_for_agent(&w.twin.owner, &w.twin.id, &target)
+                .await
+                .expect("read")
+                .is_none()
+        );
+        assert!(
+            store
+                .command_for_device(&w.twin_device.owner, &w.twin_device.id, &target)
+                .await
+                .expect("read")
+                .is_none()
+        );
+    }
+    assert!(
+        store
+            .command_for_device(&w.device.owner, &w.device.id, &running.id)
+            .await
+            .expect("read")
+            .is_some()
+    );
+}
+
+/// A device shares into a bounded number of projects; un-sharing frees a
+/// place; the bound counts per (owner, device).
+pub async fn project_bound(store: Arc<dyn Store>) {
+    let config = QueueConfig {
+        max_projects_per_device: 3,
+        ..QueueConfig::default()
+    };
+    let w = World::with_config(store.clone(), config);
+    let project = |name: &str| id(ProjectId::parse(name));
+    for name in ["pc", "pa", "pb"] {
+        w.sync(&w.device, project(name), &[1]).await;
+    }
+    assert_eq!(
+        store
+            .shared_projects(&w.device.owner, &w.device.id, 10)
+            .await
+            .expect("projects"),
+        vec![project("pa"), project("pb"), project("pc")],
+        "ascending"
+    );
+    assert_eq!(
+        store
+            .shared_projects(&w.device.owner, &w.device.id, 2)
+            .await
+            .expect("projects"),
+        vec![project("pa"), project("pb")],
+        "limited"
+    );
+    let one_more = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: false,
+    };
+    match w.queue.sync(&w.device, &one_more).await {
+        Err(e @ crate::queue::SyncError::TooManyProjects { limit: 3 }) => {
+            assert!(e.to_string().contains("at most 3 projects"), "{e}");
+        }
+        other => panic!("expected TooManyProjects, got {other:?}"),
+    }
+    assert!(
+        w.queue
+            .list_graph_sessions(&w.agent, &p1(), 50)
+            .await
+            .expect("list")
+            .sessions
+            .is_empty(),
+        "nothing was shared"
+    );
+    // Re-syncing a project it already shares into is fine, and so is an
+    // empty sync of a new one (it shares nothing).
+    w.advance(2);
+    w.sync(&w.device, project("pb"), &[1, 2]).await;
+    w.sync(&w.device, p2(), &[]).await;
+    // Another device of the same owner, and Bob's device of the same name,
+    // have their own bounds.
+    w.sync(&w.other_device, p1(), &[3]).await;
+    w.sync(&w.twin_device, p1(), &[3]).await;
+    // Un-sharing frees a place.
+    w.sync(&w.device, project("pc"), &[]).await;
+    assert_eq!(
+        store
+            .shared_projects(&w.device.owner, &w.device.id, 10)
+            .await
+            .expect("projects"),
+        vec![project("pa"), project("pb")]
+    );
+    w.queue.sync(&w.device, &one_more).await.expect("a free place");
+    assert_eq!(
+        w.queue
+            .list_graph_sessions(&w.agent, &p1(), 50)
+            .await
+            .expect("list")
+            .sessions
+            .len(),
+        2
+    );
+    assert!(
+        store
+            .shared_projects(&w.twin_device.owner, &w.device.id, 10)
+            .await
+            .expect("projects")
+            == vec![p1()]
+    );
 }
 
 /// Listing shows what the last sync uploaded, per device, ordered, limited, per owner.

@@ -2,8 +2,11 @@
 //!
 //! [`check`] applies [`Op`]s to the real [`Queue`] over any store and asserts,
 //! after every step, what must always hold: terminal states never change, at
-//! most one command per (agent, key), no agent ever sees another's command,
-//! a completion applies at most once, and a cancelled command never starts.
+//! most one command per (owner, agent, key), no agent ever sees another's
+//! command, no device acts on a command not assigned to it, a completion
+//! applies at most once, and a cancelled command never starts. Among the
+//! parties are two owners whose agents and desktops have the same names, so
+//! an identity by name alone is caught.
 //! The store's proptest and the fuzz target `queue_ops` both drive it.
 
 use std::collections::{BTreeSet, HashMap};
@@ -105,6 +108,8 @@ pub enum Op {
 
 struct Known {
     owner: usize,
+    /// The device (index) the command is assigned to.
+    device: usize,
     terminal: Option<CommandRecord>,
     completions: usize,
 }
@@ -119,8 +124,20 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
             ..QueueConfig::default()
         },
     );
-    let agents: [&Agent; 3] = [&w.agent, &w.other_agent, &w.stranger];
-    let devices: [&Device; 3] = [&w.device, &w.other_device, &w.stranger_device];
+    // Index 3 is Bob's: an agent and a desktop named like Alice's (index 0).
+    let agents: [&Agent; 4] = [&w.agent, &w.other_agent, &w.stranger, &w.twin];
+    let devices: [&Device; 4] = [
+        &w.device,
+        &w.other_device,
+        &w.stranger_device,
+        &w.twin_device,
+    ];
+    let device_index = |c: &CommandRecord| {
+        devices
+            .iter()
+            .position(|d| d.id == c.device && d.owner == c.owner)
+            .expect("a command is assigned to a device of its owner")
+    };
     let mut commands: Vec<CommandId> = Vec::new();
     let mut known: HashMap<CommandId, Known> = HashMap::new();
     let mut keys: HashMap<(usize, u8), (CommandId, u8, u8)> = HashMap::new();
@@ -136,7 +153,7 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                 arg,
             } => {
                 let (agent, session, key, arg) =
-                    (usize::from(agent) % 3, session % 4 + 1, key % 4, arg % 2);
+                    (usize::from(agent) % 4, session % 4 + 1, key % 4, arg % 2);
                 let text = format!("model-key-{key}");
                 let result = block_on(w.queue.run_graph_session(
                     agents[agent],
@@ -149,14 +166,16 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                         assert_eq!((session, arg), (first_session, first_arg));
                     }
                     (Ok(ticket), None) => {
-                        assert!(!ticket.replayed);
+                        assert!(!ticket.replayed, "a key of another (owner, agent) replayed");
                         assert_eq!(ticket.command.agent, agents[agent].id);
+                        assert_eq!(ticket.command.owner, agents[agent].owner);
                         keys.insert((agent, key), (ticket.command.id, session, arg));
                         commands.push(ticket.command.id);
                         known.insert(
                             ticket.command.id,
                             Known {
                                 owner: agent,
+                                device: device_index(&ticket.command),
                                 terminal: None,
                                 completions: 0,
                             },
@@ -181,7 +200,7 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
             }
             Op::Get { agent, command } | Op::Cancel { agent, command } => {
                 let Some(id) = pick(command) else { continue };
-                let agent = usize::from(agent) % 3;
+                let agent = usize::from(agent) % 4;
                 let visible = if matches!(op, Op::Cancel { .. }) {
                     block_on(w.queue.cancel_graph_run(agents[agent], &id)).is_ok()
                 } else {
@@ -207,7 +226,7 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                     .filter(|b| sessions & (1 << b) != 0)
                     .map(|b| b + 1)
                     .collect();
-                block_on(w.sync(devices[usize::from(device) % 3], project, &set));
+                block_on(w.sync(devices[usize::from(device) % 4], project, &set));
             }
             Op::Start {
                 device,
@@ -216,20 +235,22 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
             } => {
                 let Some(id) = pick(command) else { continue };
                 let frozen = known[&id].terminal.is_some();
-                let device = devices[usize::from(device) % 3];
+                let index = usize::from(device) % 4;
                 if let Ok(record) = block_on(w.queue.start(
-                    device,
+                    devices[index],
                     &id,
                     &exec(&format!("x{}", execution % 2)),
                 )) {
                     assert!(!frozen, "a terminal (e.g. cancelled) command never starts");
                     assert_eq!(record.status, CommandStatus::Running);
-                    assert_eq!(record.device, device.id);
+                    assert_eq!(index, known[&id].device, "only its own device starts it");
                 }
             }
             Op::Control { device, command } => {
                 let Some(id) = pick(command) else { continue };
-                let _ = block_on(w.queue.control(devices[usize::from(device) % 3], &id));
+                let index = usize::from(device) % 4;
+                let answered = block_on(w.queue.control(devices[index], &id)).is_ok();
+                assert_eq!(answered, index == known[&id].device, "control by its own device only");
             }
             Op::Complete {
                 device,
@@ -252,19 +273,22 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                         ..EnvelopeBody::default()
                     },
                 );
-                if let Ok(CompleteAck::Recorded(_)) = block_on(w.queue.complete(
-                    devices[usize::from(device) % 3],
-                    &id,
-                    &envelope,
-                )) {
+                let index = usize::from(device) % 4;
+                if let Ok(CompleteAck::Recorded(_)) =
+                    block_on(w.queue.complete(devices[index], &id, &envelope))
+                {
                     let k = known.get_mut(&id).expect("known command");
+                    assert_eq!(index, k.device, "only its own device completes it");
                     k.completions += 1;
                     assert_eq!(k.completions, 1, "a completion applies at most once");
                 }
             }
             Op::Decline { device, command } => {
                 let Some(id) = pick(command) else { continue };
-                let _ = block_on(w.queue.decline(devices[usize::from(device) % 3], &id));
+                let index = usize::from(device) % 4;
+                if block_on(w.queue.decline(devices[index], &id)).is_ok() {
+                    assert_eq!(index, known[&id].device, "only its own device declines it");
+                }
             }
             Op::Advance { secs } => w.clock.advance(Duration::from_secs(u64::from(secs))),
         }
@@ -292,6 +316,6 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
     assert_eq!(
         distinct.len(),
         keys.len(),
-        "every (agent, key) has its own command"
+        "every (owner, agent, key) has its own command"
     );
 }
