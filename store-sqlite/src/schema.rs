@@ -26,7 +26,7 @@ use crate::{OpenError, SqliteOptions};
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 const MIGRATIONS: &[&str] = &[
@@ -89,6 +89,29 @@ const MIGRATIONS: &[&str] = &[
         report    TEXT    NOT NULL
     ) WITHOUT ROWID;
     CREATE INDEX outbox_order ON outbox (stored_at, command);
+    ",
+    // 2: identity is (owner, name). Idempotency keys are scoped per (owner,
+    // agent): each existing key takes the owner of the command it points
+    // at (a key whose command is gone is dropped; it cannot be replayed).
+    // An index finds the projects a device shares into.
+    r"
+    CREATE TABLE idempotency_keys_v2 (
+        owner       TEXT    NOT NULL,
+        agent       TEXT    NOT NULL,
+        key         TEXT    NOT NULL,
+        command     TEXT    NOT NULL,
+        fingerprint TEXT    NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        PRIMARY KEY (owner, agent, key)
+    ) WITHOUT ROWID;
+    INSERT INTO idempotency_keys_v2 (owner, agent, key, command, fingerprint, expires_at)
+        SELECT c.owner, k.agent, k.key, k.command, k.fingerprint, k.expires_at
+        FROM idempotency_keys AS k JOIN commands AS c ON c.id = k.command;
+    DROP TABLE idempotency_keys;
+    ALTER TABLE idempotency_keys_v2 RENAME TO idempotency_keys;
+    CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+
+    CREATE INDEX shared_sessions_by_device ON shared_sessions (owner, device, project);
     ",
 ];
 

@@ -25,7 +25,7 @@ use crate::{OpenError, SqliteOptions, schema};
 macro_rules! select_commands {
     ($($tail:literal)*) => {
         concat!(
-            "SELECT id, agent, device, status, revision, record FROM commands ",
+            "SELECT id, agent, device, status, revision, record, owner FROM commands ",
             $($tail),*
         )
     };
@@ -47,19 +47,20 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// The command `id` selected by `sql` (`?1` the id, `?2` the agent or
-    /// device that must own it).
+    /// The command `id` selected by `sql` (`?1` the id, `?2` the owner and
+    /// `?3` the agent or device that must hold it).
     fn one_command(
         &self,
         sql: &'static str,
         id: &CommandId,
-        owner: &str,
+        owner: &OwnerId,
+        name: &str,
     ) -> Result<Option<CommandRecord>, StoreError> {
         let id = id_text(id);
         self.db
             .read(|conn| {
                 let mut stmt = conn.prepare_cached(sql)?;
-                let mut rows = stmt.query(params![id, owner])?;
+                let mut rows = stmt.query(params![id, owner.as_str(), name])?;
                 rows.next()?
                     .map(|row| decode_row(row, &self.records))
                     .transpose()
@@ -128,13 +129,14 @@ impl SqliteStore {
 impl Store for SqliteStore {
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let (agent, key, now) = (agent.clone(), key.clone(), millis(now)?);
+        let now = millis(now)?;
         self.db
-            .read(|conn| live_key(conn, agent, key, now))
+            .read(|conn| live_key(conn, owner, agent, key, now))
             .map_err(store_error)
     }
 
@@ -159,9 +161,9 @@ impl Store for SqliteStore {
                 // (`expires_at > now`, as `live_key` reads it) holds it.
                 let written = conn
                     .prepare_cached(
-                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (agent, key) DO UPDATE SET
+                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?7)
+                         ON CONFLICT (owner, agent, key) DO UPDATE SET
                             command = excluded.command,
                             fingerprint = excluded.fingerprint,
                             expires_at = excluded.expires_at
@@ -173,10 +175,11 @@ impl Store for SqliteStore {
                         key_command,
                         key.fingerprint,
                         expires_at,
-                        now
+                        now,
+                        key.owner.as_str()
                     ])?;
                 if written == 0 {
-                    let existing = live_key(conn, key.agent.clone(), key.key.clone(), now)?
+                    let existing = live_key(conn, &key.owner, &key.agent, &key.key, now)?
                         .ok_or_else(|| {
                             DbError::Sqlite(format!(
                                 "idempotency key {} was neither written nor found",
@@ -198,24 +201,28 @@ impl Store for SqliteStore {
 
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.one_command(
-            select_commands!("WHERE id = ?1 AND agent = ?2"),
+            select_commands!("WHERE id = ?1 AND owner = ?2 AND agent = ?3"),
             id,
+            owner,
             agent.as_str(),
         )
     }
 
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.one_command(
-            select_commands!("WHERE id = ?1 AND device = ?2"),
+            select_commands!("WHERE id = ?1 AND owner = ?2 AND device = ?3"),
             id,
+            owner,
             device.as_str(),
         )
     }
@@ -332,6 +339,31 @@ impl Store for SqliteStore {
                 Ok(())
             })
             .await
+            .map_err(store_error)
+    }
+
+    async fn shared_projects(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError> {
+        let limit = sql_limit(limit);
+        self.db
+            .read(|conn| {
+                let mut stmt = conn.prepare_cached(&format!(
+                    "SELECT DISTINCT project FROM shared_sessions
+                     WHERE owner = ?1 AND device = ?2
+                     ORDER BY project LIMIT {limit}"
+                ))?;
+                let mut rows = stmt.query(params![owner.as_str(), device.as_str()])?;
+                let mut projects = Vec::new();
+                while let Some(row) = rows.next()? {
+                    let text: String = row.get(0)?;
+                    projects.push(parse(ProjectId::parse(&text), "shared_sessions.project")?);
+                }
+                Ok(projects)
+            })
             .map_err(store_error)
     }
 
@@ -458,8 +490,8 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 let keys = conn
                     .prepare_cached(&format!(
-                        "DELETE FROM idempotency_keys WHERE (agent, key) IN (
-                            SELECT agent, key FROM idempotency_keys
+                        "DELETE FROM idempotency_keys WHERE (owner, agent, key) IN (
+                            SELECT owner, agent, key FROM idempotency_keys
                             WHERE expires_at <= ?1 ORDER BY expires_at LIMIT {batch})"
                     ))?
                     .execute(params![now])?;
@@ -473,7 +505,8 @@ impl Store for SqliteStore {
                                   AND c.status IN ('completed', 'failed', 'cancelled')
                                   AND NOT EXISTS (
                                     SELECT 1 FROM idempotency_keys AS k
-                                    WHERE k.agent = c.agent AND k.key = c.idempotency_key
+                                    WHERE k.owner = c.owner AND k.agent = c.agent
+                                      AND k.key = c.idempotency_key
                                       AND k.command = c.id AND k.expires_at > ?2)
                                 ORDER BY c.finished_at LIMIT {batch})"
                         ))?
@@ -486,19 +519,20 @@ impl Store for SqliteStore {
     }
 }
 
-/// The live key for (agent, key) at `now`, if any.
+/// The live key for (owner, agent, key) at `now`, if any.
 fn live_key(
     conn: &Connection,
-    agent: AgentId,
-    key: IdempotencyKey,
+    owner: &OwnerId,
+    agent: &AgentId,
+    key: &IdempotencyKey,
     now: i64,
 ) -> Result<Option<IdempotencyRecord>, DbError> {
     let found = conn
         .prepare_cached(
             "SELECT command, fingerprint, expires_at FROM idempotency_keys
-             WHERE agent = ?1 AND key = ?2 AND expires_at > ?3",
+             WHERE owner = ?1 AND agent = ?2 AND key = ?3 AND expires_at > ?4",
         )?
-        .query_row(params![agent.as_str(), key.as_str(), now], |r| {
+        .query_row(params![owner.as_str(), agent.as_str(), key.as_str(), now], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
@@ -510,8 +544,9 @@ fn live_key(
         return Ok(None);
     };
     Ok(Some(IdempotencyRecord {
-        agent,
-        key,
+        owner: owner.clone(),
+        agent: agent.clone(),
+        key: key.clone(),
         command: parse(CommandId::parse(&command), "idempotency_keys.command")?,
         fingerprint,
         expires_at: timestamp(expires_at)?,
@@ -613,6 +648,7 @@ fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRecord, DbErr
     let record = &entry.record;
     let consistent = record.id == id
         && record.agent.as_str().as_bytes() == text(1, "agent")?
+        && record.owner.as_str().as_bytes() == text(6, "owner")?
         && record.device.as_str().as_bytes() == text(2, "device")?
         && record.status.as_str().as_bytes() == text(3, "status")?
         && i64::try_from(record.revision).ok() == Some(row.get::<_, i64>(4)?);

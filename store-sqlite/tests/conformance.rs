@@ -54,11 +54,12 @@ mod outbox {
 impl Store for OnTempFile<SqliteStore> {
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        self.inner.idempotency(agent, key, now).await
+        self.inner.idempotency(owner, agent, key, now).await
     }
     async fn insert_command(
         &self,
@@ -70,17 +71,19 @@ impl Store for OnTempFile<SqliteStore> {
     }
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.inner.command_for_agent(agent, id).await
+        self.inner.command_for_agent(owner, agent, id).await
     }
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.inner.command_for_device(device, id).await
+        self.inner.command_for_device(owner, device, id).await
     }
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         self.inner.update_command(next).await
@@ -107,6 +110,14 @@ impl Store for OnTempFile<SqliteStore> {
         self.inner
             .replace_shared_sessions(owner, project, device, sessions, now)
             .await
+    }
+    async fn shared_projects(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError> {
+        self.inner.shared_projects(owner, device, limit).await
     }
     async fn shared_sessions(
         &self,

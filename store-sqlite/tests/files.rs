@@ -188,10 +188,10 @@ fn commands_survive_a_reopen() {
         .expect("start");
         let envelope = completed("e1", json!({"text": "日本語", "n": 0.1}));
         block_on(w.queue.complete(&w.device, &cmd.id, &envelope)).expect("complete");
-        (w.agent.id.clone(), cmd.id, envelope)
+        (w.agent.clone(), cmd.id, envelope)
     };
     let store = SqliteStore::open(&path).expect("reopen");
-    let back = block_on(store.command_for_agent(&agent, &id))
+    let back = block_on(store.command_for_agent(&agent.owner, &agent.id, &id))
         .expect("read")
         .expect("still there");
     assert_eq!(back.completion, Some(envelope));

@@ -198,7 +198,7 @@ fn two_processes_start_every_command_exactly_once() {
     // The file agrees with what the children were told.
     let store = SqliteStore::open(&path).expect("reopen");
     for (id, execution) in &started {
-        let c = block_on(store.command_for_device(&device().id, id))
+        let c = block_on(store.command_for_device(&device().owner, &device().id, id))
             .expect("read")
             .unwrap_or_else(|| panic!("{id} missing"));
         assert_eq!(c.status, CommandStatus::Running);
@@ -395,7 +395,7 @@ fn check_acknowledged(db: &Path, ob: &Path, acked: &[(String, String)]) {
     for (tag, line) in acked {
         let words: Vec<&str> = line.split(' ').collect();
         let id = CommandId::parse(words[2]).expect("id");
-        let c = block_on(store.command_for_agent(&agent(tag).id, &id))
+        let c = block_on(store.command_for_agent(&agent(tag).owner, &agent(tag).id, &id))
             .expect("read")
             .unwrap_or_else(|| panic!("acknowledged command {id} is missing"));
         match words[1] {
@@ -454,7 +454,7 @@ fn check_acknowledged(db: &Path, ob: &Path, acked: &[(String, String)]) {
             .map(|(tag, _)| tag)
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .find_map(|tag| block_on(store.command_for_agent(&agent(tag).id, id)).expect("read"))
+            .find_map(|tag| block_on(store.command_for_agent(&agent(tag).owner, &agent(tag).id, id)).expect("read"))
             .unwrap_or_else(|| panic!("outbox item {id} names no command"));
         assert_eq!(c.status, CommandStatus::Completed);
         assert_eq!(c.completion.as_ref(), Some(envelope));
