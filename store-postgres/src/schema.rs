@@ -22,10 +22,11 @@ pub struct Migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "commands, idempotency keys, shared sessions, devices",
-    sql: r"
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "commands, idempotency keys, shared sessions, devices",
+        sql: r"
     CREATE TABLE commands (
         -- The insertion order: a sync hands out queued commands oldest
         -- first, ties (the same millisecond) in the order they were queued.
@@ -80,10 +81,26 @@ pub const MIGRATIONS: &[Migration] = &[Migration {
         PRIMARY KEY (owner, device)
     );
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "identity is (owner, name): keys per (owner, agent, key); a device's projects",
+        // Each existing key takes the owner of the command it points at; a
+        // key whose command is gone is dropped (it could not be replayed).
+        sql: r"
+    ALTER TABLE idempotency_keys ADD COLUMN owner TEXT;
+    UPDATE idempotency_keys AS k SET owner = c.owner FROM commands AS c WHERE c.id = k.command;
+    DELETE FROM idempotency_keys WHERE owner IS NULL;
+    ALTER TABLE idempotency_keys ALTER COLUMN owner SET NOT NULL;
+    ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey;
+    ALTER TABLE idempotency_keys ADD PRIMARY KEY (owner, agent, key);
+    CREATE INDEX shared_sessions_by_device ON shared_sessions (owner, device, project);
+    ",
+    },
+];
 
 /// The schema version this build writes: the last migration's number.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Key of the advisory lock held while migrating ("GRly" and 1).
 const MIGRATION_LOCK: i64 = 0x4752_6c79_0000_0001;

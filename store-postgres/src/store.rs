@@ -251,25 +251,27 @@ impl PostgresStore {
             .map_err(|e| StoreError::Backend(pool_error(&e)))
     }
 
-    /// One command by id and a second key column (`agent` or `device`).
+    /// One command by id, owner and a third key column (`agent` or `device`).
     async fn command_by(
         &self,
         sql: &str,
         id: &CommandId,
-        other: &str,
+        owner: &OwnerId,
+        name: &str,
     ) -> Result<Option<CommandRecord>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(backend)?;
         let row = client
-            .query_opt(&stmt, &[id.as_uuid(), &other])
+            .query_opt(&stmt, &[id.as_uuid(), &owner.as_str(), &name])
             .await
             .map_err(backend)?;
         row.map(|r| decode_command(&r)).transpose()
     }
 
-    /// The live key for (agent, key) at `now`, if any.
+    /// The live key for (owner, agent, key) at `now`, if any.
     async fn live_key(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: i64,
@@ -278,18 +280,22 @@ impl PostgresStore {
         let stmt = client
             .prepare_cached(
                 "SELECT command, fingerprint, expires_at FROM idempotency_keys
-                 WHERE agent = $1 AND key = $2 AND expires_at > $3",
+                 WHERE owner = $1 AND agent = $2 AND key = $3 AND expires_at > $4",
             )
             .await
             .map_err(backend)?;
         let Some(row) = client
-            .query_opt(&stmt, &[&agent.as_str(), &key.as_str(), &now])
+            .query_opt(
+                &stmt,
+                &[&owner.as_str(), &agent.as_str(), &key.as_str(), &now],
+            )
             .await
             .map_err(backend)?
         else {
             return Ok(None);
         };
         Ok(Some(IdempotencyRecord {
+            owner: owner.clone(),
             agent: agent.clone(),
             key: key.clone(),
             command: CommandId::from_uuid(row.try_get(0).map_err(corrupt)?),
@@ -303,11 +309,12 @@ impl PostgresStore {
 impl Store for PostgresStore {
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         now: Timestamp,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        self.live_key(agent, key, millis(now)?).await
+        self.live_key(owner, agent, key, millis(now)?).await
     }
 
     async fn insert_command(
@@ -325,9 +332,9 @@ impl Store for PostgresStore {
         // inserts of one key serialise on its index entry: the later one
         // waits for the earlier to commit and then sees a live key.
         const INSERT: &str = "WITH k AS (
-                INSERT INTO idempotency_keys AS k (agent, key, command, fingerprint, expires_at)
-                VALUES ($1, $2, $3, $4, $5)
-                ON CONFLICT (agent, key) DO UPDATE SET
+                INSERT INTO idempotency_keys AS k (agent, key, command, fingerprint, expires_at, owner)
+                VALUES ($1, $2, $3, $4, $5, $9)
+                ON CONFLICT (owner, agent, key) DO UPDATE SET
                     command = EXCLUDED.command,
                     fingerprint = EXCLUDED.fingerprint,
                     expires_at = EXCLUDED.expires_at
@@ -377,7 +384,7 @@ impl Store for PostgresStore {
             if inserted {
                 return Ok(InsertOutcome::Inserted);
             }
-            if let Some(existing) = self.live_key(&key.agent, &key.key, now).await? {
+            if let Some(existing) = self.live_key(&key.owner, &key.agent, &key.key, now).await? {
                 return Ok(InsertOutcome::KeyTaken(existing));
             }
         }
@@ -388,13 +395,15 @@ impl Store for PostgresStore {
 
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.command_by(
-            "SELECT id, agent, device, status, revision, record FROM commands
-             WHERE id = $1 AND agent = $2",
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE id = $1 AND owner = $2 AND agent = $3",
             id,
+            owner,
             agent.as_str(),
         )
         .await
@@ -402,13 +411,15 @@ impl Store for PostgresStore {
 
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.command_by(
-            "SELECT id, agent, device, status, revision, record FROM commands
-             WHERE id = $1 AND device = $2",
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE id = $1 AND owner = $2 AND device = $3",
             id,
+            owner,
             device.as_str(),
         )
         .await
@@ -467,7 +478,7 @@ impl Store for PostgresStore {
         // hides a command from a sync arriving at another.
         let stmt = client
             .prepare_cached(
-                "SELECT id, agent, device, status, revision, record FROM commands
+                "SELECT id, agent, device, status, revision, record, owner FROM commands
                  WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
                  ORDER BY created_at, seq LIMIT $4",
             )
@@ -541,6 +552,37 @@ impl Store for PostgresStore {
         )
         .map_err(backend)?;
         tx.commit().await.map_err(backend)
+    }
+
+    async fn shared_projects(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT DISTINCT project FROM shared_sessions
+                 WHERE owner = $1 AND device = $2
+                 ORDER BY project LIMIT $3",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &stmt,
+                &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
+            )
+            .await
+            .map_err(backend)?;
+        rows.iter()
+            .map(|row| {
+                let project: &str = row.try_get(0).map_err(corrupt)?;
+                ProjectId::parse(project)
+                    .map_err(|e| StoreError::Corrupt(format!("shared_sessions.project: {e}")))
+            })
+            .collect()
     }
 
     async fn shared_sessions(
@@ -679,11 +721,11 @@ impl Store for PostgresStore {
         let keys_stmt = client
             .prepare_cached(
                 "WITH doomed AS (
-                    SELECT agent, key FROM idempotency_keys
+                    SELECT owner, agent, key FROM idempotency_keys
                     WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2
                     FOR UPDATE SKIP LOCKED)
                  DELETE FROM idempotency_keys AS k USING doomed AS d
-                 WHERE k.agent = d.agent AND k.key = d.key",
+                 WHERE k.owner = d.owner AND k.agent = d.agent AND k.key = d.key",
             )
             .await
             .map_err(backend)?;
@@ -706,7 +748,8 @@ impl Store for PostgresStore {
                               AND c.status IN ('completed', 'failed', 'cancelled')
                               AND NOT EXISTS (
                                 SELECT 1 FROM idempotency_keys AS k
-                                WHERE k.agent = c.agent AND k.key = c.idempotency_key
+                                WHERE k.owner = c.owner AND k.agent = c.agent
+                                  AND k.key = c.idempotency_key
                                   AND k.command = c.id AND k.expires_at > $2)
                             ORDER BY c.finished_at LIMIT $3
                             FOR UPDATE SKIP LOCKED)
@@ -759,7 +802,8 @@ impl CommandRow {
     }
 }
 
-/// A row of `id, agent, device, status, revision, record`: the JSON record, checked against the columns.
+/// A row of `id, agent, device, status, revision, record, owner`: the JSON
+/// record, checked against the columns.
 fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
     let id: uuid::Uuid = row.try_get(0).map_err(corrupt)?;
     let agent: &str = row.try_get(1).map_err(corrupt)?;
@@ -767,10 +811,12 @@ fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
     let status: &str = row.try_get(3).map_err(corrupt)?;
     let rev: i64 = row.try_get(4).map_err(corrupt)?;
     let json: &str = row.try_get(5).map_err(corrupt)?;
+    let owner: &str = row.try_get(6).map_err(corrupt)?;
     let record: CommandRecord = serde_json::from_str(json)
         .map_err(|e| StoreError::Corrupt(format!("command {id}: record: {e}")))?;
     let consistent = record.id.as_uuid() == &id
         && record.agent.as_str() == agent
+        && record.owner.as_str() == owner
         && record.device.as_str() == device
         && record.status.as_str() == status
         && i64::try_from(record.revision).ok() == Some(rev);

@@ -532,13 +532,16 @@ fn live_key(
             "SELECT command, fingerprint, expires_at FROM idempotency_keys
              WHERE owner = ?1 AND agent = ?2 AND key = ?3 AND expires_at > ?4",
         )?
-        .query_row(params![owner.as_str(), agent.as_str(), key.as_str(), now], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })
+        .query_row(
+            params![owner.as_str(), agent.as_str(), key.as_str(), now],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )
         .optional()?;
     let Some((command, fingerprint, expires_at)) = found else {
         return Ok(None);

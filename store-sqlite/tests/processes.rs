@@ -454,7 +454,10 @@ fn check_acknowledged(db: &Path, ob: &Path, acked: &[(String, String)]) {
             .map(|(tag, _)| tag)
             .collect::<BTreeSet<_>>()
             .into_iter()
-            .find_map(|tag| block_on(store.command_for_agent(&agent(tag).owner, &agent(tag).id, id)).expect("read"))
+            .find_map(|tag| {
+                block_on(store.command_for_agent(&agent(tag).owner, &agent(tag).id, id))
+                    .expect("read")
+            })
             .unwrap_or_else(|| panic!("outbox item {id} names no command"));
         assert_eq!(c.status, CommandStatus::Completed);
         assert_eq!(c.completion.as_ref(), Some(envelope));

@@ -128,7 +128,9 @@ fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
             )
             .await
             .expect("complete");
-        assert!(matches!(ack, CompleteAck::Recorded(ref c) if c.status == CommandStatus::Completed));
+        assert!(
+            matches!(ack, CompleteAck::Recorded(ref c) if c.status == CommandStatus::Completed)
+        );
     });
     drop(w);
     drop(store);

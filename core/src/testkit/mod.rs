@@ -932,7 +932,10 @@ pub async fn project_bound(store: Arc<dyn Store>) {
             .expect("projects"),
         vec![project("pa"), project("pb")]
     );
-    w.queue.sync(&w.device, &one_more).await.expect("a free place");
+    w.queue
+        .sync(&w.device, &one_more)
+        .await
+        .expect("a free place");
     assert_eq!(
         w.queue
             .list_graph_sessions(&w.agent, &p1(), 50)

@@ -250,7 +250,11 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                 let Some(id) = pick(command) else { continue };
                 let index = usize::from(device) % 4;
                 let answered = block_on(w.queue.control(devices[index], &id)).is_ok();
-                assert_eq!(answered, index == known[&id].device, "control by its own device only");
+                assert_eq!(
+                    answered,
+                    index == known[&id].device,
+                    "control by its own device only"
+                );
             }
             Op::Complete {
                 device,

@@ -1,0 +1,197 @@
+//! A schema written at version 1 (before identity was (owner, name)) is
+//! upgraded by `connect`, and its runs stay readable with their owner.
+//! Skipped (with a printed reason) when `GRAPH_RELAY_POSTGRES_URL` is unset.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use graph_relay_core::command::{CommandRecord, CommandStatus, request_fingerprint};
+use graph_relay_core::queue::{GetError, Queue, QueueConfig};
+use graph_relay_core::store::Store;
+use graph_relay_core::testkit::{World, completed, exec, p1, run_args};
+use graph_relay_core::time::{Clock, SeededIds};
+use graph_relay_store_memory::MemoryStore;
+use graph_relay_store_postgres::testing::{TestSchema, url_or_skip};
+use graph_relay_store_postgres::{MIGRATIONS, PostgresStore, SCHEMA_VERSION};
+use serde_json::json;
+
+/// Three runs of Alice's assistant as the previous build wrote them: one
+/// queued, one running, one completed. Made by the real queue (on a memory
+/// store), so the records are exactly what a store is handed.
+async fn alice_runs() -> (World, Vec<CommandRecord>) {
+    let w = World::new(Arc::new(MemoryStore::new()));
+    w.sync(&w.device, p1(), &[1, 2]).await;
+    let queued = w.run(&w.agent, 1, "v1-queued-key").await;
+    let running = w.run(&w.agent, 2, "v1-running-key").await;
+    w.queue
+        .start(&w.device, &running.id, &exec("v1-exec-running"))
+        .await
+        .expect("start");
+    let done = w.run(&w.agent, 1, "v1-done-key").await;
+    w.queue
+        .start(&w.device, &done.id, &exec("v1-exec-done"))
+        .await
+        .expect("start");
+    w.queue
+        .complete(
+            &w.device,
+            &done.id,
+            &completed("v1-exec-done", json!({"answer": "v1"})),
+        )
+        .await
+        .expect("complete");
+    let mut records = Vec::new();
+    for c in [queued, running, done] {
+        records.push(
+            w.queue
+                .get_graph_run(&w.agent, &c.id)
+                .await
+                .expect("read")
+                .command,
+        );
+    }
+    (w, records)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
+    let Some(url) = url_or_skip("schema upgrade on Postgres") else {
+        return;
+    };
+    let schema = TestSchema::new(&url);
+    let (old, records) = alice_runs().await;
+
+    // Write schema 1 and its rows with plain SQL, as the previous build did.
+    let config = tokio_postgres::Config::from_str(&url).expect("url");
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(&format!(
+            "CREATE SCHEMA \"{0}\"; SET search_path TO \"{0}\";
+             CREATE TABLE schema_migrations (
+                version    INTEGER     NOT NULL PRIMARY KEY,
+                name       TEXT        NOT NULL,
+                applied_at TIMESTAMPTZ NOT NULL DEFAULT now());",
+            schema.name()
+        ))
+        .await
+        .expect("schema");
+    let first = MIGRATIONS[0];
+    assert_eq!(first.version, 1);
+    client.batch_execute(first.sql).await.expect("migration 1");
+    client
+        .execute(
+            "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
+            &[&first.version, &first.name],
+        )
+        .await
+        .expect("record migration 1");
+    for c in &records {
+        let millis = |t: graph_relay_core::time::Timestamp| i64::try_from(t.as_millis()).unwrap();
+        client
+            .execute(
+                "INSERT INTO commands (id, agent, owner, project, device, idempotency_key,
+                    status, created_at, finished_at, revision, record)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                &[
+                    c.id.as_uuid(),
+                    &c.agent.as_str(),
+                    &c.owner.as_str(),
+                    &c.project.as_str(),
+                    &c.device.as_str(),
+                    &c.idempotency_key.as_str(),
+                    &c.status.as_str(),
+                    &millis(c.created_at),
+                    &c.finished_at.map(millis),
+                    &i64::try_from(c.revision).unwrap(),
+                    &serde_json::to_string(c).unwrap(),
+                ],
+            )
+            .await
+            .expect("v1 command row");
+        client
+            .execute(
+                "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[
+                    &c.agent.as_str(),
+                    &c.idempotency_key.as_str(),
+                    c.id.as_uuid(),
+                    &request_fingerprint(&c.graph_session_id, &c.arguments),
+                    &millis(c.created_at.plus(Duration::from_secs(24 * 3600))),
+                ],
+            )
+            .await
+            .expect("v1 key row");
+    }
+    drop(client);
+    let _ = driver.await;
+
+    // The current build connects: migration 2 runs, the runs read back.
+    let store = schema.store().await.expect("connect and upgrade");
+    let store: Arc<dyn Store> = Arc::new(store);
+    let mut w = World::new(store.clone());
+    w.clock.set(old.clock.now());
+    w.queue = Queue::new(
+        store.clone(),
+        w.clock.clone(),
+        Arc::new(SeededIds::new(99)),
+        QueueConfig::default(),
+    );
+    for c in &records {
+        let read = w
+            .queue
+            .get_graph_run(&w.agent, &c.id)
+            .await
+            .expect("alice reads her run");
+        assert_eq!(&read.command, c);
+        assert!(matches!(
+            w.queue.get_graph_run(&w.twin, &c.id).await,
+            Err(GetError::NotFound)
+        ));
+    }
+    assert_eq!(records[2].status, CommandStatus::Completed);
+    w.sync(&w.device, p1(), &[1, 2]).await;
+    let replay = w
+        .queue
+        .run_graph_session(
+            &w.agent,
+            run_args(1, "v1-queued-key", json!({"q": "v1-queued-key"})),
+        )
+        .await
+        .expect("alice's retry replays");
+    assert!(replay.replayed);
+    assert_eq!(replay.command.id, records[0].id);
+    w.sync(&w.twin_device, p1(), &[1]).await;
+    let bobs = w
+        .queue
+        .run_graph_session(
+            &w.twin,
+            run_args(1, "v1-queued-key", json!({"q": "v1-queued-key"})),
+        )
+        .await
+        .expect("bob runs");
+    assert!(!bobs.replayed, "Bob's key space is his own");
+
+    let versions: Vec<i32> = PostgresStore::connect(&url, &schema.options())
+        .await
+        .expect("reconnect")
+        .pool()
+        .get()
+        .await
+        .expect("client")
+        .query(
+            "SELECT version FROM schema_migrations ORDER BY version",
+            &[],
+        )
+        .await
+        .expect("versions")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+}
