@@ -169,9 +169,16 @@ pub enum StartDecision {
 /// Why `complete` was refused. Nothing changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CompleteRefused {
-    /// The command has not started.
-    #[error("the command has not started")]
+    /// The command is still queued: nothing has started, so there is no
+    /// execution to complete.
+    #[error("the command has not started yet; there is no execution to complete")]
     NotStarted,
+    /// The command was closed (e.g. cancelled while queued, or declined)
+    /// before any execution started: there is none to complete.
+    #[error(
+        "the command was {0} before it started, so there is no execution to complete; do not run it"
+    )]
+    ClosedBeforeStart(&'static str),
     /// The completion names another execution than the one that started.
     #[error("the completion is for another execution than the one running")]
     StaleExecution,
@@ -420,6 +427,9 @@ impl CommandRecord {
                 Ok(true)
             }
             _ if self.completion.as_ref() == Some(envelope) => Ok(false),
+            terminal if self.started_at.is_none() => {
+                Err(CompleteRefused::ClosedBeforeStart(terminal.as_str()))
+            }
             _ if self.execution_id.as_ref() != Some(&envelope.execution_id) => {
                 Err(CompleteRefused::StaleExecution)
             }
@@ -681,6 +691,17 @@ mod tests {
             record().complete(&first, Timestamp(3500)),
             Err(CompleteRefused::NotStarted)
         );
+        // Closed before it ever started: said so, not "another execution".
+        let CancelDecision::Apply(cancelled) = record().cancel(Timestamp(1)) else {
+            panic!()
+        };
+        let refused = cancelled.complete(&first, Timestamp(3500));
+        assert_eq!(
+            refused,
+            Err(CompleteRefused::ClosedBeforeStart("cancelled"))
+        );
+        let text = refused.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("cancelled before it started"), "{text}");
     }
 
     #[test]

@@ -420,8 +420,39 @@ pub struct ControlAnswer {
 pub enum CompleteAck {
     /// The completion was recorded; the command is now in this state.
     Recorded(CommandRecord),
-    /// The same completion had been recorded already.
-    Duplicate,
+    /// The same completion had been recorded already; nothing changed. The
+    /// command as it stands.
+    Duplicate(CommandRecord),
+}
+
+impl CompleteAck {
+    /// The command as it stands after the report.
+    pub fn record(&self) -> &CommandRecord {
+        match self {
+            Self::Recorded(record) | Self::Duplicate(record) => record,
+        }
+    }
+}
+
+/// How `decline` went.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // returned once, by value
+pub enum DeclineAck {
+    /// The queued command was closed as `cancelled` with
+    /// [`NO_LONGER_SHARED`](crate::command::NO_LONGER_SHARED).
+    Recorded(CommandRecord),
+    /// The command was already closed (declined before, cancelled by its
+    /// agent, or finished); nothing changed. The command as it stands.
+    Unchanged(CommandRecord),
+}
+
+impl DeclineAck {
+    /// The command as it stands after the report.
+    pub fn record(&self) -> &CommandRecord {
+        match self {
+            Self::Recorded(record) | Self::Unchanged(record) => record,
+        }
+    }
 }
 
 /// The queue of Graph runs: rules over a [`Store`].
@@ -835,7 +866,7 @@ impl Queue {
                 TransitionError::Refused(r) => CompleteError::Refused(r),
             })?;
         Ok(if duplicate {
-            CompleteAck::Duplicate
+            CompleteAck::Duplicate(record)
         } else {
             CompleteAck::Recorded(record)
         })
@@ -843,20 +874,30 @@ impl Queue {
 
     /// The relay's re-check just before running failed: the command is
     /// closed as `cancelled` with "Graph session is no longer shared with this project".
+    /// A command that is already closed is left as it is, and the answer
+    /// says so ([`DeclineAck::Unchanged`]).
     pub async fn decline(
         &self,
         device: &Device,
         id: &CommandId,
-    ) -> Result<CommandRecord, DeclineError> {
+    ) -> Result<DeclineAck, DeclineError> {
         self.touch(device).await?;
-        self.transition(Party::Device(device), id, |record, now| {
-            record.decline_in_place(now)
-        })
-        .await
-        .map_err(|e| match e {
-            TransitionError::NotFound => DeclineError::NotFound,
-            TransitionError::Store(s) => DeclineError::Store(s),
-            TransitionError::Refused(r) => DeclineError::Refused(r),
+        let mut changed = false;
+        let record = self
+            .transition(Party::Device(device), id, |record, now| {
+                changed = record.decline_in_place(now)?;
+                Ok(changed)
+            })
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => DeclineError::NotFound,
+                TransitionError::Store(s) => DeclineError::Store(s),
+                TransitionError::Refused(r) => DeclineError::Refused(r),
+            })?;
+        Ok(if changed {
+            DeclineAck::Recorded(record)
+        } else {
+            DeclineAck::Unchanged(record)
         })
     }
 

@@ -27,17 +27,18 @@ use graph_relay_core::command::CommandRecord;
 use graph_relay_core::envelope::ResultEnvelope;
 use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::principal::Device;
+use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::queue::{
-    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineError, Queue, StartError,
-    SyncError, SyncRequest,
+    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, Queue,
+    StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::signals::{Subscription, Topic};
 use graph_relay_core::store::StoreError;
 use serde::de::DeserializeOwned;
 
 use crate::relay_wire::{
-    ControlBody, ControlReply, ErrorReply, ReportReply, StartBody, StartReply, SyncBody, SyncReply,
-    WireCommand,
+    ControlBody, ControlReply, DeclineBody, ErrorReply, ReportReply, StartBody, StartReply,
+    SyncBody, SyncReply, WireCommand,
 };
 use crate::{HttpState, Principal};
 
@@ -131,8 +132,37 @@ async fn device_of(state: &HttpState, headers: &HeaderMap) -> Result<Device, Res
     }
 }
 
+/// How a body that is JSON but not of the expected shape is refused.
+#[derive(Clone, Copy)]
+struct ShapeRefusal {
+    status: StatusCode,
+    code: &'static str,
+    what: &'static str,
+}
+
+/// Sync, start, control and decline bodies.
+const BAD_REQUEST_BODY: ShapeRefusal = ShapeRefusal {
+    status: StatusCode::BAD_REQUEST,
+    code: "invalid_request",
+    what: "the request body",
+};
+
+/// The result envelope of `complete` (SPEC §7).
+const BAD_ENVELOPE: ShapeRefusal = ShapeRefusal {
+    status: StatusCode::UNPROCESSABLE_ENTITY,
+    code: "invalid_envelope",
+    what: "the result envelope (SPEC §7)",
+};
+
+/// Decodes a body: 413 past the body limit, 400 `invalid_json` when it is
+/// not JSON, and `shape` when it is JSON of the wrong shape. Every message
+/// names what was wrong and where: the field as a path (`sessions[3].name`)
+/// and the rule it breaks. An empty body reads as `{}`.
 #[allow(clippy::result_large_err)]
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Response> {
+fn parse_body<T: DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+    shape: ShapeRefusal,
+) -> Result<T, Response> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -154,14 +184,30 @@ fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Resul
     } else {
         &bytes
     };
-    serde_json::from_slice(bytes).map_err(|e| {
+    let mut decoder = serde_json::Deserializer::from_slice(bytes);
+    let (path, inner) = match serde_path_to_error::deserialize::<_, T>(&mut decoder) {
+        Ok(value) => match decoder.end() {
+            Ok(()) => return Ok(value),
+            Err(e) => (String::new(), e),
+        },
+        Err(e) => (e.path().to_string(), e.into_inner()),
+    };
+    let refusal = if inner.is_syntax() || inner.is_eof() {
         ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_request",
-            format!("invalid JSON body: {e}"),
+            "invalid_json",
+            format!("the request body is not valid JSON: {inner}"),
         )
-        .into_response()
-    })
+    } else if path.is_empty() || path == "." {
+        ApiError::new(shape.status, shape.code, format!("{}: {inner}", shape.what))
+    } else {
+        ApiError::new(
+            shape.status,
+            shape.code,
+            format!("{}: field `{path}`: {inner}", shape.what),
+        )
+    };
+    Err(refusal.into_response())
 }
 
 #[allow(clippy::result_large_err)]
@@ -189,7 +235,7 @@ pub(crate) async fn sync(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<SyncReply> {
     let device = device_of(&state, &headers).await?;
-    let body: SyncBody = parse_body(body)?;
+    let body: SyncBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
     let subscription = body.long_poll.then(|| {
         queue
@@ -204,6 +250,11 @@ pub(crate) async fn sync(
     let response = queue.sync(&device, &request).await.map_err(|e| {
         match e {
             SyncError::Store(e) => ApiError::store(&e),
+            e @ SyncError::TooManyProjects { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "too_many_projects",
+                e.to_string(),
+            ),
             other => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_sessions",
@@ -276,7 +327,7 @@ pub(crate) async fn start(
 ) -> ApiResult<StartReply> {
     let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
-    let body: StartBody = parse_body(body)?;
+    let body: StartBody = parse_body(body, BAD_REQUEST_BODY)?;
     let record = state
         .mcp()
         .queue()
@@ -308,7 +359,7 @@ pub(crate) async fn control(
 ) -> ApiResult<ControlReply> {
     let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
-    let body: ControlBody = parse_body(body)?;
+    let body: ControlBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
     let subscription = body
         .long_poll
@@ -349,7 +400,7 @@ async fn hold_control(
     let look = || async {
         let record = queue
             .store()
-            .command_for_device(&device.id, id)
+            .command_for_device(&device.owner, &device.id, id)
             .await?
             .ok_or(ControlError::NotFound)?;
         Ok::<_, ControlError>(ControlAnswer {
@@ -369,14 +420,7 @@ pub(crate) async fn complete(
 ) -> ApiResult<ReportReply> {
     let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
-    let envelope: ResultEnvelope = parse_body(body).map_err(|_| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_envelope",
-            "the body is not a result envelope (SPEC §7)",
-        )
-        .into_response()
-    })?;
+    let envelope: ResultEnvelope = parse_body(body, BAD_ENVELOPE)?;
     let queue = state.mcp().queue();
     let ack = queue.complete(&device, &id, &envelope).await.map_err(|e| {
         match e {
@@ -386,6 +430,9 @@ pub(crate) async fn complete(
                 "invalid_envelope",
                 e.to_string(),
             ),
+            CompleteError::Refused(
+                r @ (CompleteRefused::NotStarted | CompleteRefused::ClosedBeforeStart(_)),
+            ) => ApiError::new(StatusCode::CONFLICT, "not_started", r.to_string()),
             CompleteError::Refused(r) => {
                 ApiError::new(StatusCode::CONFLICT, "completion_refused", r.to_string())
             }
@@ -393,26 +440,19 @@ pub(crate) async fn complete(
         }
         .into_response()
     })?;
-    let reply = match ack {
-        CompleteAck::Recorded(record) => ReportReply {
-            status: record.status.as_str().to_owned(),
+    let status = ack.record().status.as_str().to_owned();
+    Ok(axum::Json(match ack {
+        CompleteAck::Recorded(_) => ReportReply {
+            status,
             duplicate: false,
+            message: None,
         },
-        CompleteAck::Duplicate => {
-            let status = queue
-                .store()
-                .command_for_device(&device.id, &id)
-                .await
-                .ok()
-                .flatten()
-                .map_or("completed", |c| c.status.as_str());
-            ReportReply {
-                status: status.to_owned(),
-                duplicate: true,
-            }
-        }
-    };
-    Ok(axum::Json(reply))
+        CompleteAck::Duplicate(_) => ReportReply {
+            status,
+            duplicate: true,
+            message: Some("this completion had been recorded already; nothing changed".into()),
+        },
+    }))
 }
 
 /// `POST /commands/{id}/decline`.
@@ -424,8 +464,8 @@ pub(crate) async fn decline(
 ) -> ApiResult<ReportReply> {
     let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
-    let _: serde_json::Map<String, serde_json::Value> = parse_body(body)?;
-    let record = state
+    let _: DeclineBody = parse_body(body, BAD_REQUEST_BODY)?;
+    let ack = state
         .mcp()
         .queue()
         .decline(&device, &id)
@@ -440,9 +480,32 @@ pub(crate) async fn decline(
             }
             .into_response()
         })?;
-    Ok(axum::Json(ReportReply {
-        status: record.status.as_str().to_owned(),
-        duplicate: false,
+    Ok(axum::Json(match ack {
+        DeclineAck::Recorded(record) => ReportReply {
+            status: record.status.as_str().to_owned(),
+            duplicate: false,
+            message: None,
+        },
+        DeclineAck::Unchanged(record) => {
+            let message = match record.reason.as_deref() {
+                Some(NO_LONGER_SHARED) => {
+                    "this command had been declined already; nothing changed".to_owned()
+                }
+                Some(reason) => format!(
+                    "the command was already {} ({reason}); nothing changed",
+                    record.status.as_str()
+                ),
+                None => format!(
+                    "the command was already {}; nothing changed",
+                    record.status.as_str()
+                ),
+            };
+            ReportReply {
+                status: record.status.as_str().to_owned(),
+                duplicate: true,
+                message: Some(message),
+            }
+        }
     }))
 }
 

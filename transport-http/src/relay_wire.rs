@@ -135,6 +135,11 @@ pub struct ControlBody {
     pub long_poll: bool,
 }
 
+/// `POST /commands/{id}/decline`: the re-check failed; an empty object.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeclineBody {}
+
 /// The answer to a control request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControlReply {
@@ -144,13 +149,19 @@ pub struct ControlReply {
     pub status: String,
 }
 
-/// A completion or decline was recorded (or had been recorded already).
+/// A completion or decline was recorded, or changed nothing because the
+/// command was already closed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportReply {
     /// The command's status now.
     pub status: String,
-    /// True when the same report had been recorded before (nothing changed).
+    /// True when the report changed nothing: the same report had been
+    /// recorded before, or (decline) the command was already closed.
     pub duplicate: bool,
+    /// When nothing changed, what the command's state already was, for the
+    /// relay's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Every refusal of the relay API.
@@ -299,13 +310,13 @@ pub fn openapi() -> Value {
                 "ReportReply": {
                     "type": "object",
                     "required": ["status", "duplicate"],
-                    "properties": {"status": status, "duplicate": {"type": "boolean"}}
+                    "properties": {"status": status, "duplicate": {"type": "boolean"}, "message": string}
                 },
                 "ErrorReply": {
                     "type": "object",
                     "required": ["error", "message", "retryable"],
                     "properties": {
-                        "error": {"type": "string", "description": "invalid_request, invalid_sessions, invalid_envelope, command_not_found, start_refused, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
+                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, command_not_found, start_refused, not_started, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
                         "message": string,
                         "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
                     }
@@ -319,7 +330,7 @@ pub fn openapi() -> Value {
                 "requestBody": body("SyncBody"),
                 "responses": responses(vec![
                     ("200", ok("SyncReply", "The queued commands (possibly none).")),
-                    ("422", err("A session breaks a rule, is listed twice, or there are more than 100 (not retryable).")),
+                    ("422", err("A session breaks a rule, is listed twice, or there are more than 100 (invalid_sessions); or the device already shares into as many projects as it may, 100 by default (too_many_projects). Not retryable.")),
                 ])
             }},
             "/external-assistants/graph-relays/commands/{command_id}/start": {"post": {
@@ -348,7 +359,7 @@ pub fn openapi() -> Value {
                 "responses": responses(vec![
                     ("200", ok("ReportReply", "Recorded, or the same completion had been recorded (duplicate: true).")),
                     ("404", err("Unknown, or not assigned to this device (not retryable).")),
-                    ("409", err("Stale execution, not started, or finished differently (not retryable).")),
+                    ("409", err("The command never started (not_started: still queued, or closed before it started), the completion is for another execution, or the command finished differently (completion_refused). Not retryable.")),
                     ("422", err("The envelope breaks SPEC §7 (not retryable).")),
                 ])
             }},
@@ -357,7 +368,7 @@ pub fn openapi() -> Value {
                 "parameters": command_param,
                 "requestBody": body("DeclineBody"),
                 "responses": responses(vec![
-                    ("200", ok("ReportReply", "Closed (or already terminal).")),
+                    ("200", ok("ReportReply", "Closed; or the command was already closed, and nothing changed (duplicate: true, with a message saying how it was closed).")),
                     ("404", err("Unknown, or not assigned to this device (not retryable).")),
                     ("409", err("Already running (not retryable).")),
                 ])

@@ -27,6 +27,8 @@ const GS: &str = "gs_0123456789abcdef0123456789abcdef";
 const AGENT: &str = "tok-agent";
 const DEVICE: &str = "tok-device";
 const STRANGER: &str = "tok-stranger";
+/// Bob's desktop, named `desktop` like Alice's.
+const TWIN: &str = "tok-twin";
 
 struct Server {
     base: String,
@@ -108,6 +110,12 @@ async fn server(hold: Duration) -> Server {
                 token_sha256: hash_token(STRANGER),
                 revoked: false,
             },
+            DeviceToken {
+                name: "desktop".into(),
+                owner: "bob".into(),
+                token_sha256: hash_token(TWIN),
+                revoked: false,
+            },
         ],
     };
     let mcp = McpServer::new(
@@ -139,6 +147,21 @@ async fn server(hold: Duration) -> Server {
 }
 
 impl Server {
+    /// Status and the exact bytes of the answer.
+    async fn post_raw(&self, token: &str, path: &str, body: &[u8]) -> (u16, String) {
+        let response = self
+            .http
+            .post(format!("{}{RELAY_PREFIX}{path}", self.base))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
     async fn post(&self, token: Option<&str>, path: &str, body: Value) -> (u16, Value) {
         let mut request = self
             .http
@@ -344,6 +367,13 @@ async fn start_complete_and_the_answers_the_relay_relies_on() {
         "a duplicate completion is acknowledged: {body}"
     );
     assert_eq!(body["duplicate"], true);
+    assert_eq!(body["status"], "completed");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("recorded already")),
+        "{body}"
+    );
 
     let stale = json!({"execution_id": "exec-z", "status": "failed", "result": null, "total_tokens": null, "reported_cost": null});
     let (status, body) = s.post(Some(DEVICE), &complete, stale).await;
@@ -358,6 +388,12 @@ async fn start_complete_and_the_answers_the_relay_relies_on() {
         .await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"], "invalid_envelope");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("`status`") && m.contains("completed")),
+        "the message names the field and the rule: {body}"
+    );
     let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(7));
     let (status, body) = s
         .post(
@@ -372,6 +408,192 @@ async fn start_complete_and_the_answers_the_relay_relies_on() {
         .await;
     assert_eq!(status, 400);
     assert_eq!(s.status(&id).await, CommandStatus::Completed);
+}
+
+/// Bob's desktop is named `desktop` like Alice's: on Alice's commands every
+/// relay request gets, byte for byte, the answer an unknown id gets, and
+/// nothing changes.
+#[tokio::test]
+async fn a_device_of_another_owner_with_the_same_name_gets_what_an_unknown_id_gets() {
+    let s = server(Duration::from_secs(5)).await;
+    let queued = s.run("key-twin-1").await;
+    let running = s.run("key-twin-2").await;
+    let (status, _) = s
+        .post(
+            Some(DEVICE),
+            &format!("/commands/{running}/start"),
+            json!({"execution_id": "alice-exec"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = s
+        .post(Some(TWIN), "/sync", Server::sync_body(false))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["commands"], json!([]), "Alice's queued run is not Bob's");
+    let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(0xabc));
+    let forged = br#"{"execution_id": "alice-exec", "status": "completed", "result": {"forged": true}, "total_tokens": null, "reported_cost": null}"#;
+    for target in [queued, running] {
+        for (action, body) in [
+            ("start", &br#"{"execution_id": "alice-exec"}"#[..]),
+            ("control", b"{}"),
+            ("complete", forged),
+            ("decline", b"{}"),
+        ] {
+            let theirs = s
+                .post_raw(TWIN, &format!("/commands/{target}/{action}"), body)
+                .await;
+            let none = s
+                .post_raw(TWIN, &format!("/commands/{unknown}/{action}"), body)
+                .await;
+            assert_eq!(theirs.0, 404, "{action}: {}", theirs.1);
+            assert_eq!(theirs, none, "{action} answers as for an unknown id");
+        }
+    }
+    assert_eq!(s.status(&queued).await, CommandStatus::Queued);
+    let view = s.queue.get_graph_run(&agent(), &running).await.unwrap();
+    assert_eq!(view.command.status, CommandStatus::Running);
+    assert!(view.to_json().get("result").is_none());
+}
+
+/// What the relay API answers for bodies and states that cannot be
+/// applied: each says what happened.
+#[tokio::test]
+async fn refusals_say_precisely_what_is_wrong() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-precise-1").await;
+    let complete = format!("/commands/{id}/complete");
+    // Larger than the body limit (512 KiB here): 413, not a parse error.
+    let mut big = br#"{"execution_id": "e", "status": "completed", "result": ""#.to_vec();
+    big.extend(std::iter::repeat_n(b'x', 10 * 1024 * 1024));
+    big.extend(br#""}"#);
+    let (status, text) = s.post_raw(DEVICE, &complete, &big).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("payload_too_large"), "{text}");
+    // Not JSON at all.
+    let (status, text) = s.post_raw(DEVICE, &complete, b"{not json").await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("invalid_json"), "{text}");
+    // JSON of the wrong shape: the field and the rule are named.
+    for (body, field, rule) in [
+        (
+            json!({"status": "completed", "result": 1}),
+            "execution_id",
+            "missing field",
+        ),
+        (
+            json!({"execution_id": "e", "status": "completed", "result": 1, "total_tokens": -3}),
+            "total_tokens",
+            "non-negative integer",
+        ),
+        (
+            json!({"execution_id": "e", "status": "completed", "result": 1, "surprise": 1}),
+            "surprise",
+            "unknown field",
+        ),
+        (
+            json!({"execution_id": "e", "status": "completed", "result_truncated": false}),
+            "result_truncated",
+            "may only be `true`",
+        ),
+    ] {
+        let (status, reply) = s.post(Some(DEVICE), &complete, body.clone()).await;
+        assert_eq!(status, 422, "{body}: {reply}");
+        assert_eq!(reply["error"], "invalid_envelope");
+        let message = reply["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(field) && message.contains(rule),
+            "{body}: {message}"
+        );
+    }
+    let (status, reply) = s
+        .post(
+            Some(DEVICE),
+            "/sync",
+            json!({"project_id": "p1", "sessions": [{"graph_session_id": GS, "name": 5}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(
+        reply["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("sessions[0].name")),
+        "{reply}"
+    );
+
+    // Completing a command that never started: a clear 409.
+    let envelope = json!({"execution_id": "e", "status": "completed", "result": 1});
+    let (status, reply) = s.post(Some(DEVICE), &complete, envelope.clone()).await;
+    assert_eq!(status, 409, "{reply}");
+    assert_eq!(reply["error"], "not_started");
+    assert!(
+        reply["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("has not started")),
+        "{reply}"
+    );
+    s.queue.cancel_graph_run(&agent(), &id).await.unwrap();
+    let (status, reply) = s.post(Some(DEVICE), &complete, envelope).await;
+    assert_eq!(status, 409, "{reply}");
+    assert_eq!(reply["error"], "not_started");
+    assert!(
+        reply["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cancelled before it started")),
+        "not 'another execution': {reply}"
+    );
+    // Declining what the agent already cancelled changes nothing, and says so.
+    let (status, reply) = s
+        .post(Some(DEVICE), &format!("/commands/{id}/decline"), json!({}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["status"], "cancelled");
+    assert_eq!(reply["duplicate"], true);
+    assert!(
+        reply["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("already cancelled")),
+        "{reply}"
+    );
+}
+
+/// A device shares into at most `max_projects_per_device` projects (100).
+#[tokio::test]
+async fn a_device_shares_into_a_bounded_number_of_projects() {
+    let s = server(Duration::from_secs(5)).await;
+    // `p1` is shared already; 99 more fill the bound.
+    for i in 0..99 {
+        let (status, body) = s
+            .post(
+                Some(DEVICE),
+                "/sync",
+                json!({"project_id": format!("extra-{i:03}"), "sessions": [{"graph_session_id": GS, "name": "g", "slug": "g"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let one_more = json!({"project_id": "one-too-many", "sessions": [{"graph_session_id": GS, "name": "g", "slug": "g"}]});
+    let (status, body) = s.post(Some(DEVICE), "/sync", one_more.clone()).await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"], "too_many_projects");
+    assert_eq!(body["retryable"], false);
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("at most 100 projects")),
+        "{body}"
+    );
+    // Un-sharing one makes room.
+    let (status, _) = s
+        .post(
+            Some(DEVICE),
+            "/sync",
+            json!({"project_id": "extra-000", "sessions": []}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = s.post(Some(DEVICE), "/sync", one_more).await;
+    assert_eq!(status, 200, "{body}");
 }
 
 #[tokio::test]

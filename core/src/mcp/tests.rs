@@ -24,7 +24,7 @@ use crate::time::{ManualClock, SeededIds, Timestamp};
 #[derive(Default)]
 struct TinyStore {
     commands: Mutex<HashMap<CommandId, CommandRecord>>,
-    keys: Mutex<HashMap<(AgentId, IdempotencyKey), IdempotencyRecord>>,
+    keys: Mutex<HashMap<(OwnerId, AgentId, IdempotencyKey), IdempotencyRecord>>,
     sessions: Mutex<Vec<SharedSession>>,
 }
 
@@ -38,6 +38,7 @@ impl TinyStore {
 impl Store for TinyStore {
     async fn idempotency(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         key: &IdempotencyKey,
         _now: Timestamp,
@@ -46,7 +47,7 @@ impl Store for TinyStore {
             .keys
             .lock()
             .unwrap()
-            .get(&(agent.clone(), key.clone()))
+            .get(&(owner.clone(), agent.clone(), key.clone()))
             .cloned())
     }
     async fn insert_command(
@@ -56,7 +57,7 @@ impl Store for TinyStore {
         _now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
         let mut keys = self.keys.lock().unwrap();
-        let k = (key.agent.clone(), key.key.clone());
+        let k = (key.owner.clone(), key.agent.clone(), key.key.clone());
         if let Some(existing) = keys.get(&k) {
             return Ok(InsertOutcome::KeyTaken(existing.clone()));
         }
@@ -69,6 +70,7 @@ impl Store for TinyStore {
     }
     async fn command_for_agent(
         &self,
+        owner: &OwnerId,
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
@@ -77,11 +79,12 @@ impl Store for TinyStore {
             .lock()
             .unwrap()
             .get(id)
-            .filter(|c| &c.agent == agent)
+            .filter(|c| &c.agent == agent && &c.owner == owner)
             .cloned())
     }
     async fn command_for_device(
         &self,
+        owner: &OwnerId,
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
@@ -90,7 +93,7 @@ impl Store for TinyStore {
             .lock()
             .unwrap()
             .get(id)
-            .filter(|c| &c.device == device)
+            .filter(|c| &c.device == device && &c.owner == owner)
             .cloned())
     }
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
@@ -129,6 +132,14 @@ impl Store for TinyStore {
             synced_at: now,
         }));
         Ok(())
+    }
+    async fn shared_projects(
+        &self,
+        _owner: &OwnerId,
+        _device: &DeviceId,
+        _limit: usize,
+    ) -> Result<Vec<ProjectId>, StoreError> {
+        Ok(Vec::new())
     }
     async fn shared_sessions(
         &self,

@@ -23,14 +23,16 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use crate::args::RunArgs;
-use crate::command::{CommandRecord, CommandStatus, NO_LONGER_SHARED, StartRefused};
+use crate::command::{
+    CommandRecord, CommandStatus, CompleteRefused, NO_LONGER_SHARED, StartRefused,
+};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use crate::ids::{
     AgentId, CommandId, DeviceId, ExecutionId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
 };
 use crate::principal::{Agent, Device};
 use crate::queue::{
-    CancelError, CompleteAck, CompleteError, GetError, ListError, Queue, QueueConfig,
+    CancelError, CompleteAck, CompleteError, DeclineAck, GetError, ListError, Queue, QueueConfig,
     RUN_NOT_FOUND, RunError, StartError, SyncRequest,
 };
 use crate::session::SessionMeta;
@@ -276,13 +278,12 @@ pub async fn lifecycle(store: Arc<dyn Store>) {
         .await
         .expect("complete");
     assert!(matches!(ack, CompleteAck::Recorded(ref c) if c.status == CommandStatus::Completed));
-    assert_eq!(
-        w.queue
-            .complete(&w.device, &cmd.id, &envelope)
-            .await
-            .expect("dup"),
-        CompleteAck::Duplicate
-    );
+    let dup = w
+        .queue
+        .complete(&w.device, &cmd.id, &envelope)
+        .await
+        .expect("dup");
+    assert!(matches!(dup, CompleteAck::Duplicate(ref c) if c.status == CommandStatus::Completed));
 
     let done = w
         .queue
@@ -523,13 +524,45 @@ pub async fn transitions_refused_from_wrong_state(store: Arc<dyn Store>) {
 
     // Decline of a queued command closes it with the exact message.
     let other = w.run(&w.agent, 1, "refuse-02").await;
-    let declined = w
-        .queue
-        .decline(&w.device, &other.id)
-        .await
-        .expect("decline");
+    let declined = match w.queue.decline(&w.device, &other.id).await {
+        Ok(DeclineAck::Recorded(record)) => record,
+        other => panic!("expected a recorded decline, got {other:?}"),
+    };
     assert_eq!(declined.status, CommandStatus::Cancelled);
     assert_eq!(declined.reason.as_deref(), Some(NO_LONGER_SHARED));
+    // Declining again, or declining what the agent already cancelled,
+    // changes nothing and says so.
+    assert!(matches!(
+        w.queue.decline(&w.device, &other.id).await,
+        Ok(DeclineAck::Unchanged(ref c)) if *c == declined
+    ));
+    let withdrawn = w.run(&w.agent, 1, "refuse-03").await;
+    let cancelled = w
+        .queue
+        .cancel_graph_run(&w.agent, &withdrawn.id)
+        .await
+        .expect("cancel")
+        .command;
+    assert!(matches!(
+        w.queue.decline(&w.device, &withdrawn.id).await,
+        Ok(DeclineAck::Unchanged(ref c)) if *c == cancelled
+    ));
+    // Completing what never started is refused as such, not as a stale execution.
+    assert!(matches!(
+        w.queue
+            .complete(&w.device, &withdrawn.id, &completed("e4", json!(1)))
+            .await,
+        Err(CompleteError::Refused(CompleteRefused::ClosedBeforeStart(
+            "cancelled"
+        )))
+    ));
+    let queued = w.run(&w.agent, 1, "refuse-04").await;
+    assert!(matches!(
+        w.queue
+            .complete(&w.device, &queued.id, &completed("e5", json!(1)))
+            .await,
+        Err(CompleteError::Refused(CompleteRefused::NotStarted))
+    ));
     let view = w
         .queue
         .get_graph_run(&w.agent, &other.id)
