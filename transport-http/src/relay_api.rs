@@ -24,10 +24,10 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::command::CommandRecord;
+use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::envelope::ResultEnvelope;
 use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::principal::Device;
-use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::queue::{
     CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, Queue,
     StartError, SyncError, SyncRequest,

@@ -426,11 +426,13 @@ async fn a_device_of_another_owner_with_the_same_name_gets_what_an_unknown_id_ge
         )
         .await;
     assert_eq!(status, 200);
-    let (status, body) = s
-        .post(Some(TWIN), "/sync", Server::sync_body(false))
-        .await;
+    let (status, body) = s.post(Some(TWIN), "/sync", Server::sync_body(false)).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["commands"], json!([]), "Alice's queued run is not Bob's");
+    assert_eq!(
+        body["commands"],
+        json!([]),
+        "Alice's queued run is not Bob's"
+    );
     let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(0xabc));
     let forged = br#"{"execution_id": "alice-exec", "status": "completed", "result": {"forged": true}, "total_tokens": null, "reported_cost": null}"#;
     for target in [queued, running] {
