@@ -96,7 +96,10 @@ impl Server {
             .header("accept", "application/json, text/event-stream")
             .header("mcp-protocol-version", MODERN)
             .header("mcp-method", method);
-        if let Some(name) = params.get("name").and_then(Value::as_str) {
+        if let Some(name) = ["name", "taskId"]
+            .iter()
+            .find_map(|k| params.get(*k).and_then(Value::as_str))
+        {
             request = request.header("mcp-name", name);
         }
         let response = request
@@ -205,6 +208,11 @@ async fn two_owners_with_the_same_agent_and_device_names_never_reach_each_other(
         let theirs = s.mcp(BOB_AGENT, method, json!({"taskId": alice_run})).await;
         let none = s.mcp(BOB_AGENT, method, json!({"taskId": UNKNOWN})).await;
         assert_eq!(theirs, none, "{method}");
+        assert!(
+            theirs.1.contains("Task not found"),
+            "{method}: {}",
+            theirs.1
+        );
     }
     // Bob reusing Alice's key: his own new run, never Alice's ticket or id.
     let (status, text) = s
