@@ -71,7 +71,8 @@ enum Command {
         /// Configuration file; created with a development agent and device if absent.
         #[arg(long, default_value = "graph-relay.toml")]
         config: PathBuf,
-        /// Serve requests WITHOUT a bearer token as this configured agent.
+        /// Serve requests WITHOUT a bearer token as this configured agent
+        /// (`NAME`, or `OWNER/NAME` when several owners use the name).
         /// For local development and the MCP conformance suite only;
         /// refused unless listening on a loopback address.
         #[arg(long, value_name = "AGENT")]
@@ -90,7 +91,8 @@ enum Command {
         /// Configuration file holding the agent.
         #[arg(long, default_value = "graph-relay.toml")]
         config: PathBuf,
-        /// The agent (a `[[agent]]` name in the configuration).
+        /// The agent (a `[[agent]]` name in the configuration, or
+        /// `OWNER/NAME` when several owners use the name).
         #[arg(long)]
         agent: String,
         /// Longest accepted input line in bytes.
@@ -130,7 +132,7 @@ enum Command {
         /// Configuration file holding the device.
         #[arg(long, default_value = "graph-relay.toml")]
         config: PathBuf,
-        /// The device (a `[[device]]` name).
+        /// The device (a `[[device]]` name, or `OWNER/NAME`).
         #[arg(long)]
         device: String,
         /// The project.
@@ -171,7 +173,8 @@ enum TokenCommand {
     },
     /// List tokens (names and hash prefixes; never the tokens).
     List,
-    /// Revoke every token of a name, or the one whose hash starts with the given prefix.
+    /// Revoke every token of `NAME` (or `OWNER/NAME` when several owners use
+    /// the name), or the one whose hash starts with the given prefix.
     Revoke {
         /// Name or hash prefix (at least 8 hex digits).
         target: String,
@@ -504,12 +507,56 @@ impl graph_relay_transport_http::Authenticator for AnonymousFallback {
     }
 }
 
+/// Which entries a command-line `NAME` or `OWNER/NAME` means: identity is
+/// (owner, name), so a bare name that several owners use is refused with
+/// the choices spelled out. `entries` are `(owner, name)` pairs; returns
+/// the indexes of the matching ones (never empty).
+fn select_principals<'a>(
+    what: &str,
+    target: &str,
+    entries: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Result<Vec<usize>, CliError> {
+    let (owner, name) = match target.split_once('/') {
+        Some((owner, name)) => (Some(owner), name),
+        None => (None, target),
+    };
+    let mut found = Vec::new();
+    let mut owners = std::collections::BTreeSet::new();
+    for (index, (o, n)) in entries.enumerate() {
+        if n == name && owner.is_none_or(|wanted| wanted == o) {
+            found.push(index);
+            owners.insert(o);
+        }
+    }
+    if found.is_empty() {
+        return Err(CliError::Usage(format!(
+            "no {what} `{target}` in the configuration"
+        )));
+    }
+    if owners.len() > 1 {
+        let choices: Vec<String> = owners.iter().map(|o| format!("{o}/{name}")).collect();
+        return Err(CliError::Usage(format!(
+            "{what} `{name}` exists for several owners; say which: {}",
+            choices.join(", ")
+        )));
+    }
+    Ok(found)
+}
+
 fn find_agent(file: &ConfigFile, name: &str) -> Result<Caller, CliError> {
-    let entry = file
-        .agents
-        .iter()
-        .find(|a| a.name == name && !a.revoked)
-        .ok_or_else(|| CliError::Usage(format!("no agent `{name}` in the configuration (create one with `graph-relay token create agent {name}`)")))?;
+    let active: Vec<&AgentToken> = file.agents.iter().filter(|a| !a.revoked).collect();
+    let picked = select_principals(
+        "agent",
+        name,
+        active.iter().map(|a| (a.owner.as_str(), a.name.as_str())),
+    )
+    .map_err(|e| match e {
+        CliError::Usage(text) if text.starts_with("no agent") => CliError::Usage(format!(
+            "{text} (create one with `graph-relay token create agent {name}`)"
+        )),
+        other => other,
+    })?;
+    let entry = active[picked[0]];
     let one = graph_relay_transport_http::auth::TokenConfig {
         agents: vec![entry.clone()],
         devices: vec![],
@@ -631,25 +678,56 @@ fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
             }
         }
         TokenCommand::Revoke { target } => {
-            let matches = |name: &str, hash: &str| {
-                name == target || (target.len() >= 8 && hash.starts_with(&target))
-            };
+            let by_hash = target.len() >= 8 && target.bytes().all(|b| b.is_ascii_hexdigit());
             let mut count = 0;
-            for a in file
-                .agents
-                .iter_mut()
-                .filter(|a| matches(&a.name, &a.token_sha256) && !a.revoked)
-            {
-                a.revoked = true;
-                count += 1;
+            if by_hash {
+                for a in file
+                    .agents
+                    .iter_mut()
+                    .filter(|a| a.token_sha256.starts_with(&target) && !a.revoked)
+                {
+                    a.revoked = true;
+                    count += 1;
+                }
+                for d in file
+                    .devices
+                    .iter_mut()
+                    .filter(|d| d.token_sha256.starts_with(&target) && !d.revoked)
+                {
+                    d.revoked = true;
+                    count += 1;
+                }
             }
-            for d in file
-                .devices
-                .iter_mut()
-                .filter(|d| matches(&d.name, &d.token_sha256) && !d.revoked)
-            {
-                d.revoked = true;
-                count += 1;
+            if count == 0 {
+                // By name: every active token of one (owner, name), agents
+                // and devices alike; a name several owners use needs its owner.
+                let agents: Vec<usize> = (0..file.agents.len())
+                    .filter(|&i| !file.agents[i].revoked)
+                    .collect();
+                let devices: Vec<usize> = (0..file.devices.len())
+                    .filter(|&i| !file.devices[i].revoked)
+                    .collect();
+                let entries = agents
+                    .iter()
+                    .map(|&i| (file.agents[i].owner.as_str(), file.agents[i].name.as_str()))
+                    .chain(devices.iter().map(|&i| {
+                        (
+                            file.devices[i].owner.as_str(),
+                            file.devices[i].name.as_str(),
+                        )
+                    }));
+                let picked = match select_principals("token", &target, entries) {
+                    Ok(picked) => picked,
+                    Err(CliError::Usage(text)) if text.starts_with("no token") => Vec::new(),
+                    Err(e) => return Err(e),
+                };
+                for index in picked {
+                    match agents.get(index) {
+                        Some(&i) => file.agents[i].revoked = true,
+                        None => file.devices[devices[index - agents.len()]].revoked = true,
+                    }
+                    count += 1;
+                }
             }
             if count == 0 {
                 return Err(CliError::Usage(format!(
@@ -672,11 +750,13 @@ fn dev_share(
     name: &str,
 ) -> Result<(), CliError> {
     let file = ConfigFile::load(config_path)?;
-    let entry = file
-        .devices
-        .iter()
-        .find(|d| d.name == device && !d.revoked)
-        .ok_or_else(|| CliError::Usage(format!("no device `{device}` in the configuration")))?;
+    let active: Vec<&DeviceToken> = file.devices.iter().filter(|d| !d.revoked).collect();
+    let picked = select_principals(
+        "device",
+        device,
+        active.iter().map(|d| (d.owner.as_str(), d.name.as_str())),
+    )?;
+    let entry = active[picked[0]];
     let bad = |e: graph_relay_core::ids::InvalidId| CliError::Usage(e.to_string());
     let device = Device::new(
         DeviceId::parse(&entry.name).map_err(bad)?,

@@ -299,3 +299,75 @@ async fn two_owners_with_the_same_agent_and_device_names_never_reach_each_other(
         "queued"
     );
 }
+
+/// `graph-relay <args>` in `dir`: exit success, stdout, stderr.
+fn cli(dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(common::BIN)
+        .args(args)
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run graph-relay");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The command line names principals by (owner, name) too: a name two
+/// owners use is refused until the owner is given as `OWNER/NAME`.
+#[test]
+fn the_token_commands_never_take_a_name_for_an_identity() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ["--config", "graph-relay.toml"];
+    for owner in ["alice", "bob"] {
+        let mut args = vec!["token", "create", "agent", "assistant", "--owner", owner];
+        args.extend_from_slice(&config);
+        let (ok, token, err) = cli(dir.path(), &args);
+        assert!(ok, "{err}");
+        assert!(token.starts_with("gra_"), "{token}");
+    }
+    let mut revoke = vec!["token", "revoke", "assistant"];
+    revoke.extend_from_slice(&config);
+    let (ok, _, err) = cli(dir.path(), &revoke);
+    assert!(!ok, "an ambiguous name must not revoke both owners' tokens");
+    assert!(
+        err.contains("alice/assistant") && err.contains("bob/assistant"),
+        "{err}"
+    );
+    let (ok, _, err) = cli(
+        dir.path(),
+        &[
+            "stdio",
+            "--memory",
+            "--agent",
+            "assistant",
+            "--config",
+            "graph-relay.toml",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("several owners"), "{err}");
+
+    let mut revoke = vec!["token", "revoke", "bob/assistant"];
+    revoke.extend_from_slice(&config);
+    let (ok, _, err) = cli(dir.path(), &revoke);
+    assert!(ok, "{err}");
+    assert!(err.contains("Revoked 1 token"), "{err}");
+    let mut list = vec!["token", "list"];
+    list.extend_from_slice(&config);
+    let (ok, listing, err) = cli(dir.path(), &list);
+    assert!(ok, "{err}");
+    let state = |owner: &str| {
+        listing
+            .lines()
+            .find(|l| l.contains("assistant") && l.contains(owner))
+            .map(|l| l.contains("revoked"))
+    };
+    assert_eq!(state("alice"), Some(false), "{listing}");
+    assert_eq!(state("bob"), Some(true), "{listing}");
+    // Now only Alice's is active: the bare name is no longer ambiguous.
+    let (ok, _, err) = cli(dir.path(), &revoke);
+    assert!(!ok, "bob's token is already revoked: {err}");
+}
