@@ -12,8 +12,21 @@
 //!  queued ─────────────────► running ───────────────────► completed | failed | cancelled
 //!    │  cancel / decline        │ cancel: sets the flag; the relay's outcome
 //!    ▼                          │ is then recorded as cancelled
-//!  cancelled                    ▼
+//!  cancelled                    │ lease lapsed / desktop restarted:
+//!                               ▼ failed (cancelled if the agent cancels)
 //! ```
+//!
+//! # Leases
+//! A running command holds a lease: `start` grants it and the executing
+//! desktop's control requests renew it. When the lease lapses (no word
+//! from the desktop for the lease's length) the run is over: the next look
+//! at it (a read, a report, the server's sweep) closes it `failed` with
+//! [`LEASE_LAPSED`], or `cancelled` if the agent cancels it then or had
+//! asked before. It is never run again: Graph runs have side effects. A
+//! result that arrives afterwards is refused ([`CompleteRefused::Lapsed`])
+//! and discarded; the run stays as it was closed, and the desktop's log
+//! shows the refusal. A desktop that restarts says so on its first sync,
+//! and its other running commands are closed at once the same way.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -31,6 +44,10 @@ pub const NO_LONGER_SHARED: &str = "Graph session is no longer shared with this 
 pub const CANCELLED_WHILE_QUEUED: &str = "Cancelled by the agent before the desktop started it";
 /// The reason recorded when a running command ends after the agent asked to cancel it.
 pub const CANCELLED_WHILE_RUNNING: &str = "Cancelled by the agent while it was running";
+/// How the reason of a run whose lease lapsed begins.
+pub const LEASE_LAPSED: &str = "The owner's desktop stopped reporting on this run";
+/// How the reason of a run closed because its desktop restarted begins.
+pub const DESKTOP_RESTARTED: &str = "The owner's desktop restarted while this run was running";
 
 /// Where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -129,6 +146,15 @@ pub struct CommandRecord {
     pub completion: Option<ResultEnvelope>,
     /// Why it was closed without a completion, or why it was cancelled.
     pub reason: Option<String>,
+    /// While running: when the lease lapses unless the desktop renews it.
+    /// `None` on a running record written before leases existed; the
+    /// server's sweep grants it one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<Timestamp>,
+    /// The last time the executing desktop was heard from about this run
+    /// (its start or a lease renewal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heard_at: Option<Timestamp>,
     /// Bumped by every transition; stores write conditionally on it.
     pub revision: u64,
 }
@@ -179,6 +205,12 @@ pub enum CompleteRefused {
         "the command was {0} before it started, so there is no execution to complete; do not run it"
     )]
     ClosedBeforeStart(&'static str),
+    /// The run's lease lapsed (or its desktop restarted) and the server
+    /// closed it; a result arriving now is discarded.
+    #[error(
+        "the server closed this run as {0} because the desktop stopped reporting on it (its lease lapsed or the desktop restarted); this late result is discarded"
+    )]
+    Lapsed(&'static str),
     /// The completion names another execution than the one that started.
     #[error("the completion is for another execution than the one running")]
     StaleExecution,
@@ -247,6 +279,8 @@ impl CommandRecord {
             finished_at: None,
             completion: None,
             reason: None,
+            lease_expires_at: None,
+            heard_at: None,
             revision: 0,
         }
     }
@@ -291,6 +325,8 @@ impl CommandRecord {
             finished_at,
             completion,
             reason,
+            lease_expires_at,
+            heard_at,
             revision,
         } = next;
         self.status = *status;
@@ -303,7 +339,35 @@ impl CommandRecord {
         self.finished_at = *finished_at;
         self.completion.clone_from(completion);
         self.reason.clone_from(reason);
+        self.lease_expires_at = *lease_expires_at;
+        self.heard_at = *heard_at;
         self.revision = *revision;
+    }
+
+    /// True when the command is running and its lease has lapsed at `now`:
+    /// the run is over, whatever the stored status still says.
+    pub fn is_lapsed(&self, now: Timestamp) -> bool {
+        self.status == CommandStatus::Running && self.lease_expires_at.is_some_and(|t| t <= now)
+    }
+
+    /// True when the server closed the command after it started without a
+    /// report from the desktop (its lease lapsed, or the desktop restarted).
+    pub fn closed_without_report(&self) -> bool {
+        self.status.is_terminal() && self.started_at.is_some() && self.completion.is_none()
+    }
+
+    /// The command as it is at `now`: a running command whose lease has
+    /// lapsed is closed (see [`CommandRecord::lapse_in_place`]); anything
+    /// else is returned unchanged. Pure: what a read shows before anything
+    /// is written.
+    pub fn at(&self, now: Timestamp) -> std::borrow::Cow<'_, Self> {
+        if self.is_lapsed(now) {
+            let mut lapsed = self.clone();
+            lapsed.lapse_in_place(now);
+            std::borrow::Cow::Owned(lapsed)
+        } else {
+            std::borrow::Cow::Borrowed(self)
+        }
     }
 
     /// The agent asks to cancel. Queued: cancelled at once. Running: the flag
@@ -322,9 +386,10 @@ impl CommandRecord {
         &self,
         execution: &ExecutionId,
         now: Timestamp,
+        lease: std::time::Duration,
     ) -> Result<StartDecision, StartRefused> {
         let mut next = self.clone();
-        Ok(if next.start_in_place(execution, now)? {
+        Ok(if next.start_in_place(execution, now, lease)? {
             StartDecision::Apply(next)
         } else {
             StartDecision::AlreadyStarted
@@ -363,8 +428,17 @@ impl CommandRecord {
     // the revision, or returns `Ok(false)` / an error having changed nothing,
     // so a caller that owns a fresh copy (the queue) needs no second one.
 
-    /// [`CommandRecord::cancel`] on this record; `true` if it changed.
+    /// [`CommandRecord::cancel`] on this record; `true` if it changed. A
+    /// running command whose lease has lapsed is cancelled at once: its
+    /// desktop will never stop it or report.
     pub(crate) fn cancel_in_place(&mut self, now: Timestamp) -> bool {
+        if self.is_lapsed(now) {
+            self.cancel_requested = true;
+            self.cancel_requested_at = Some(now);
+            let why = self.lapse_reason();
+            self.close_unreported(now, why);
+            return true;
+        }
         match self.status {
             CommandStatus::Queued => {
                 self.status = CommandStatus::Cancelled;
@@ -383,21 +457,31 @@ impl CommandRecord {
         true
     }
 
-    /// [`CommandRecord::start`] on this record; `Ok(false)` for a retried start.
+    /// [`CommandRecord::start`] on this record with a lease of `lease`;
+    /// `Ok(false)` for a retried start that needs no write.
     pub(crate) fn start_in_place(
         &mut self,
         execution: &ExecutionId,
         now: Timestamp,
+        lease: std::time::Duration,
     ) -> Result<bool, StartRefused> {
+        if self.is_lapsed(now) {
+            self.lapse_in_place(now);
+            return Err(StartRefused::Finished(self.status.as_str()));
+        }
         match self.status {
             CommandStatus::Queued => {
                 self.status = CommandStatus::Running;
                 self.execution_id = Some(execution.clone());
                 self.started_at = Some(now);
+                self.lease_expires_at = Some(now.plus(lease));
+                self.heard_at = Some(now);
                 self.revision += 1;
                 Ok(true)
             }
-            CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => Ok(false),
+            CommandStatus::Running if self.execution_id.as_ref() == Some(execution) => {
+                Ok(self.renew_in_place(now, lease))
+            }
             CommandStatus::Running => Err(StartRefused::OtherExecution),
             terminal => Err(StartRefused::Finished(terminal.as_str())),
         }
@@ -409,6 +493,11 @@ impl CommandRecord {
         envelope: &ResultEnvelope,
         now: Timestamp,
     ) -> Result<bool, CompleteRefused> {
+        if self.is_lapsed(now) {
+            let mut closed = self.clone();
+            closed.lapse_in_place(now);
+            return Err(CompleteRefused::Lapsed(closed.status.as_str()));
+        }
         match self.status {
             CommandStatus::Queued => Err(CompleteRefused::NotStarted),
             CommandStatus::Running => {
@@ -430,11 +519,101 @@ impl CommandRecord {
             terminal if self.started_at.is_none() => {
                 Err(CompleteRefused::ClosedBeforeStart(terminal.as_str()))
             }
+            terminal if self.closed_without_report() => {
+                Err(CompleteRefused::Lapsed(terminal.as_str()))
+            }
             _ if self.execution_id.as_ref() != Some(&envelope.execution_id) => {
                 Err(CompleteRefused::StaleExecution)
             }
             _ => Err(CompleteRefused::Conflict),
         }
+    }
+
+    /// Renews the lease of a running command to `now + lease`. Written only
+    /// when less than half of `lease` is left, so a desktop that polls often
+    /// costs a write per half lease, not one per poll; `heard_at` is then up
+    /// to half a lease old. `false`: nothing to write (not running, lapsed,
+    /// or not yet due).
+    pub(crate) fn renew_in_place(&mut self, now: Timestamp, lease: std::time::Duration) -> bool {
+        if self.status != CommandStatus::Running || self.is_lapsed(now) {
+            return false;
+        }
+        let due = match self.lease_expires_at {
+            None => true,
+            Some(expires) => expires.since(now) < lease / 2,
+        };
+        if !due {
+            return false;
+        }
+        self.lease_expires_at = Some(now.plus(lease));
+        self.heard_at = Some(now);
+        self.revision += 1;
+        true
+    }
+
+    /// Closes a running command whose lease has lapsed at `now`: `failed`
+    /// with a [`LEASE_LAPSED`] reason naming the last time the desktop was
+    /// heard from, or `cancelled` if the agent asked to cancel. It ends at
+    /// the instant the lease lapsed, so every look at it agrees. `false`:
+    /// not running, or the lease has not lapsed.
+    pub fn lapse_in_place(&mut self, now: Timestamp) -> bool {
+        let Some(expired) = self.lease_expires_at.filter(|_| self.is_lapsed(now)) else {
+            return false;
+        };
+        let why = self.lapse_reason();
+        self.close_unreported(expired, why);
+        true
+    }
+
+    /// When the executing desktop was last heard from, as text.
+    fn last_heard(&self) -> String {
+        self.heard_at
+            .or(self.started_at)
+            .map_or_else(|| "an unknown time".to_owned(), Timestamp::to_rfc3339)
+    }
+
+    /// Why a lapsed run ended.
+    fn lapse_reason(&self) -> String {
+        let expired = self
+            .lease_expires_at
+            .map_or_else(|| "an unknown time".to_owned(), Timestamp::to_rfc3339);
+        format!(
+            "{LEASE_LAPSED}: it was last heard from at {} and its lease lapsed at {expired}. The run may or may not have finished on the desktop; it is not run again.",
+            self.last_heard()
+        )
+    }
+
+    /// Closes a running command whose desktop announced, at `now`, that it
+    /// restarted and is not running it. `false`: not running.
+    pub fn close_after_restart_in_place(&mut self, now: Timestamp) -> bool {
+        if self.status != CommandStatus::Running {
+            return false;
+        }
+        if self.is_lapsed(now) {
+            return self.lapse_in_place(now);
+        }
+        let what = format!(
+            "{DESKTOP_RESTARTED}: it restarted at {} and was last heard from about this run at {}. The run may or may not have finished on the desktop; it is not run again.",
+            now.to_rfc3339(),
+            self.last_heard()
+        );
+        self.close_unreported(now, what);
+        true
+    }
+
+    /// A running command ends without a report: `cancelled` if the agent
+    /// asked, else `failed`; `what` says why.
+    fn close_unreported(&mut self, at: Timestamp, what: String) {
+        if self.cancel_requested {
+            self.status = CommandStatus::Cancelled;
+            self.reason = Some(format!("{CANCELLED_WHILE_RUNNING}. {what}"));
+        } else {
+            self.status = CommandStatus::Failed;
+            self.reason = Some(what);
+        }
+        self.finished_at = Some(at);
+        self.lease_expires_at = None;
+        self.revision += 1;
     }
 
     /// [`CommandRecord::decline`] on this record; `Ok(false)` if already terminal.
@@ -604,6 +783,107 @@ mod tests {
         ExecutionId::parse(s).unwrap()
     }
 
+    const LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+
+    #[test]
+    fn a_lease_is_granted_renewed_by_half_and_lapses_into_failed() {
+        let running = started();
+        assert_eq!(running.lease_expires_at, Some(Timestamp(62_000)));
+        assert_eq!(running.heard_at, Some(Timestamp(2000)));
+        assert!(!running.is_lapsed(Timestamp(61_999)));
+        assert!(running.is_lapsed(Timestamp(62_000)));
+        // Renewal writes only once less than half the lease is left.
+        let mut renewed = running.clone();
+        assert!(!renewed.renew_in_place(Timestamp(30_000), LEASE));
+        assert_eq!(renewed, running);
+        assert!(renewed.renew_in_place(Timestamp(40_000), LEASE));
+        assert_eq!(renewed.lease_expires_at, Some(Timestamp(100_000)));
+        assert_eq!(renewed.heard_at, Some(Timestamp(40_000)));
+        assert_eq!(renewed.revision, running.revision + 1);
+        // A retried start is a contact too.
+        let mut retried = running.clone();
+        assert_eq!(
+            retried.start_in_place(&exec("e1"), Timestamp(45_000), LEASE),
+            Ok(true)
+        );
+        assert_eq!(retried.lease_expires_at, Some(Timestamp(105_000)));
+
+        // A read after the lapse shows it closed, at the instant it lapsed.
+        let seen = running.at(Timestamp(90_000)).into_owned();
+        assert_eq!(seen.status, CommandStatus::Failed);
+        assert_eq!(seen.finished_at, Some(Timestamp(62_000)));
+        let reason = seen.reason.clone().unwrap_or_default();
+        assert!(reason.starts_with(LEASE_LAPSED), "{reason}");
+        assert!(
+            reason.contains(&Timestamp(2000).to_rfc3339()),
+            "names the last contact: {reason}"
+        );
+        assert!(seen.closed_without_report());
+        // The write the sweep makes later is the same record.
+        let mut swept = running.clone();
+        assert!(swept.lapse_in_place(Timestamp(120_000)));
+        assert_eq!(swept, seen);
+        assert!(!swept.lapse_in_place(Timestamp(130_000)), "once");
+        // Nothing renews, starts or completes a lapsed run.
+        let mut late = running.clone();
+        assert!(!late.renew_in_place(Timestamp(70_000), LEASE));
+        let result = env("e1", FinishStatus::Completed, json!("late"));
+        assert_eq!(
+            running.complete(&result, Timestamp(70_000)),
+            Err(CompleteRefused::Lapsed("failed"))
+        );
+        assert_eq!(
+            swept.complete(&result, Timestamp(70_000)),
+            Err(CompleteRefused::Lapsed("failed"))
+        );
+        assert_eq!(
+            running.start(&exec("e1"), Timestamp(70_000), LEASE),
+            Err(StartRefused::Finished("failed"))
+        );
+    }
+
+    #[test]
+    fn cancelling_a_lapsed_run_ends_it_cancelled_at_once() {
+        let running = started();
+        let CancelDecision::Apply(cancelled) = running.cancel(Timestamp(70_000)) else {
+            panic!("a lapsed run is cancelled")
+        };
+        assert_eq!(cancelled.status, CommandStatus::Cancelled);
+        assert_eq!(cancelled.finished_at, Some(Timestamp(70_000)));
+        assert!(
+            cancelled
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.contains(LEASE_LAPSED))
+        );
+        // Flagged before the lapse: the lapse ends it cancelled too.
+        let CancelDecision::Apply(flagged) = running.cancel(Timestamp(10_000)) else {
+            panic!("flag")
+        };
+        let ended = flagged.at(Timestamp(62_000)).into_owned();
+        assert_eq!(ended.status, CommandStatus::Cancelled);
+        assert_eq!(ended.finished_at, Some(Timestamp(62_000)));
+        // A desktop that restarted closes what it no longer runs.
+        let mut restarted = running.clone();
+        assert!(restarted.close_after_restart_in_place(Timestamp(5000)));
+        assert_eq!(restarted.status, CommandStatus::Failed);
+        assert_eq!(restarted.finished_at, Some(Timestamp(5000)));
+        assert!(
+            restarted
+                .reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with(DESKTOP_RESTARTED))
+        );
+        assert_eq!(
+            restarted.complete(
+                &env("e1", FinishStatus::Completed, json!(1)),
+                Timestamp(6000)
+            ),
+            Err(CompleteRefused::Lapsed("failed"))
+        );
+        assert!(!record().close_after_restart_in_place(Timestamp(5000)));
+    }
+
     fn env(e: &str, status: FinishStatus, result: Value) -> ResultEnvelope {
         ResultEnvelope::build(
             exec(e),
@@ -616,7 +896,7 @@ mod tests {
     }
 
     fn started() -> CommandRecord {
-        match record().start(&exec("e1"), Timestamp(2000)).unwrap() {
+        match record().start(&exec("e1"), Timestamp(2000), LEASE).unwrap() {
             StartDecision::Apply(r) => r,
             other => panic!("{other:?}"),
         }
@@ -632,7 +912,7 @@ mod tests {
         assert_eq!(c.revision, 1);
         assert_eq!(c.cancel(Timestamp(1600)), CancelDecision::Unchanged);
         assert_eq!(
-            c.start(&exec("e1"), Timestamp(1700)),
+            c.start(&exec("e1"), Timestamp(1700), LEASE),
             Err(StartRefused::Finished("cancelled"))
         );
     }
@@ -657,11 +937,11 @@ mod tests {
     fn completion_is_fenced_by_execution() {
         let running = started();
         assert_eq!(
-            running.start(&exec("e1"), Timestamp(2100)),
+            running.start(&exec("e1"), Timestamp(2100), LEASE),
             Ok(StartDecision::AlreadyStarted)
         );
         assert_eq!(
-            running.start(&exec("e2"), Timestamp(2100)),
+            running.start(&exec("e2"), Timestamp(2100), LEASE),
             Err(StartRefused::OtherExecution)
         );
         let other = env("e2", FinishStatus::Completed, json!(1));
@@ -730,7 +1010,7 @@ mod tests {
         };
         for t in [cancelled, completed] {
             assert_eq!(t.cancel(Timestamp(9)), CancelDecision::Unchanged);
-            assert!(t.start(&exec("e9"), Timestamp(9)).is_err());
+            assert!(t.start(&exec("e9"), Timestamp(9), LEASE).is_err());
             assert!(matches!(
                 t.decline(Timestamp(9)),
                 Ok(DeclineDecision::Unchanged)

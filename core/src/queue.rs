@@ -53,6 +53,8 @@ pub const SESSION_NOT_FOUND: &str = "Graph session not found or access removed";
 pub const PROJECT_NOT_FOUND: &str = "Project not found or access removed";
 /// Devices remembered by the touch throttle before it starts over.
 const MAX_TOUCH_CACHE: usize = 100_000;
+/// Most running commands one restart announcement closes.
+const MAX_RESTART_CLOSES: usize = 100;
 /// How many times a transition is retried when another writer got there first.
 const MAX_CAS_ATTEMPTS: usize = 16;
 
@@ -92,6 +94,13 @@ pub struct QueueConfig {
     /// may each pass the check, so the bound can be exceeded by the number
     /// of servers, never more.
     pub max_projects_per_device: usize,
+    /// The lease of a run started by a long-polling desktop (60 s): without
+    /// a control request from it for this long, the run is over (see
+    /// [`command`](crate::command) on leases).
+    pub lease_long_poll: Duration,
+    /// The lease of a run started by a desktop in interval mode, in control
+    /// intervals (10, i.e. 30 s with the default 3 s control poll).
+    pub lease_interval_controls: u32,
 }
 
 impl Default for QueueConfig {
@@ -109,6 +118,20 @@ impl Default for QueueConfig {
             wait_recheck: Duration::from_secs(1),
             touch_interval: Duration::from_secs(1),
             max_projects_per_device: 100,
+            lease_long_poll: Duration::from_secs(60),
+            lease_interval_controls: 10,
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The lease of a run started by a desktop in long-poll mode or not.
+    pub fn lease(&self, long_poll: bool) -> Duration {
+        if long_poll {
+            self.lease_long_poll
+        } else {
+            self.control_interval
+                .saturating_mul(self.lease_interval_controls.max(1))
         }
     }
 }
@@ -394,6 +417,11 @@ pub struct SyncRequest {
     pub sessions: Vec<SessionMeta>,
     /// The relay holds this request open (long-poll mode).
     pub long_poll: bool,
+    /// True on the first sync a relay process sends after it started: the
+    /// server then ends this device's running commands other than `running`.
+    pub restarted: bool,
+    /// The command the relay is executing right now, if any.
+    pub running: Option<CommandId>,
 }
 
 /// What a sync hands back.
@@ -410,8 +438,19 @@ pub struct SyncResponse {
 pub struct ControlAnswer {
     /// The agent asked to cancel.
     pub cancel_requested: bool,
-    /// The command's status now.
+    /// The command's status now. A terminal status (e.g. the lease lapsed)
+    /// means: stop the execution, its result will not be taken.
     pub status: CommandStatus,
+}
+
+impl ControlAnswer {
+    /// The answer for `command` as it stands.
+    pub fn of(command: &CommandRecord) -> Self {
+        Self {
+            cancel_requested: command.cancel_requested,
+            status: command.status,
+        }
+    }
 }
 
 /// How `complete` went.
@@ -646,6 +685,21 @@ impl Queue {
             .command_for_agent(&agent.owner, &agent.id, id)
             .await?
             .ok_or(GetError::NotFound)?;
+        let command = if command.is_lapsed(now) {
+            // The lease lapsed and nothing closed the run yet: close it now,
+            // so this read and every later one agree.
+            self.transition(Party::Agent(agent), id, |record, now| {
+                Ok::<_, std::convert::Infallible>(record.lapse_in_place(now))
+            })
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => GetError::NotFound,
+                TransitionError::Store(s) => GetError::Store(s),
+                TransitionError::Refused(never) => match never {},
+            })?
+        } else {
+            command
+        };
         Ok(self.view(command, now).await?)
     }
 
@@ -776,7 +830,30 @@ impl Queue {
                 .await?;
             self.remember_sync(device, request, now);
         }
-        let commands = self.queued_for(device, &request.project).await?;
+        if request.restarted {
+            self.close_after_restart(device, request.running.as_ref())
+                .await?;
+        }
+        let mut commands = self.queued_for(device, &request.project).await?;
+        // A queued run whose session this device no longer shares to the
+        // project (or shares under another slug) can never run here: it
+        // ends now with the re-check's error instead of waiting for a claim.
+        let mut kept = Vec::with_capacity(commands.len());
+        for command in commands.drain(..) {
+            let shared = request.sessions.iter().any(|s| {
+                s.graph_session_id == command.graph_session_id
+                    && (command.slug.is_empty() || s.slug == command.slug)
+            });
+            if shared {
+                kept.push(command);
+                continue;
+            }
+            match self.decline(device, &command.id).await {
+                Ok(_) | Err(DeclineError::NotFound | DeclineError::Refused(_)) => {}
+                Err(DeclineError::Store(e)) => return Err(e.into()),
+            }
+        }
+        let commands = kept;
         let poll_after = if request.long_poll {
             Duration::ZERO
         } else {
@@ -786,6 +863,67 @@ impl Queue {
             commands,
             poll_after,
         })
+    }
+
+    /// A relay process started: its device's running commands other than
+    /// `running` can no longer be running (their process went with the old
+    /// one) and end at once ([`CommandRecord::close_after_restart_in_place`]).
+    async fn close_after_restart(
+        &self,
+        device: &Device,
+        running: Option<&CommandId>,
+    ) -> Result<(), StoreError> {
+        let stale = self
+            .store
+            .running_commands(&device.owner, &device.id, MAX_RESTART_CLOSES)
+            .await?;
+        for command in stale.iter().filter(|c| Some(&c.id) != running) {
+            let closed = self
+                .transition(Party::Device(device), &command.id, |record, now| {
+                    Ok::<_, std::convert::Infallible>(record.close_after_restart_in_place(now))
+                })
+                .await;
+            match closed {
+                Ok(_) | Err(TransitionError::NotFound) => {}
+                Err(TransitionError::Store(e)) => return Err(e),
+                Err(TransitionError::Refused(never)) => match never {},
+            }
+        }
+        Ok(())
+    }
+
+    /// One bounded sweep of running commands whose lease lapsed: each is
+    /// closed as [`CommandRecord::lapse_in_place`] says, and whoever waits
+    /// on it is woken. A running command written before leases existed is
+    /// granted a lease from now instead. Reads close a lapsed run on their
+    /// own, so the sweep is for runs nobody looks at and for waiters; a
+    /// server runs it every few seconds. Returns how many commands it wrote.
+    pub async fn sweep_lapsed(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let due = self
+            .store
+            .lapsed_commands(now, self.config.prune_batch)
+            .await?;
+        let mut written = 0;
+        for command in due {
+            let lease = self.config.lease_long_poll;
+            let swept = self
+                .transition(Party::Owner(&command.owner), &command.id, |record, now| {
+                    Ok::<_, std::convert::Infallible>(if record.lease_expires_at.is_none() {
+                        record.renew_in_place(now, lease)
+                    } else {
+                        record.lapse_in_place(now)
+                    })
+                })
+                .await;
+            match swept {
+                Ok(record) if record.revision != command.revision => written += 1,
+                Ok(_) | Err(TransitionError::NotFound) => {}
+                Err(TransitionError::Store(e)) => return Err(e),
+                Err(TransitionError::Refused(never)) => match never {},
+            }
+        }
+        Ok(written)
     }
 
     /// Queued commands of `project` for `device`, without touching anything
@@ -814,8 +952,14 @@ impl Queue {
         execution: &ExecutionId,
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
+        let long_poll = self
+            .store
+            .device(&device.owner, &device.id)
+            .await?
+            .is_some_and(|d| d.long_poll);
+        let lease = self.config.lease(long_poll);
         self.transition(Party::Device(device), id, |record, now| {
-            record.start_in_place(execution, now)
+            record.start_in_place(execution, now, lease)
         })
         .await
         .map_err(|e| match e {
@@ -832,15 +976,39 @@ impl Queue {
         id: &CommandId,
     ) -> Result<ControlAnswer, ControlError> {
         self.touch(device).await?;
+        // A control request from the executing desktop renews the lease (of
+        // the length it was granted with), or closes a lapsed run.
+        let command = self
+            .transition(Party::Device(device), id, |record, now| {
+                let lease = match (record.lease_expires_at, record.heard_at) {
+                    (Some(expires), Some(heard)) => expires.since(heard),
+                    _ => self.config.lease_long_poll,
+                };
+                Ok::<_, std::convert::Infallible>(record.renew_in_place(now, lease))
+            })
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => ControlError::NotFound,
+                TransitionError::Store(s) => ControlError::Store(s),
+                TransitionError::Refused(never) => match never {},
+            })?;
+        Ok(ControlAnswer::of(&command))
+    }
+
+    /// What a control request would answer now, without renewing the lease
+    /// or touching the device: for a driver holding a control request, which
+    /// looks again while it waits.
+    pub async fn peek_control(
+        &self,
+        device: &Device,
+        id: &CommandId,
+    ) -> Result<ControlAnswer, ControlError> {
         let command = self
             .store
             .command_for_device(&device.owner, &device.id, id)
             .await?
             .ok_or(ControlError::NotFound)?;
-        Ok(ControlAnswer {
-            cancel_requested: command.cancel_requested,
-            status: command.status,
-        })
+        Ok(ControlAnswer::of(&command.at(self.clock.now())))
     }
 
     /// The relay reports the end of an execution. Fenced by execution id.
@@ -1024,10 +1192,28 @@ impl Queue {
                         .command_for_device(&device.owner, &device.id, id)
                         .await
                 }
+                Party::Owner(owner) => self.store.command_for_owner(owner, id).await,
             }
             .map_err(TransitionError::Store)?
             .ok_or(TransitionError::NotFound)?;
             let now = self.clock.now();
+            if record.is_lapsed(now) && !matches!(party, Party::Agent(_)) {
+                // Every report from a desktop finds a lapsed run closed
+                // first: the close is written, then the report is judged
+                // against the closed run (a late result is refused).
+                let mut closed = record.clone();
+                closed.lapse_in_place(now);
+                if !self
+                    .store
+                    .update_command(&closed)
+                    .await
+                    .map_err(TransitionError::Store)?
+                {
+                    continue;
+                }
+                self.signals.notify(&Topic::Command(closed.id));
+                record = closed;
+            }
             if !apply(&mut record, now).map_err(TransitionError::Refused)? {
                 return Ok(record);
             }
@@ -1047,6 +1233,11 @@ impl Queue {
     }
 
     async fn view(&self, command: CommandRecord, now: Timestamp) -> Result<RunView, StoreError> {
+        // What a read shows is the run as it is now (a lapsed lease closes it).
+        let command = match command.at(now) {
+            std::borrow::Cow::Borrowed(_) => command,
+            std::borrow::Cow::Owned(closed) => closed,
+        };
         let (poll_after_seconds, device_offline_since) = match command.status {
             CommandStatus::Queued => {
                 let (secs, offline) = self.pickup_hint(&command, now).await?;
@@ -1112,11 +1303,13 @@ fn pickup_hint(
 }
 
 /// Whose view a transition loads the command through: always (owner, name),
-/// so "not yours" and "does not exist" are one code path.
+/// so "not yours" and "does not exist" are one code path. The server's own
+/// maintenance reads by the owner and command id it just listed.
 #[derive(Clone, Copy)]
 enum Party<'a> {
     Agent(&'a Agent),
     Device(&'a Device),
+    Owner(&'a crate::ids::OwnerId),
 }
 
 enum TransitionError<E> {

@@ -150,6 +150,31 @@ pub trait Store: Send + Sync {
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError>;
 
+    /// The command `id` of `owner`, whoever queued or runs it: for the
+    /// server's own maintenance (the lease sweep), never for a request.
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError>;
+
+    /// Running commands assigned to `device` of `owner`, at most `limit`, in
+    /// any order.
+    async fn running_commands(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError>;
+
+    /// Running commands whose lease lapsed at `now` (`lease_expires_at <=
+    /// now`) or that have no lease, oldest lease first, at most `limit`.
+    async fn lapsed_commands(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError>;
+
     /// Replaces the stored command with `next` if its stored revision is
     /// `next.revision - 1`. Returns `false` (and writes nothing) otherwise,
     /// or if the command does not exist.

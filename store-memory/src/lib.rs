@@ -88,6 +88,8 @@ struct Inner {
     /// (key expiry, finished at, id). They return to `finished` when the key expires.
     held: BTreeSet<(Timestamp, Timestamp, CommandId)>,
     queued: HashMap<QueueKey, BTreeSet<(Timestamp, u64, CommandId)>>,
+    /// Running commands by lease expiry (`None`: no lease yet, first).
+    running: BTreeSet<(Option<Timestamp>, CommandId)>,
     next_insert: u64,
     sessions: HashMap<(OwnerId, ProjectId), BTreeMap<(GraphSessionId, DeviceId), SharedSession>>,
     /// The projects each device shares at least one session to.
@@ -99,9 +101,22 @@ struct Inner {
 type KeySlot = (OwnerId, AgentId, IdempotencyKey);
 
 impl Inner {
-    /// Moves `c` between the queued and finished indexes after a write.
-    /// `was_queued` is whether the stored version before the write was queued.
-    fn index(&mut self, c: &CommandRecord, order: u64, was_queued: bool) {
+    /// Moves `c` between the queued, running and finished indexes after a
+    /// write. `before` is the stored version's status and lease before the
+    /// write (`None` for a new command).
+    fn index(
+        &mut self,
+        c: &CommandRecord,
+        order: u64,
+        before: Option<(CommandStatus, Option<Timestamp>)>,
+    ) {
+        let was_queued = before.is_some_and(|(status, _)| status == CommandStatus::Queued);
+        if let Some((CommandStatus::Running, lease)) = before {
+            self.running.remove(&(lease, c.id));
+        }
+        if c.status == CommandStatus::Running {
+            self.running.insert((c.lease_expires_at, c.id));
+        }
         let is_queued = c.status == CommandStatus::Queued;
         if is_queued != was_queued {
             let key = Parts((&c.owner, &c.project, &c.device));
@@ -235,7 +250,7 @@ impl Store for MemoryStore {
         }
         inner.next_insert += 1;
         let order = inner.next_insert;
-        inner.index(command, order, false);
+        inner.index(command, order, None);
         inner.commands.insert(
             command.id,
             Box::new(Entry {
@@ -274,14 +289,60 @@ impl Store for MemoryStore {
             .map(|e| e.record.clone()))
     }
 
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        Ok(self
+            .lock()
+            .commands
+            .get(id)
+            .filter(|e| &e.record.owner == owner)
+            .map(|e| e.record.clone()))
+    }
+
+    async fn running_commands(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .running
+            .iter()
+            .filter_map(|(_, id)| inner.commands.get(id))
+            .map(|e| &e.record)
+            .filter(|c| &c.owner == owner && &c.device == device)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn lapsed_commands(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .running
+            .iter()
+            .take_while(|(lease, _)| lease.is_none_or(|t| t <= now))
+            .take(limit)
+            .filter_map(|(_, id)| inner.commands.get(id).map(|e| e.record.clone()))
+            .collect())
+    }
+
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let mut inner = self.lock();
         match inner.commands.get_mut(&next.id) {
             Some(current) if next.revision > 0 && current.record.revision == next.revision - 1 => {
-                let was_queued = current.record.status == CommandStatus::Queued;
+                let before = (current.record.status, current.record.lease_expires_at);
                 let order = current.order;
                 current.record.overwrite_with(next);
-                inner.index(next, order, was_queued);
+                inner.index(next, order, Some(before));
                 Ok(true)
             }
             _ => Ok(false),

@@ -96,6 +96,34 @@ impl Store for TinyStore {
             .filter(|c| &c.device == device && &c.owner == owner)
             .cloned())
     }
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        Ok(self
+            .commands
+            .lock()
+            .unwrap()
+            .get(id)
+            .filter(|c| &c.owner == owner)
+            .cloned())
+    }
+    async fn running_commands(
+        &self,
+        _owner: &OwnerId,
+        _device: &DeviceId,
+        _limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn lapsed_commands(
+        &self,
+        _now: Timestamp,
+        _limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        Ok(Vec::new())
+    }
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let mut commands = self.commands.lock().unwrap();
         match commands.get(&next.id) {
@@ -229,6 +257,8 @@ fn fixture() -> Fixture {
                 status: "ready".into(),
             }],
             long_poll: false,
+            restarted: false,
+            running: None,
         },
     ))
     .unwrap();

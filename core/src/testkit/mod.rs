@@ -24,7 +24,8 @@ use serde_json::{Map, Value, json};
 
 use crate::args::RunArgs;
 use crate::command::{
-    CommandRecord, CommandStatus, CompleteRefused, NO_LONGER_SHARED, StartRefused,
+    CommandRecord, CommandStatus, CompleteRefused, DESKTOP_RESTARTED, LEASE_LAPSED,
+    NO_LONGER_SHARED, StartRefused,
 };
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use crate::ids::{
@@ -46,7 +47,8 @@ macro_rules! store_conformance_suite {
         $crate::store_conformance_suite!(@tests $block_on, $make;
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
-            listing, queued_order_and_limit, device_liveness, pruning, cancellation);
+            listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
+            restart_and_unsharing);
     };
     (@tests $block_on:path, $make:expr; $($name:ident),*) => {
         $(
@@ -190,6 +192,8 @@ impl World {
             project,
             sessions: ns.iter().map(|n| meta(*n)).collect(),
             long_poll: false,
+            restarted: false,
+            running: None,
         };
         self.queue
             .sync(device, &request)
@@ -270,7 +274,11 @@ pub async fn lifecycle(store: Arc<dyn Store>) {
     let control = w.queue.control(&w.device, &cmd.id).await.expect("control");
     assert!(!control.cancel_requested);
 
-    w.advance(60);
+    // A long run: the desktop's control polls keep its lease.
+    for _ in 0..20 {
+        w.advance(3);
+        w.queue.control(&w.device, &cmd.id).await.expect("control");
+    }
     let envelope = completed("exec-1", json!({"answer": 42}));
     let ack = w
         .queue
@@ -931,6 +939,8 @@ pub async fn project_bound(store: Arc<dyn Store>) {
         project: p1(),
         sessions: vec![meta(1)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     match w.queue.sync(&w.device, &one_more).await {
         Err(e @ crate::queue::SyncError::TooManyProjects { limit: 3 }) => {
@@ -1057,12 +1067,16 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: (0..101).map(meta).collect(),
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &too_many).await.is_err());
     let dup = SyncRequest {
         project: p1(),
         sessions: vec![meta(8), meta(8)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &dup).await.is_err());
     let mut bad = meta(8);
@@ -1071,6 +1085,8 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: vec![bad],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &invalid).await.is_err());
     assert_eq!(
@@ -1085,6 +1101,8 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: (0..100).map(meta).collect(),
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     w.queue
         .sync(&w.device, &full)
@@ -1367,6 +1385,314 @@ pub async fn cancellation(store: Arc<dyn Store>) {
         .await
         .expect("cancel");
     assert_eq!(again.command, view.command);
+}
+
+/// A running command holds a lease that control requests renew; when it
+/// lapses the run ends `failed` (reads, reports and the sweep all agree), a
+/// cancel of a lapsed run ends it `cancelled` at once, and a late result is
+/// refused.
+pub async fn leases(store: Arc<dyn Store>) {
+    let w = World::new(store.clone());
+    // Interval mode: a lease of 10 control intervals (30 s).
+    w.sync(&w.device, p1(), &[1]).await;
+    let cmd = w.run(&w.agent, 1, "lease-key-01").await;
+    let t0 = w.clock.now();
+    let started = w
+        .queue
+        .start(&w.device, &cmd.id, &exec("lease-e1"))
+        .await
+        .expect("start");
+    assert_eq!(
+        started.lease_expires_at,
+        Some(t0.plus(Duration::from_secs(30)))
+    );
+    assert_eq!(started.heard_at, Some(t0));
+    // A control request renews once less than half the lease is left.
+    w.advance(5);
+    w.queue.control(&w.device, &cmd.id).await.expect("control");
+    let read = |id: CommandId| {
+        let store = store.clone();
+        let owner = w.agent.owner.clone();
+        let agent = w.agent.id.clone();
+        async move {
+            store
+                .command_for_agent(&owner, &agent, &id)
+                .await
+                .expect("read")
+                .expect("exists")
+        }
+    };
+    assert_eq!(read(cmd.id).await.revision, started.revision, "not due yet");
+    w.advance(15);
+    let answer = w.queue.control(&w.device, &cmd.id).await.expect("control");
+    assert_eq!(answer.status, CommandStatus::Running);
+    let renewed = read(cmd.id).await;
+    assert_eq!(
+        renewed.lease_expires_at,
+        Some(t0.plus(Duration::from_secs(50)))
+    );
+    assert_eq!(renewed.heard_at, Some(t0.plus(Duration::from_secs(20))));
+    w.advance(29);
+    assert_eq!(
+        w.queue
+            .get_graph_run(&w.agent, &cmd.id)
+            .await
+            .expect("get")
+            .command
+            .status,
+        CommandStatus::Running
+    );
+    // Past the lease: the read closes it, at the instant it lapsed.
+    w.advance(2);
+    let view = w.queue.get_graph_run(&w.agent, &cmd.id).await.expect("get");
+    assert_eq!(view.command.status, CommandStatus::Failed);
+    assert_eq!(view.poll_after_seconds, None);
+    assert_eq!(
+        view.command.finished_at,
+        Some(t0.plus(Duration::from_secs(50)))
+    );
+    let error = view.to_json()["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(error.starts_with(LEASE_LAPSED), "{error}");
+    assert!(
+        error.contains(&t0.plus(Duration::from_secs(20)).to_rfc3339()),
+        "names when the desktop was last heard from: {error}"
+    );
+    assert_eq!(read(cmd.id).await, view.command, "the read wrote it");
+    // A late result is refused and changes nothing; control says stop.
+    assert!(matches!(
+        w.queue
+            .complete(&w.device, &cmd.id, &completed("lease-e1", json!("late")))
+            .await,
+        Err(CompleteError::Refused(CompleteRefused::Lapsed("failed")))
+    ));
+    assert_eq!(read(cmd.id).await, view.command);
+    let answer = w.queue.control(&w.device, &cmd.id).await.expect("control");
+    assert_eq!(answer.status, CommandStatus::Failed);
+    assert!(matches!(
+        w.queue.start(&w.device, &cmd.id, &exec("lease-e1")).await,
+        Err(StartError::Refused(StartRefused::Finished("failed")))
+    ));
+    assert_eq!(
+        w.queue
+            .cancel_graph_run(&w.agent, &cmd.id)
+            .await
+            .expect("cancel")
+            .command,
+        view.command,
+        "a closed run stays as it was closed"
+    );
+
+    // Cancelled after the lapse, before anything looked: cancelled at once.
+    let second = w.run(&w.agent, 1, "lease-key-02").await;
+    w.queue
+        .start(&w.device, &second.id, &exec("lease-e2"))
+        .await
+        .expect("start");
+    w.advance(31);
+    let cancelled = w
+        .queue
+        .cancel_graph_run(&w.agent, &second.id)
+        .await
+        .expect("cancel")
+        .command;
+    assert_eq!(cancelled.status, CommandStatus::Cancelled);
+    assert_eq!(cancelled.finished_at, Some(w.clock.now()));
+    assert_eq!(read(second.id).await, cancelled);
+
+    // The sweep closes what nobody looks at, once; a cancel asked before
+    // the lapse ends the run cancelled.
+    let third = w.run(&w.agent, 1, "lease-key-03").await;
+    let fourth = w.run(&w.agent, 1, "lease-key-04").await;
+    for (c, e) in [(&third, "lease-e3"), (&fourth, "lease-e4")] {
+        w.queue
+            .start(&w.device, &c.id, &exec(e))
+            .await
+            .expect("start");
+    }
+    w.queue
+        .cancel_graph_run(&w.agent, &third.id)
+        .await
+        .expect("flag");
+    assert_eq!(
+        w.queue.sweep_lapsed().await.expect("sweep"),
+        0,
+        "nothing lapsed yet"
+    );
+    w.advance(31);
+    assert_eq!(w.queue.sweep_lapsed().await.expect("sweep"), 2);
+    assert_eq!(w.queue.sweep_lapsed().await.expect("sweep"), 0);
+    assert_eq!(read(third.id).await.status, CommandStatus::Cancelled);
+    assert_eq!(read(fourth.id).await.status, CommandStatus::Failed);
+
+    // A long-polling desktop gets the long-poll lease (60 s).
+    let request = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(2)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    };
+    w.queue.sync(&w.other_device, &request).await.expect("sync");
+    let fifth = w.run(&w.agent, 2, "lease-key-05").await;
+    let started = w
+        .queue
+        .start(&w.other_device, &fifth.id, &exec("lease-e5"))
+        .await
+        .expect("start");
+    assert_eq!(fifth.device, w.other_device.id);
+    assert_eq!(
+        started.lease_expires_at,
+        Some(w.clock.now().plus(Duration::from_secs(60)))
+    );
+
+    // A running record written before leases existed is granted one by the sweep.
+    let mut legacy = w.sync_template(0x1e9ac7);
+    let key = IdempotencyRecord {
+        owner: legacy.owner.clone(),
+        agent: legacy.agent.clone(),
+        key: legacy.idempotency_key.clone(),
+        command: legacy.id,
+        fingerprint: "f".into(),
+        expires_at: w.clock.now().plus(Duration::from_secs(60)),
+    };
+    store
+        .insert_command(&legacy, &key, w.clock.now())
+        .await
+        .expect("insert");
+    legacy.status = CommandStatus::Running;
+    legacy.execution_id = Some(exec("legacy"));
+    legacy.started_at = Some(w.clock.now());
+    legacy.revision = 1;
+    assert!(store.update_command(&legacy).await.expect("update"));
+    assert_eq!(w.queue.sweep_lapsed().await.expect("sweep"), 1);
+    assert_eq!(
+        read(legacy.id).await.lease_expires_at,
+        Some(w.clock.now().plus(Duration::from_secs(60)))
+    );
+    w.advance(61);
+    assert!(w.queue.sweep_lapsed().await.expect("sweep") >= 1);
+    assert_eq!(read(legacy.id).await.status, CommandStatus::Failed);
+}
+
+/// A desktop that restarted closes its other running commands at once, and
+/// a sync that no longer shares a session ends its queued runs.
+pub async fn restart_and_unsharing(store: Arc<dyn Store>) {
+    let w = World::new(store.clone());
+    for device in [&w.device, &w.other_device, &w.twin_device] {
+        w.sync(device, p1(), &[1]).await;
+    }
+    let mine = w.run(&w.agent, 1, "restart-key-01").await;
+    let kept = w.run(&w.agent, 1, "restart-key-02").await;
+    w.queue
+        .start(&w.device, &mine.id, &exec("r1"))
+        .await
+        .expect("start");
+    w.queue
+        .start(&w.device, &kept.id, &exec("r2"))
+        .await
+        .expect("start");
+    let elsewhere = w.run(&w.other_agent, 1, "restart-key-03").await;
+    assert_eq!(elsewhere.device, w.device.id, "the smallest device id wins");
+    let bobs = w.run(&w.twin, 1, "restart-key-04").await;
+    w.queue
+        .start(&w.twin_device, &bobs.id, &exec("r1"))
+        .await
+        .expect("bob's start");
+    w.advance(3);
+    let restart = |running: Option<CommandId>| SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: false,
+        restarted: true,
+        running,
+    };
+    let handed = w
+        .queue
+        .sync(&w.device, &restart(Some(kept.id)))
+        .await
+        .expect("sync")
+        .commands;
+    assert_eq!(
+        handed.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![elsewhere.id]
+    );
+    let closed = w
+        .queue
+        .get_graph_run(&w.agent, &mine.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(closed.status, CommandStatus::Failed);
+    assert_eq!(
+        closed.finished_at,
+        Some(w.clock.now()),
+        "at once, not at the lapse"
+    );
+    assert!(
+        closed
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(DESKTOP_RESTARTED)),
+        "{closed:?}"
+    );
+    assert_eq!(
+        w.queue
+            .get_graph_run(&w.agent, &kept.id)
+            .await
+            .expect("get")
+            .command
+            .status,
+        CommandStatus::Running,
+        "what it says it runs keeps running"
+    );
+    assert_eq!(
+        w.queue
+            .get_graph_run(&w.twin, &bobs.id)
+            .await
+            .expect("get")
+            .command
+            .status,
+        CommandStatus::Running,
+        "Bob's desktop of the same name is another desktop"
+    );
+    // A late result of the closed run is refused.
+    assert!(matches!(
+        w.queue
+            .complete(&w.device, &mine.id, &completed("r1", json!(1)))
+            .await,
+        Err(CompleteError::Refused(CompleteRefused::Lapsed("failed")))
+    ));
+
+    // Un-sharing: the queued run of a session no longer shared ends now.
+    let queued = w.run(&w.agent, 1, "restart-key-05").await;
+    assert_eq!(queued.device, w.device.id);
+    w.advance(2);
+    assert!(w.sync(&w.device, p1(), &[]).await.is_empty());
+    for id in [queued.id, elsewhere.id] {
+        let view = w.queue.get_graph_run(&w.agent, &id).await;
+        let view = match view {
+            Ok(view) => view.command,
+            Err(_) => {
+                w.queue
+                    .get_graph_run(&w.other_agent, &id)
+                    .await
+                    .expect("get")
+                    .command
+            }
+        };
+        assert_eq!(view.status, CommandStatus::Cancelled);
+        assert_eq!(view.reason.as_deref(), Some(NO_LONGER_SHARED));
+    }
+    assert!(matches!(
+        w.queue
+            .run_graph_session(&w.agent, run_args(1, "restart-key-06", json!({})))
+            .await
+            .map(|t| t.command.device),
+        Ok(ref d) if *d == w.other_device.id
+    ));
 }
 
 /// Runs every outbox conformance function as its own `#[test]`; arguments as
