@@ -97,10 +97,21 @@ pub const MIGRATIONS: &[Migration] = &[
     CREATE INDEX shared_sessions_by_device ON shared_sessions (owner, device, project);
     ",
     },
+    Migration {
+        version: 3,
+        name: "leases on running commands",
+        // A running command of an earlier build has no lease (NULL); the
+        // server's sweep grants it one.
+        sql: r"
+    ALTER TABLE commands ADD COLUMN lease_expires_at BIGINT;
+    CREATE INDEX commands_running ON commands (lease_expires_at) WHERE status = 'running';
+    CREATE INDEX commands_running_by_device ON commands (owner, device) WHERE status = 'running';
+    ",
+    },
 ];
 
 /// The schema version this build writes: the last migration's number.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Key of the advisory lock held while migrating ("GRly" and 1).
 const MIGRATION_LOCK: i64 = 0x4752_6c79_0000_0001;

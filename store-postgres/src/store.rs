@@ -342,8 +342,9 @@ impl Store for PostgresStore {
                 RETURNING 1
             ), c AS (
                 INSERT INTO commands (id, agent, owner, project, device, idempotency_key,
-                                      status, created_at, finished_at, revision, record)
-                SELECT $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17 FROM k
+                                      status, created_at, finished_at, revision, record,
+                                      lease_expires_at)
+                SELECT $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18 FROM k
                 RETURNING 1
             )
             SELECT count(*) FROM c";
@@ -374,6 +375,7 @@ impl Store for PostgresStore {
                             &row.finished_at,
                             &row.revision,
                             &row.record,
+                            &row.lease_expires_at,
                         ],
                     )
                     .await
@@ -425,6 +427,72 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, agent, device, status, revision, record, owner FROM commands
+                 WHERE id = $1 AND owner = $2",
+            )
+            .await
+            .map_err(backend)?;
+        let row = client
+            .query_opt(&stmt, &[id.as_uuid(), &owner.as_str()])
+            .await
+            .map_err(backend)?;
+        row.map(|r| decode_command(&r)).transpose()
+    }
+
+    async fn running_commands(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, agent, device, status, revision, record, owner FROM commands
+                 WHERE owner = $1 AND device = $2 AND status = 'running' LIMIT $3",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(
+                &stmt,
+                &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
+            )
+            .await
+            .map_err(backend)?;
+        rows.iter().map(decode_command).collect()
+    }
+
+    async fn lapsed_commands(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let now = millis(now)?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(
+                "SELECT id, agent, device, status, revision, record, owner FROM commands
+                 WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+                 ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
+            )
+            .await
+            .map_err(backend)?;
+        let rows = client
+            .query(&stmt, &[&now, &sql_limit(limit)])
+            .await
+            .map_err(backend)?;
+        rows.iter().map(decode_command).collect()
+    }
+
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let Some(previous) = next.revision.checked_sub(1) else {
             return Ok(false);
@@ -437,7 +505,8 @@ impl Store for PostgresStore {
             .prepare_cached(
                 "UPDATE commands SET
                     agent = $2, owner = $3, project = $4, device = $5, idempotency_key = $6,
-                    status = $7, created_at = $8, finished_at = $9, revision = $10, record = $11
+                    status = $7, created_at = $8, finished_at = $9, revision = $10, record = $11,
+                    lease_expires_at = $13
                  WHERE id = $1 AND revision = $12",
             )
             .await
@@ -458,6 +527,7 @@ impl Store for PostgresStore {
                     &row.revision,
                     &row.record,
                     &previous,
+                    &row.lease_expires_at,
                 ],
             )
             .await
@@ -780,6 +850,7 @@ struct CommandRow {
     status: &'static str,
     created_at: i64,
     finished_at: Option<i64>,
+    lease_expires_at: Option<i64>,
     revision: i64,
     record: String,
 }
@@ -795,6 +866,7 @@ impl CommandRow {
             status: c.status.as_str(),
             created_at: millis(c.created_at)?,
             finished_at: c.finished_at.map(millis).transpose()?,
+            lease_expires_at: c.lease_expires_at.map(millis).transpose()?,
             revision: revision(c.revision)?,
             record: serde_json::to_string(c)
                 .map_err(|e| StoreError::Backend(format!("encoding command {}: {e}", c.id)))?,

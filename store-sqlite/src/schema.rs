@@ -26,7 +26,7 @@ use crate::{OpenError, SqliteOptions};
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 const MIGRATIONS: &[&str] = &[
@@ -112,6 +112,13 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
 
     CREATE INDEX shared_sessions_by_device ON shared_sessions (owner, device, project);
+    ",
+    // 3: leases on running commands. A running command of an earlier build
+    // has none (NULL); the server's sweep grants it one.
+    r"
+    ALTER TABLE commands ADD COLUMN lease_expires_at INTEGER;
+    CREATE INDEX commands_running ON commands (lease_expires_at) WHERE status = 'running';
+    CREATE INDEX commands_running_by_device ON commands (owner, device) WHERE status = 'running';
     ",
 ];
 

@@ -227,6 +227,76 @@ impl Store for SqliteStore {
         )
     }
 
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let id = id_text(id);
+        self.db
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND owner = ?2"))?;
+                let mut rows = stmt.query(params![id, owner.as_str()])?;
+                rows.next()?
+                    .map(|row| decode_row(row, &self.records))
+                    .transpose()
+            })
+            .map_err(store_error)
+    }
+
+    async fn running_commands(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let limit = sql_limit(limit);
+        self.db
+            .read(|conn| {
+                let sql = format!(
+                    "{} LIMIT {limit}",
+                    select_commands!("WHERE owner = ?1 AND device = ?2 AND status = 'running'")
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let mut rows = stmt.query(params![owner.as_str(), device.as_str()])?;
+                let mut commands = Vec::new();
+                while let Some(row) = rows.next()? {
+                    commands.push(decode_row(row, &self.records)?);
+                }
+                Ok(commands)
+            })
+            .map_err(store_error)
+    }
+
+    async fn lapsed_commands(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let limit = sql_limit(limit);
+        let now = millis(now)?;
+        self.db
+            .read(|conn| {
+                // NULLs sort first: leases to grant, then the oldest lapses.
+                let sql = format!(
+                    "{} LIMIT {limit}",
+                    select_commands!(
+                        "WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)"
+                        " ORDER BY lease_expires_at"
+                    )
+                );
+                let mut stmt = conn.prepare_cached(&sql)?;
+                let mut rows = stmt.query(params![now])?;
+                let mut commands = Vec::new();
+                while let Some(row) = rows.next()? {
+                    commands.push(decode_row(row, &self.records)?);
+                }
+                Ok(commands)
+            })
+            .map_err(store_error)
+    }
+
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         let Some(previous) = next.revision.checked_sub(1) else {
             return Ok(false);
@@ -244,7 +314,8 @@ impl Store for SqliteStore {
                 // at every read).
                 let changed = conn
                     .prepare_cached(
-                        "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4, record = ?5
+                        "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4, record = ?5,
+                            lease_expires_at = ?7
                          WHERE id = ?1 AND revision = ?6",
                     )?
                     .execute(params![
@@ -253,7 +324,8 @@ impl Store for SqliteStore {
                         row.finished_at,
                         row.revision,
                         row.entry.json,
-                        previous
+                        previous,
+                        row.lease_expires_at
                     ])?;
                 Ok(changed == 1)
             })
@@ -562,6 +634,7 @@ struct CommandRow {
     id: String,
     created_at: i64,
     finished_at: Option<i64>,
+    lease_expires_at: Option<i64>,
     revision: i64,
     entry: Arc<Entry>,
 }
@@ -572,6 +645,7 @@ impl CommandRow {
             id: id_text(&c.id),
             created_at: encode_millis(c.created_at)?,
             finished_at: c.finished_at.map(encode_millis).transpose()?,
+            lease_expires_at: c.lease_expires_at.map(encode_millis).transpose()?,
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
             entry: Arc::new(Entry {
@@ -587,8 +661,8 @@ impl CommandRow {
             .prepare_cached(
                 "INSERT INTO commands
                     (id, agent, owner, project, device, idempotency_key, status, created_at,
-                     finished_at, revision, record)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                     finished_at, revision, record, lease_expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
                  ON CONFLICT (id) DO NOTHING",
             )?
             .execute(params![
@@ -602,7 +676,8 @@ impl CommandRow {
                 self.created_at,
                 self.finished_at,
                 self.revision,
-                self.entry.json
+                self.entry.json,
+                self.lease_expires_at
             ])?;
         if inserted == 0 {
             return Err(DbError::Sqlite(format!(

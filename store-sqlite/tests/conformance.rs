@@ -85,6 +85,28 @@ impl Store for OnTempFile<SqliteStore> {
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.inner.command_for_device(owner, device, id).await
     }
+    async fn command_for_owner(
+        &self,
+        owner: &OwnerId,
+        id: &CommandId,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        self.inner.command_for_owner(owner, id).await
+    }
+    async fn running_commands(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        self.inner.running_commands(owner, device, limit).await
+    }
+    async fn lapsed_commands(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        self.inner.lapsed_commands(now, limit).await
+    }
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
         self.inner.update_command(next).await
     }
