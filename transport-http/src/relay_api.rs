@@ -399,18 +399,13 @@ async fn hold_control(
 ) -> Result<ControlAnswer, ControlError> {
     let queue: &Queue = state.mcp().queue();
     // A read without touching the device, for the periodic look.
-    let look = || async {
-        let record = queue
-            .store()
-            .command_for_device(&device.owner, &device.id, id)
-            .await?
-            .ok_or(ControlError::NotFound)?;
-        Ok::<_, ControlError>(ControlAnswer {
-            cancel_requested: record.cancel_requested,
-            status: record.status,
-        })
-    };
-    hold(state, subscription, look, settled).await
+    hold(
+        state,
+        subscription,
+        || queue.peek_control(device, id),
+        settled,
+    )
+    .await
 }
 
 /// `POST /commands/{id}/complete`.
@@ -435,6 +430,9 @@ pub(crate) async fn complete(
             CompleteError::Refused(
                 r @ (CompleteRefused::NotStarted | CompleteRefused::ClosedBeforeStart(_)),
             ) => ApiError::new(StatusCode::CONFLICT, "not_started", r.to_string()),
+            CompleteError::Refused(r @ CompleteRefused::Lapsed(_)) => {
+                ApiError::new(StatusCode::CONFLICT, "run_closed", r.to_string())
+            }
             CompleteError::Refused(r) => {
                 ApiError::new(StatusCode::CONFLICT, "completion_refused", r.to_string())
             }

@@ -316,7 +316,7 @@ pub fn openapi() -> Value {
                     "type": "object",
                     "required": ["error", "message", "retryable"],
                     "properties": {
-                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, command_not_found, start_refused, not_started, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
+                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, command_not_found, start_refused, not_started, run_closed, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
                         "message": string,
                         "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
                     }
@@ -359,7 +359,7 @@ pub fn openapi() -> Value {
                 "responses": responses(vec![
                     ("200", ok("ReportReply", "Recorded, or the same completion had been recorded (duplicate: true).")),
                     ("404", err("Unknown, or not assigned to this device (not retryable).")),
-                    ("409", err("The command never started (not_started: still queued, or closed before it started), the completion is for another execution, or the command finished differently (completion_refused). Not retryable.")),
+                    ("409", err("The command never started (not_started: still queued, or closed before it started); the server closed the run because the desktop stopped reporting on it, its lease lapsed or the desktop restarted, so this late result is discarded (run_closed); the completion is for another execution, or the command finished differently (completion_refused). Not retryable.")),
                     ("422", err("The envelope breaks SPEC §7 (not retryable).")),
                 ])
             }},
