@@ -2,8 +2,8 @@
 //! SIGKILL in the middle of writing.
 //!
 //! The children are this test binary itself, re-run with `--exact <child
-//! test>` and an environment variable that switches the child test from a
-//! no-op into its role. Children report each acknowledged write as a line on
+//! test> --ignored` and an environment variable naming its role; run on
+//! their own, the child tests are listed as ignored. Children report each acknowledged write as a line on
 //! stdout; the parent checks the file against those lines. Nothing sleeps.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -63,7 +63,14 @@ fn env(name: &str) -> String {
 fn spawn_child(test: &str, vars: &[(&str, &str)]) -> Child {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = Command::new(exe);
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1", "-q"])
+    cmd.args([
+        "--exact",
+        test,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
     for (k, v) in vars {
@@ -104,10 +111,13 @@ fn read_lines(child: &mut Child, mut stop_after: Option<usize>) -> Vec<String> {
 /// Child role: queue `COUNT` commands as agent `TAG` and start every queued
 /// command of the shared device that it can, as fast as it can.
 #[test]
+#[ignore = "a child role: run by its parent test in a process of its own"]
 fn child_contender() {
-    if std::env::var(ROLE).as_deref() != Ok("contend") {
-        return;
-    }
+    assert_eq!(
+        std::env::var(ROLE).as_deref(),
+        Ok("contend"),
+        "child_contender is started by its parent test with {ROLE}=contend"
+    );
     let tag = env(TAG);
     let count: usize = env(COUNT).parse().expect("count");
     let store = SqliteStore::open(env(DB)).expect("child opens the shared file");
@@ -217,10 +227,13 @@ fn two_processes_start_every_command_exactly_once() {
 /// Child role: write commands, transitions and outbox items until killed,
 /// acknowledging each write after it returned.
 #[test]
+#[ignore = "a child role: run by its parent test in a process of its own"]
 fn child_opener() {
-    if std::env::var(ROLE).as_deref() != Ok("open") {
-        return;
-    }
+    assert_eq!(
+        std::env::var(ROLE).as_deref(),
+        Ok("open"),
+        "child_opener is started by its parent test with {ROLE}=open"
+    );
     let _store = SqliteStore::open(env(DB)).expect("open store");
     let _outbox = SqliteOutbox::open(env(OUTBOX)).expect("open outbox");
     println!("ACK OPENED");
@@ -268,10 +281,13 @@ fn sigkill_while_creating_the_files_never_spoils_them() {
 }
 
 #[test]
+#[ignore = "a child role: run by its parent test in a process of its own"]
 fn child_crash_writer() {
-    if std::env::var(ROLE).as_deref() != Ok("crash") {
-        return;
-    }
+    assert_eq!(
+        std::env::var(ROLE).as_deref(),
+        Ok("crash"),
+        "child_crash_writer is started by its parent test with {ROLE}=crash"
+    );
     let tag = env(TAG);
     let store = SqliteStore::open(env(DB)).expect("open store");
     let outbox = SqliteOutbox::open(env(OUTBOX)).expect("open outbox");
