@@ -12,7 +12,7 @@ use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 use common::{Proc, Relay};
-use graph_relay_store_postgres::testing::{TestSchema, url_or_skip};
+use graph_relay_store_postgres::testing::{TestSchema, url};
 use serde_json::json;
 
 const AGENT_TOKEN: &str = "gra_pg_agent_token_0123456789abcdef";
@@ -62,11 +62,10 @@ impl Cluster {
     }
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread")]
 async fn two_servers_on_one_database_share_the_queue_and_wake_each_other() {
-    let Some(url) = url_or_skip("two servers on Postgres") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let cluster = Cluster::new();
     let (_a, a) = cluster.serve(&url, schema.name());

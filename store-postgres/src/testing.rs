@@ -1,5 +1,11 @@
-//! Test support (feature `testing`): the database URL from the environment
-//! and a throw-away schema per test.
+//! Test support (feature `testing`): the test database and a throw-away
+//! schema per test.
+//!
+//! The database is `GRAPH_RELAY_POSTGRES_URL`, or the conventional local
+//! server [`DEFAULT_URL`] when that is unset. A test that cannot reach it
+//! fails and says how to provide one; a machine without Postgres opts out
+//! with `GRAPH_RELAY_SKIP=postgres`, which compiles the Postgres tests as
+//! ignored (see `tests/skip_build.rs` at the repository root).
 
 use std::time::Duration;
 
@@ -9,17 +15,48 @@ use crate::{ConnectError, PostgresOptions, PostgresStore};
 /// `postgres://postgres@127.0.0.1:5432/test`.
 pub const URL_ENV: &str = "GRAPH_RELAY_POSTGRES_URL";
 
-/// The test database URL, or `None` after printing why `test` is skipped.
-pub fn url_or_skip(test: &str) -> Option<String> {
-    match std::env::var(URL_ENV) {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "skipped {test}: {URL_ENV} is not set (e.g. {URL_ENV}=postgres://postgres@127.0.0.1:5432/test)"
-            );
-            None
+/// The database the tests use when [`URL_ENV`] is unset: the local server
+/// of a development machine (trust authentication, database `test`).
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The test database URL: [`URL_ENV`], else [`DEFAULT_URL`]. Panics, saying
+/// what is missing and how to provide it, when nothing listens there.
+pub fn url() -> String {
+    let url = match std::env::var(URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => url,
+        _ => DEFAULT_URL.to_owned(),
+    };
+    if let Err(why) = reachable(&url) {
+        panic!(
+            "the Postgres tests need a server: {why}. Start one (e.g. `pg_ctlcluster <version> main start`), \
+             point {URL_ENV} at one, or opt out with GRAPH_RELAY_SKIP=postgres"
+        );
+    }
+    url
+}
+
+/// Whether something accepts TCP connections at the URL's first host and port.
+fn reachable(url: &str) -> Result<(), String> {
+    use std::str::FromStr;
+    let config = tokio_postgres::Config::from_str(url)
+        .map_err(|e| format!("{url} is not a Postgres URL: {e}"))?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        // A Unix socket: let the connection itself tell.
+        Some(_) => return Ok(()),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let addrs = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .map_err(|e| format!("cannot resolve {host}:{port}: {e}"))?;
+    for addr in addrs {
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok() {
+            return Ok(());
         }
     }
+    Err(format!(
+        "nothing accepts connections at {host}:{port} ({url})"
+    ))
 }
 
 /// A schema `graph_relay_test_<random>` that is dropped (with everything

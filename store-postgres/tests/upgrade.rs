@@ -1,6 +1,7 @@
 //! A schema written at version 1 (before identity was (owner, name)) is
 //! upgraded by `connect`, and its runs stay readable with their owner.
-//! Skipped (with a printed reason) when `GRAPH_RELAY_POSTGRES_URL` is unset.
+//! Needs a Postgres server (`graph_relay_store_postgres::testing::url`);
+//! `GRAPH_RELAY_SKIP=postgres` lists these tests as ignored instead.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use graph_relay_core::store::Store;
 use graph_relay_core::testkit::{World, completed, exec, p1, run_args};
 use graph_relay_core::time::{Clock, SeededIds};
 use graph_relay_store_memory::MemoryStore;
-use graph_relay_store_postgres::testing::{TestSchema, url_or_skip};
+use graph_relay_store_postgres::testing::{TestSchema, url};
 use graph_relay_store_postgres::{MIGRATIONS, PostgresStore, SCHEMA_VERSION};
 use serde_json::json;
 
@@ -57,11 +58,10 @@ async fn alice_runs() -> (World, Vec<CommandRecord>) {
     (w, records)
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
-    let Some(url) = url_or_skip("schema upgrade on Postgres") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let (old, records) = alice_runs().await;
 

@@ -1,14 +1,15 @@
 //! Two "servers" (two stores, two queues, two `Signals`) on one schema:
 //! a write through one wakes a waiter on the other over LISTEN/NOTIFY, the
 //! listener survives losing its connection, and migrations run once.
-//! Skipped (with a printed reason) when `GRAPH_RELAY_POSTGRES_URL` is unset.
+//! Needs a Postgres server (`graph_relay_store_postgres::testing::url`);
+//! `GRAPH_RELAY_SKIP=postgres` lists these tests as ignored instead.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use graph_relay_core::signals::Topic;
 use graph_relay_core::testkit::{World, p1};
-use graph_relay_store_postgres::testing::{TestSchema, url_or_skip};
+use graph_relay_store_postgres::testing::{TestSchema, url};
 use graph_relay_store_postgres::{ConnectError, PostgresStore, SCHEMA_VERSION, WakeupHandle};
 
 /// Well above a round trip, well below the 500 ms / 1 s polling fallbacks
@@ -43,11 +44,10 @@ async fn woken(subscription: graph_relay_core::signals::Subscription) -> bool {
     tokio::time::timeout(WAKE, subscription).await.is_ok()
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_on_one_server_wakes_waiters_on_the_other() {
-    let Some(url) = url_or_skip("wake-ups across servers") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let (a, b) = (server(&schema).await, server(&schema).await);
     let w = &a.world;
@@ -93,11 +93,10 @@ async fn a_write_on_one_server_wakes_waiters_on_the_other() {
     assert_eq!(sa.malformed + sb.malformed, 0);
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_notifications_are_not_applied_twice() {
-    let Some(url) = url_or_skip("own notifications") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let a = server(&schema).await;
     let id = graph_relay_core::ids::CommandId::from_uuid(uuid_from(7));
@@ -116,11 +115,10 @@ async fn own_notifications_are_not_applied_twice() {
     // database and so the channel.)
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_listener_reconnects_after_its_connection_is_killed() {
-    let Some(url) = url_or_skip("listener reconnect") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let (a, b) = (server(&schema).await, server(&schema).await);
     let status = b.wakeups.status().clone();
@@ -146,11 +144,10 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     assert!(woken(waiter).await, "woken again after the reconnection");
 }
 
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_starting_together_migrate_once_and_a_newer_schema_is_refused() {
-    let Some(url) = url_or_skip("migrations") else {
-        return;
-    };
+    let url = url();
     let schema = TestSchema::new(&url);
     let (x, y) = tokio::join!(schema.store(), schema.store());
     let store = x.expect("first");

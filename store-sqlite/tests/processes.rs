@@ -71,8 +71,8 @@ fn spawn_child(test: &str, vars: &[(&str, &str)]) -> Child {
         "--test-threads=1",
         "-q",
     ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (k, v) in vars {
         cmd.env(k, v);
     }

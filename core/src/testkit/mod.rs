@@ -41,25 +41,31 @@ use crate::store::{DeviceContact, IdempotencyRecord, InsertOutcome, PruneRequest
 use crate::time::{Clock, ManualClock, SeededIds, Timestamp};
 
 /// Runs every conformance function as its own `#[test]`.
+///
+/// Attributes after the two arguments are put on every test, e.g. to
+/// ignore the suite where its backend is missing:
+/// `store_conformance_suite!(block_on, make(), #[ignore = "no server"]);`.
 #[macro_export]
 macro_rules! store_conformance_suite {
-    ($block_on:path, $make:expr) => {
-        $crate::store_conformance_suite!(@tests $block_on, $make;
+    ($block_on:path, $make:expr $(, #[$attr:meta])* $(,)?) => {
+        $crate::store_conformance_suite!(@tests [$(#[$attr])*] $block_on, $make;
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
             restart_and_unsharing);
     };
-    (@tests $block_on:path, $make:expr; $($name:ident),*) => {
-        $(
-            #[test]
-            fn $name() {
-                $block_on(async {
-                    let store: ::std::sync::Arc<dyn $crate::store::Store> = ::std::sync::Arc::new(($make).await);
-                    $crate::testkit::$name(store).await;
-                });
-            }
-        )*
+    (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
+        $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
+    };
+    (@one [$($attr:tt)*] $block_on:path, $make:expr, $name:ident) => {
+        #[test]
+        $($attr)*
+        fn $name() {
+            $block_on(async {
+                let store: ::std::sync::Arc<dyn $crate::store::Store> = ::std::sync::Arc::new(($make).await);
+                $crate::testkit::$name(store).await;
+            });
+        }
     };
 }
 
