@@ -155,8 +155,82 @@ pub struct CommandRecord {
     /// (its start or a lease renewal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heard_at: Option<Timestamp>,
+    /// The latest progress the running Graph reported; kept after the run ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
     /// Bumped by every transition; stores write conditionally on it.
     pub revision: u64,
+}
+
+/// The longest progress message, in characters.
+pub const MAX_PROGRESS_MESSAGE: usize = 500;
+
+/// What a running Graph last said about how far it got. Progress never
+/// changes a run's status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// A short text for people, at most [`MAX_PROGRESS_MESSAGE`] characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// How far, from 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+    /// When the server recorded it.
+    pub updated_at: Timestamp,
+}
+
+/// A progress report that breaks a rule; nothing is recorded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidProgress {
+    /// The message is too long.
+    #[error("progress `message` is {0} characters long; the limit is {MAX_PROGRESS_MESSAGE}")]
+    MessageTooLong(usize),
+    /// The percentage is not a number from 0 to 100.
+    #[error("progress `percent` must be a number from 0 to 100; got {0}")]
+    Percent(f64),
+}
+
+impl Progress {
+    /// A report of `message` and `percent` recorded at `now`, if both keep their rules.
+    pub fn new(
+        message: Option<String>,
+        percent: Option<f64>,
+        now: Timestamp,
+    ) -> Result<Self, InvalidProgress> {
+        if let Some(m) = &message {
+            let length = m.chars().count();
+            if length > MAX_PROGRESS_MESSAGE {
+                return Err(InvalidProgress::MessageTooLong(length));
+            }
+        }
+        if let Some(p) = percent
+            && !(p.is_finite() && (0.0..=100.0).contains(&p))
+        {
+            return Err(InvalidProgress::Percent(p));
+        }
+        Ok(Self {
+            message,
+            percent,
+            updated_at: now,
+        })
+    }
+
+    /// The same report, ignoring when it was recorded.
+    pub fn same_report(&self, other: &Progress) -> bool {
+        self.message == other.message && self.percent == other.percent
+    }
+}
+
+/// Why a progress report was not recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProgressRefused {
+    /// The command is not running (queued, or already closed): progress
+    /// cannot revive or move it.
+    #[error("the command is {0}, not running; progress is taken only while it runs")]
+    NotRunning(&'static str),
+    /// The report names another execution than the one running.
+    #[error("the progress is for another execution than the one running")]
+    StaleExecution,
 }
 
 /// What `cancel` decided.
@@ -281,6 +355,7 @@ impl CommandRecord {
             reason: None,
             lease_expires_at: None,
             heard_at: None,
+            progress: None,
             revision: 0,
         }
     }
@@ -327,6 +402,7 @@ impl CommandRecord {
             reason,
             lease_expires_at,
             heard_at,
+            progress,
             revision,
         } = next;
         self.status = *status;
@@ -341,6 +417,7 @@ impl CommandRecord {
         self.reason.clone_from(reason);
         self.lease_expires_at = *lease_expires_at;
         self.heard_at = *heard_at;
+        self.progress.clone_from(progress);
         self.revision = *revision;
     }
 
@@ -549,6 +626,35 @@ impl CommandRecord {
         self.heard_at = Some(now);
         self.revision += 1;
         true
+    }
+
+    /// Records `progress` of the running execution `execution`. `Ok(false)`:
+    /// the same report as the one recorded, nothing to write. Fenced by
+    /// execution id; refused unless running, so progress never moves a run
+    /// or revives a closed one.
+    pub fn progress_in_place(
+        &mut self,
+        execution: &ExecutionId,
+        progress: Progress,
+        now: Timestamp,
+    ) -> Result<bool, ProgressRefused> {
+        let status = self.at(now).status;
+        if status != CommandStatus::Running {
+            return Err(ProgressRefused::NotRunning(status.as_str()));
+        }
+        if self.execution_id.as_ref() != Some(execution) {
+            return Err(ProgressRefused::StaleExecution);
+        }
+        if self
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.same_report(&progress))
+        {
+            return Ok(false);
+        }
+        self.progress = Some(progress);
+        self.revision += 1;
+        Ok(true)
     }
 
     /// Closes a running command whose lease has lapsed at `now`: `failed`

@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 
 use crate::args::RunArgs;
 use crate::command::{
-    CommandRecord, CommandStatus, CompleteRefused, DeclineRefused, StartRefused,
-    request_fingerprint,
+    CommandRecord, CommandStatus, CompleteRefused, DeclineRefused, InvalidProgress, Progress,
+    ProgressRefused, StartRefused, request_fingerprint,
 };
 use crate::envelope::{EnvelopeError, ResultEnvelope};
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
@@ -101,6 +101,10 @@ pub struct QueueConfig {
     /// The lease of a run started by a desktop in interval mode, in control
     /// intervals (10, i.e. 30 s with the default 3 s control poll).
     pub lease_interval_controls: u32,
+    /// A run's progress is written at most this often (1 s) by one queue;
+    /// reports in between are coalesced, and the latest one is written by
+    /// the next report after the interval or by [`Queue::maintain`].
+    pub progress_interval: Duration,
 }
 
 impl Default for QueueConfig {
@@ -120,6 +124,7 @@ impl Default for QueueConfig {
             max_projects_per_device: 100,
             lease_long_poll: Duration::from_secs(60),
             lease_interval_controls: 10,
+            progress_interval: Duration::from_secs(1),
         }
     }
 }
@@ -255,6 +260,47 @@ pub enum CompleteError {
     Store(#[from] StoreError),
 }
 
+/// Why a progress report was not taken. Nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProgressError {
+    /// Unknown, or not assigned to this device.
+    #[error("command not found for this device")]
+    NotFound,
+    /// The report breaks a rule (message length, percentage).
+    #[error(transparent)]
+    Invalid(#[from] InvalidProgress),
+    /// Not running, or another execution.
+    #[error(transparent)]
+    Refused(#[from] ProgressRefused),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How a progress report was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressAck {
+    /// Written: the agent sees it now.
+    Recorded,
+    /// Arrived within [`QueueConfig::progress_interval`] of the last write:
+    /// kept, and written with the next report or by [`Queue::maintain`]
+    /// unless a newer one replaces it first.
+    Coalesced,
+    /// The same report as the one recorded: nothing to write.
+    Unchanged,
+}
+
+/// What one [`Queue::maintain`] step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MaintenanceReport {
+    /// Coalesced progress reports written.
+    pub progress: usize,
+    /// Running commands closed (lease lapsed) or granted a lease.
+    pub leases: usize,
+    /// What pruning removed.
+    pub pruned: PruneReport,
+}
+
 /// Why `decline` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DeclineError {
@@ -340,6 +386,17 @@ impl RunView {
         }
         if let Some(e) = &c.execution_id {
             out.insert("execution_id".into(), json!(e));
+        }
+        if let Some(p) = &c.progress {
+            let mut progress = Map::new();
+            if let Some(m) = &p.message {
+                progress.insert("message".into(), json!(m));
+            }
+            if let Some(percent) = p.percent {
+                progress.insert("percent".into(), json!(percent));
+            }
+            progress.insert("updated_at".into(), json!(p.updated_at.to_rfc3339()));
+            out.insert("progress".into(), Value::Object(progress));
         }
         if c.status.is_terminal() {
             match c.completion.as_ref() {
@@ -506,7 +563,19 @@ pub struct Queue {
     touched: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, (crate::ids::OwnerId, Timestamp)>>>,
     /// Per device id: the syncs this queue last wrote, one per (owner, project).
     synced: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, Vec<SyncWritten>>>>,
+    /// Per running command: when this queue last wrote its progress, and
+    /// the latest report not written yet.
+    progress: Arc<std::sync::Mutex<FastMap<CommandId, ProgressState>>>,
 }
+
+/// The progress writes of one command by this queue.
+struct ProgressState {
+    written_at: Timestamp,
+    pending: Option<(Device, ExecutionId, Progress)>,
+}
+
+/// Commands whose progress throttle this queue remembers before it starts over.
+const MAX_PROGRESS_STATES: usize = 100_000;
 
 /// A hash map with a fast keyed hash (seeded per process).
 type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
@@ -547,6 +616,7 @@ impl Queue {
             signals: Arc::new(Signals::new()),
             touched: Arc::default(),
             synced: Arc::default(),
+            progress: Arc::default(),
         }
     }
 
@@ -1066,6 +1136,127 @@ impl Queue {
             DeclineAck::Recorded(record)
         } else {
             DeclineAck::Unchanged(record)
+        })
+    }
+
+    /// The running Graph reports how far it got (`message` at most
+    /// [`MAX_PROGRESS_MESSAGE`](crate::command::MAX_PROGRESS_MESSAGE)
+    /// characters, `percent` from 0 to 100). Fenced by execution id and
+    /// taken only while the command runs; it never changes the status.
+    /// Writes are throttled to one per [`QueueConfig::progress_interval`]
+    /// per command; see [`ProgressAck`].
+    pub async fn report_progress(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        execution: &ExecutionId,
+        message: Option<String>,
+        percent: Option<f64>,
+    ) -> Result<ProgressAck, ProgressError> {
+        let now = self.clock.now();
+        let progress = Progress::new(message, percent, now)?;
+        {
+            let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(state) = states.get_mut(id)
+                && state.written_at <= now
+                && now.since(state.written_at) < self.config.progress_interval
+            {
+                // Only a report this device may make waits for its turn.
+                drop(states);
+                let record = self
+                    .store
+                    .command_for_device(&device.owner, &device.id, id)
+                    .await?
+                    .ok_or(ProgressError::NotFound)?;
+                let mut probe = record.clone();
+                probe.progress_in_place(execution, progress.clone(), now)?;
+                let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(state) = states.get_mut(id) {
+                    state.pending = Some((device.clone(), execution.clone(), progress));
+                    return Ok(ProgressAck::Coalesced);
+                }
+            }
+        }
+        self.write_progress(device, id, execution, progress).await
+    }
+
+    async fn write_progress(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        execution: &ExecutionId,
+        progress: Progress,
+    ) -> Result<ProgressAck, ProgressError> {
+        let mut changed = false;
+        let record = self
+            .transition(Party::Device(device), id, |record, now| {
+                changed = record.progress_in_place(execution, progress.clone(), now)?;
+                Ok(changed)
+            })
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => ProgressError::NotFound,
+                TransitionError::Store(s) => ProgressError::Store(s),
+                TransitionError::Refused(r) => ProgressError::Refused(r),
+            })?;
+        let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        if states.len() >= MAX_PROGRESS_STATES && !states.contains_key(id) {
+            states.clear();
+        }
+        if changed {
+            states.insert(
+                record.id,
+                ProgressState {
+                    written_at: self.clock.now(),
+                    pending: None,
+                },
+            );
+            Ok(ProgressAck::Recorded)
+        } else {
+            Ok(ProgressAck::Unchanged)
+        }
+    }
+
+    /// Writes the coalesced progress reports whose interval has passed and
+    /// forgets commands that have been quiet for a while. Returns how many
+    /// reports it wrote.
+    pub async fn flush_progress(&self) -> Result<usize, StoreError> {
+        let now = self.clock.now();
+        let interval = self.config.progress_interval;
+        let due: Vec<(CommandId, (Device, ExecutionId, Progress))> = {
+            let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            states.retain(|_, s| {
+                s.pending.is_some() || now < s.written_at || now.since(s.written_at) < interval * 10
+            });
+            states
+                .iter_mut()
+                .filter(|(_, s)| now < s.written_at || now.since(s.written_at) >= interval)
+                .filter_map(|(id, s)| s.pending.take().map(|p| (*id, p)))
+                .collect()
+        };
+        let mut written = 0;
+        for (id, (device, execution, progress)) in due {
+            match self
+                .write_progress(&device, &id, &execution, progress)
+                .await
+            {
+                Ok(ProgressAck::Recorded) => written += 1,
+                Ok(_) | Err(ProgressError::NotFound | ProgressError::Refused(_)) => {}
+                Err(ProgressError::Invalid(_)) => {}
+                Err(ProgressError::Store(e)) => return Err(e),
+            }
+        }
+        Ok(written)
+    }
+
+    /// The server's periodic housekeeping, meant to run about once a
+    /// second: writes coalesced progress, closes lapsed runs
+    /// ([`Queue::sweep_lapsed`]) and prunes ([`Queue::prune`]).
+    pub async fn maintain(&self) -> Result<MaintenanceReport, StoreError> {
+        Ok(MaintenanceReport {
+            progress: self.flush_progress().await?,
+            leases: self.sweep_lapsed().await?,
+            pruned: self.prune().await?,
         })
     }
 

@@ -62,7 +62,13 @@ pub(super) fn task(view: &RunView) -> Map<String, Value> {
         CommandStatus::Running if c.cancel_requested => {
             ("working", "Running; cancellation was requested.".to_owned())
         }
-        CommandStatus::Running => ("working", "Running on the owner's desktop.".to_owned()),
+        CommandStatus::Running => (
+            "working",
+            match &c.progress {
+                Some(p) => format!("Running on the owner's desktop: {}.", progress_text(p)),
+                None => "Running on the owner's desktop.".to_owned(),
+            },
+        ),
         CommandStatus::Completed => ("completed", "The Graph run completed.".to_owned()),
         CommandStatus::Failed => (
             "completed",
@@ -80,6 +86,7 @@ pub(super) fn task(view: &RunView) -> Map<String, Value> {
         c.started_at,
         c.cancel_requested_at,
         c.finished_at,
+        c.progress.as_ref().map(|p| p.updated_at),
     ]
     .into_iter()
     .flatten()
@@ -96,6 +103,16 @@ pub(super) fn task(view: &RunView) -> Map<String, Value> {
         task.insert("pollIntervalMs".into(), json!(secs.saturating_mul(1000)));
     }
     task
+}
+
+/// A progress report as one phrase: the message, then the percentage.
+pub(super) fn progress_text(p: &crate::command::Progress) -> String {
+    match (&p.message, p.percent) {
+        (Some(m), Some(percent)) => format!("{m} ({percent}%)"),
+        (Some(m), None) => m.clone(),
+        (None, Some(percent)) => format!("{percent}% done"),
+        (None, None) => "working".to_owned(),
+    }
 }
 
 /// The `CreateTaskResult` for a freshly queued (or replayed) run.

@@ -52,7 +52,7 @@ macro_rules! store_conformance_suite {
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
-            restart_and_unsharing);
+            restart_and_unsharing, progress);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
@@ -1699,6 +1699,124 @@ pub async fn restart_and_unsharing(store: Arc<dyn Store>) {
             .map(|t| t.command.device),
         Ok(ref d) if *d == w.other_device.id
     ));
+}
+
+/// A running Graph's progress is shown to its agent, throttled to one
+/// write per interval, fenced by execution, and never moves a run.
+pub async fn progress(store: Arc<dyn Store>) {
+    use crate::command::ProgressRefused;
+    use crate::queue::{ProgressAck, ProgressError};
+    let w = World::new(store.clone());
+    w.sync(&w.device, p1(), &[1]).await;
+    let cmd = w.run(&w.agent, 1, "progress-key-1").await;
+    let report = |id: CommandId, execution: &'static str, message: &str, percent: f64| {
+        let (q, d) = (&w.queue, &w.device);
+        let message = message.to_owned();
+        async move {
+            q.report_progress(d, &id, &exec(execution), Some(message), Some(percent))
+                .await
+        }
+    };
+    // Not running yet: refused, nothing written.
+    assert!(matches!(
+        report(cmd.id, "p-e1", "early", 1.0).await,
+        Err(ProgressError::Refused(ProgressRefused::NotRunning(
+            "queued"
+        )))
+    ));
+    w.queue
+        .start(&w.device, &cmd.id, &exec("p-e1"))
+        .await
+        .expect("start");
+    assert!(matches!(
+        report(cmd.id, "p-e1", "step 1 of 5", 20.0).await,
+        Ok(ProgressAck::Recorded)
+    ));
+    let view = w.queue.get_graph_run(&w.agent, &cmd.id).await.expect("get");
+    assert_eq!(view.command.status, CommandStatus::Running);
+    let shown = view.to_json();
+    assert_eq!(shown["progress"]["message"], json!("step 1 of 5"));
+    assert_eq!(shown["progress"]["percent"], json!(20.0));
+    assert_eq!(
+        shown["progress"]["updated_at"],
+        json!(w.clock.now().to_rfc3339())
+    );
+    // Within the interval: coalesced; the latest one is written by the next
+    // report after the interval, or by maintenance.
+    let before = view.command.revision;
+    for step in 2..=4 {
+        assert!(matches!(
+            report(
+                cmd.id,
+                "p-e1",
+                &format!("step {step} of 5"),
+                f64::from(step) * 20.0
+            )
+            .await,
+            Ok(ProgressAck::Coalesced)
+        ));
+    }
+    let read = w
+        .queue
+        .get_graph_run(&w.agent, &cmd.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(read.revision, before, "one write per interval");
+    w.advance(1);
+    assert_eq!(w.queue.maintain().await.expect("maintain").progress, 1);
+    let read = w
+        .queue
+        .get_graph_run(&w.agent, &cmd.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(
+        read.progress.and_then(|p| p.message).as_deref(),
+        Some("step 4 of 5"),
+        "the latest report wins"
+    );
+    assert_eq!(w.queue.maintain().await.expect("maintain").progress, 0);
+    // Fenced by execution; bad values refused; the same report writes nothing.
+    assert!(matches!(
+        report(cmd.id, "other-exec", "forged", 99.0).await,
+        Err(ProgressError::Refused(ProgressRefused::StaleExecution))
+    ));
+    assert!(matches!(
+        report(cmd.id, "p-e1", "too far", 101.0).await,
+        Err(ProgressError::Invalid(_))
+    ));
+    assert!(matches!(
+        report(cmd.id, "p-e1", &"x".repeat(501), 50.0).await,
+        Err(ProgressError::Invalid(_))
+    ));
+    w.advance(1);
+    assert!(matches!(
+        report(cmd.id, "p-e1", "step 4 of 5", 80.0).await,
+        Ok(ProgressAck::Unchanged)
+    ));
+    // Another owner's desktop of the same name cannot report on it.
+    assert!(matches!(
+        w.queue
+            .report_progress(&w.twin_device, &cmd.id, &exec("p-e1"), None, Some(1.0))
+            .await,
+        Err(ProgressError::NotFound)
+    ));
+    // After the end the last report stays, and nothing revives the run.
+    w.queue
+        .complete(&w.device, &cmd.id, &completed("p-e1", json!("done")))
+        .await
+        .expect("complete");
+    w.advance(1);
+    assert!(matches!(
+        report(cmd.id, "p-e1", "zombie", 90.0).await,
+        Err(ProgressError::Refused(ProgressRefused::NotRunning(
+            "completed"
+        )))
+    ));
+    let done = w.queue.get_graph_run(&w.agent, &cmd.id).await.expect("get");
+    assert_eq!(done.command.status, CommandStatus::Completed);
+    assert_eq!(done.to_json()["progress"]["message"], json!("step 4 of 5"));
 }
 
 /// Runs every outbox conformance function as its own `#[test]`; arguments as
