@@ -52,7 +52,7 @@ macro_rules! store_conformance_suite {
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
-            restart_and_unsharing, progress);
+            restart_and_unsharing, progress, store_edges);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
@@ -1817,6 +1817,119 @@ pub async fn progress(store: Arc<dyn Store>) {
     let done = w.queue.get_graph_run(&w.agent, &cmd.id).await.expect("get");
     assert_eq!(done.command.status, CommandStatus::Completed);
     assert_eq!(done.to_json()["progress"]["message"], json!("step 4 of 5"));
+}
+
+/// The store methods' edges, checked directly: which shared session wins
+/// (the first project in the given order, then the smallest device id),
+/// and that a key stops being live exactly at `expires_at`.
+pub async fn store_edges(store: Arc<dyn Store>) {
+    let w = World::new(store.clone());
+    let owner = &w.agent.owner;
+    let now = w.clock.now();
+    // The same session shared by two devices to p1, and by one to p2.
+    for (device, project) in [
+        (&w.other_device, p1()),
+        (&w.device, p1()),
+        (&w.device, p2()),
+    ] {
+        store
+            .replace_shared_sessions(owner, &project, &device.id, &[meta(5)], now)
+            .await
+            .expect("share");
+    }
+    let found = |projects: Vec<ProjectId>| {
+        let store = store.clone();
+        let owner = owner.clone();
+        async move {
+            store
+                .find_shared_session(&owner, &projects, &gs(5))
+                .await
+                .expect("find")
+                .map(|s| (s.project, s.device))
+        }
+    };
+    assert_eq!(
+        found(vec![p1(), p2()]).await,
+        Some((p1(), w.device.id.clone())),
+        "within a project, the smallest device id (`desktop` < `laptop`)"
+    );
+    assert_eq!(
+        found(vec![p2(), p1()]).await,
+        Some((p2(), w.device.id.clone())),
+        "the first project in the order given wins"
+    );
+    assert_eq!(found(vec![]).await, None);
+    assert_eq!(
+        store
+            .find_shared_session(&w.twin.owner, &[p1(), p2()], &gs(5))
+            .await
+            .expect("find"),
+        None,
+        "another owner's projects of the same names"
+    );
+
+    // A key is live strictly before `expires_at`.
+    let mut cmd = w.sync_template(0xed9e);
+    cmd.idempotency_key = id(IdempotencyKey::parse("edge-key-0001"));
+    let expires_at = now.plus(Duration::from_secs(10));
+    let key = IdempotencyRecord {
+        owner: cmd.owner.clone(),
+        agent: cmd.agent.clone(),
+        key: cmd.idempotency_key.clone(),
+        command: cmd.id,
+        fingerprint: "f".into(),
+        expires_at,
+    };
+    assert_eq!(
+        store.insert_command(&cmd, &key, now).await.expect("insert"),
+        InsertOutcome::Inserted
+    );
+    let live_at = |t: Timestamp| {
+        let store = store.clone();
+        let (owner, agent, k) = (
+            cmd.owner.clone(),
+            cmd.agent.clone(),
+            cmd.idempotency_key.clone(),
+        );
+        async move {
+            store
+                .idempotency(&owner, &agent, &k, t)
+                .await
+                .expect("read key")
+                .is_some()
+        }
+    };
+    assert!(live_at(Timestamp(expires_at.as_millis() - 1)).await);
+    assert!(!live_at(expires_at).await, "expired exactly at expires_at");
+    assert!(!live_at(expires_at.plus(Duration::from_secs(1))).await);
+    // At expires_at the key may be taken again by a new command.
+    let mut again = w.sync_template(0xed9f);
+    again.idempotency_key = cmd.idempotency_key.clone();
+    let second = IdempotencyRecord {
+        command: again.id,
+        expires_at: expires_at.plus(Duration::from_secs(10)),
+        ..key.clone()
+    };
+    assert_eq!(
+        store
+            .insert_command(&again, &second, expires_at)
+            .await
+            .expect("insert"),
+        InsertOutcome::Inserted
+    );
+    assert_eq!(
+        store
+            .idempotency(
+                &again.owner,
+                &again.agent,
+                &again.idempotency_key,
+                expires_at
+            )
+            .await
+            .expect("read key")
+            .map(|k| k.command),
+        Some(again.id)
+    );
 }
 
 /// Runs every outbox conformance function as its own `#[test]`; arguments as
