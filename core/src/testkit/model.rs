@@ -114,8 +114,45 @@ struct Known {
     completions: usize,
 }
 
+/// What an observer of [`check_with`] sees after each operation, once the
+/// model's own invariants held.
+pub struct Step<'a> {
+    /// The operation's position in the sequence.
+    pub index: usize,
+    /// The operation just applied.
+    pub op: &'a Op,
+    /// The world it was applied to: the queue, its clock and the parties.
+    pub world: &'a World,
+    /// Every command queued so far, in the order they were queued.
+    pub commands: &'a [CommandId],
+}
+
 /// Applies `ops` to a fresh queue over `store`, asserting the invariants after each.
 pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
+    check_with(store, ops, |_| {});
+}
+
+/// [`check`], calling `observer` after every operation so that a user can
+/// assert invariants of their own (a store wrapper's counters, say) on the
+/// same random sequences.
+///
+/// ```
+/// # #[cfg(feature = "testkit")] {
+/// use std::sync::Arc;
+/// use graph_relay_core::testkit::model::{Op, check_with};
+/// # use graph_relay_core::store::Store;
+/// # fn store() -> Arc<dyn Store> { unimplemented!() }
+/// let ops = [Op::Advance { secs: 1 }];
+/// let mut steps = 0;
+/// # if false {
+/// check_with(store(), &ops, |step| {
+///     steps += 1;
+///     assert!(step.commands.len() <= step.index + 1);
+/// });
+/// # }
+/// # }
+/// ```
+pub fn check_with(store: Arc<dyn Store>, ops: &[Op], mut observer: impl FnMut(&Step<'_>)) {
     // Keys outlive any sequence (at most 65,535 s per step, 24 h TTL is checked per key below).
     let w = World::with_config(
         store,
@@ -142,7 +179,7 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
     let mut known: HashMap<CommandId, Known> = HashMap::new();
     let mut keys: HashMap<(usize, u8), (CommandId, u8, u8)> = HashMap::new();
 
-    for op in ops {
+    for (index, op) in ops.iter().enumerate() {
         let pick =
             |i: u8| (!commands.is_empty()).then(|| commands[usize::from(i) % commands.len()]);
         match *op {
@@ -315,6 +352,12 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
                 }
             }
         }
+        observer(&Step {
+            index,
+            op,
+            world: &w,
+            commands: &commands,
+        });
     }
     let distinct: BTreeSet<_> = keys.values().map(|(id, _, _)| *id).collect();
     assert_eq!(
@@ -322,4 +365,56 @@ pub fn check(store: Arc<dyn Store>, ops: &[Op]) {
         keys.len(),
         "every (owner, agent, key) has its own command"
     );
+}
+
+/// The proptest strategy of [`Op`] the project's own property test uses
+/// (feature `proptest`): agents, devices, sessions, keys and executions
+/// drawn from small ranges so that operations collide, time steps up to two
+/// minutes so that leases lapse.
+///
+/// ```
+/// # #[cfg(feature = "proptest")] {
+/// use proptest::prelude::*;
+/// use graph_relay_core::testkit::model::strategy;
+/// let ops = proptest::collection::vec(strategy::op(), 1..60);
+/// # let _ = ops;
+/// # }
+/// ```
+#[cfg(feature = "proptest")]
+pub mod strategy {
+    use proptest::prelude::*;
+
+    use super::Op;
+
+    /// One operation.
+    pub fn op() -> impl Strategy<Value = Op> {
+        let small = || 0..6u8;
+        prop_oneof![
+            3 => (small(), small(), small(), small())
+                .prop_map(|(agent, session, key, arg)| Op::Run { agent, session, key, arg }),
+            2 => (small(), any::<u8>()).prop_map(|(agent, command)| Op::Get { agent, command }),
+            2 => (small(), any::<u8>()).prop_map(|(agent, command)| Op::Cancel { agent, command }),
+            2 => (small(), any::<bool>(), 0..16u8)
+                .prop_map(|(device, first_project, sessions)| Op::Sync { device, first_project, sessions }),
+            3 => (small(), any::<u8>(), small())
+                .prop_map(|(device, command, execution)| Op::Start { device, command, execution }),
+            1 => (small(), any::<u8>()).prop_map(|(device, command)| Op::Control { device, command }),
+            3 => (small(), any::<u8>(), small(), small(), small()).prop_map(
+                |(device, command, execution, status, result)| Op::Complete {
+                    device,
+                    command,
+                    execution,
+                    status,
+                    result,
+                }
+            ),
+            1 => (small(), any::<u8>()).prop_map(|(device, command)| Op::Decline { device, command }),
+            1 => (0..120u16).prop_map(|secs| Op::Advance { secs }),
+        ]
+    }
+
+    /// A sequence of 1 to `max` operations.
+    pub fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec(op(), 1..max.max(2))
+    }
 }
