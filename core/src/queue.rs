@@ -315,6 +315,36 @@ pub enum DeclineError {
     Store(#[from] StoreError),
 }
 
+/// Whether trying the same operation again can succeed: only a store
+/// failure is passing; every other refusal is final for that request.
+macro_rules! retryable_when_the_store_failed {
+    ($($error:ident),* $(,)?) => {
+        $(
+            impl $error {
+                /// True when the same request may succeed later (the store
+                /// failed); false when it never can (the request itself is
+                /// refused). Relays and transports map this to `retryable`.
+                pub fn is_retryable(&self) -> bool {
+                    matches!(self, Self::Store(_))
+                }
+            }
+        )*
+    };
+}
+
+retryable_when_the_store_failed!(
+    RunError,
+    GetError,
+    CancelError,
+    ListError,
+    SyncError,
+    StartError,
+    ControlError,
+    CompleteError,
+    ProgressError,
+    DeclineError,
+);
+
 /// The ticket `run_graph_session` returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunTicket {
