@@ -80,6 +80,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 project: ProjectId::parse("p1")?,
                 sessions: vec![meta],
                 long_poll: false,
+                restarted: false,
+                running: None,
             },
         )
         .await?;

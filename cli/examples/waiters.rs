@@ -160,6 +160,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     status: "ready".into(),
                 }],
                 long_poll: true,
+                restarted: false,
+                running: None,
             },
         )
         .await?;

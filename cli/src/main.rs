@@ -773,6 +773,8 @@ fn dev_share(
             status: "ready".into(),
         }],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     let queue = Queue::new(
         open_store(store)?,

@@ -81,6 +81,8 @@ async fn fifty_concurrent_waiting_calls_return_completed_once_their_runs_complet
                     status: "ready".into(),
                 }],
                 long_poll: true,
+                restarted: false,
+                running: None,
             },
         )
         .await

@@ -394,6 +394,11 @@ pub struct SyncRequest {
     pub sessions: Vec<SessionMeta>,
     /// The relay holds this request open (long-poll mode).
     pub long_poll: bool,
+    /// True on the first sync a relay process sends after it started: the
+    /// server then ends this device's running commands other than `running`.
+    pub restarted: bool,
+    /// The command the relay is executing right now, if any.
+    pub running: Option<CommandId>,
 }
 
 /// What a sync hands back.

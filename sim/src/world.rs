@@ -258,6 +258,8 @@ impl World {
             project: project.clone(),
             sessions: shared.sessions(&project),
             long_poll: false,
+            restarted: false,
+            running: None,
         };
         let _ = block_on(queue.sync(&device, &share));
         let rng = SimRng::new(config.seed ^ 0x5eed);
@@ -599,6 +601,8 @@ impl World {
                     project: project.clone(),
                     sessions,
                     long_poll,
+                    restarted: false,
+                    running: None,
                 };
                 let answer = match block_on(self.queue.sync(&device, &request)) {
                     Ok(response) if long_poll && response.commands.is_empty() => {

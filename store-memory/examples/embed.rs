@@ -40,6 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 status: "ready".into(),
             }],
             long_poll: false,
+            restarted: false,
+            running: None,
         };
         queue.sync(&desktop, &share).await?;
         let listed = queue.list_graph_sessions(&agent, &project, 50).await?;

@@ -36,6 +36,8 @@ fn sync(w: &World, sessions: &[u32], long_poll: bool) {
         project: p1(),
         sessions: sessions.iter().map(|n| meta(*n)).collect(),
         long_poll,
+        restarted: false,
+        running: None,
     };
     block_on(w.queue.sync(&w.device, &request)).expect("sync");
 }
@@ -122,6 +124,8 @@ fn the_same_device_id_of_another_owner_is_not_confused() {
             project: p1(),
             sessions: vec![meta(1)],
             long_poll: false,
+            restarted: false,
+            running: None,
         },
     ))
     .expect("sync");

@@ -227,6 +227,8 @@ fn bench_latency(c: &mut Criterion, scratch: &Path) {
             project: p1(),
             sessions: vec![meta(1)],
             long_poll: false,
+            restarted: false,
+            running: None,
         };
         let sync_name: &'static str = if label == "empty" {
             "sync/empty"

@@ -117,6 +117,8 @@ fn child_contender() {
         project: p1(),
         sessions: vec![meta(1)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     block_on(queue.sync(&desk, &request)).expect("first sync");
     let mut queued = 0;
@@ -279,6 +281,8 @@ fn child_crash_writer() {
         project: p1(),
         sessions: vec![meta(1)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     block_on(queue.sync(&desk, &request)).expect("sync");
     // Bounded, in case the parent dies without killing us.

@@ -246,6 +246,8 @@ pub(crate) async fn sync(
         project: body.project_id,
         sessions: body.sessions,
         long_poll: body.long_poll,
+        restarted: false,
+        running: None,
     };
     let response = queue.sync(&device, &request).await.map_err(|e| {
         match e {

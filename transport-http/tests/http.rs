@@ -57,6 +57,8 @@ async fn harness_with(config: HttpConfig) -> Harness {
                     status: "ready".into(),
                 }],
                 long_poll: false,
+                restarted: false,
+                running: None,
             },
         )
         .await

@@ -84,6 +84,8 @@ async fn server(hold: Duration) -> Server {
                 project: ProjectId::parse("p1").unwrap(),
                 sessions: vec![session()],
                 long_poll: false,
+                restarted: false,
+                running: None,
             },
         )
         .await

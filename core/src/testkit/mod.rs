@@ -190,6 +190,8 @@ impl World {
             project,
             sessions: ns.iter().map(|n| meta(*n)).collect(),
             long_poll: false,
+            restarted: false,
+            running: None,
         };
         self.queue
             .sync(device, &request)
@@ -931,6 +933,8 @@ pub async fn project_bound(store: Arc<dyn Store>) {
         project: p1(),
         sessions: vec![meta(1)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     match w.queue.sync(&w.device, &one_more).await {
         Err(e @ crate::queue::SyncError::TooManyProjects { limit: 3 }) => {
@@ -1057,12 +1061,16 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: (0..101).map(meta).collect(),
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &too_many).await.is_err());
     let dup = SyncRequest {
         project: p1(),
         sessions: vec![meta(8), meta(8)],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &dup).await.is_err());
     let mut bad = meta(8);
@@ -1071,6 +1079,8 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: vec![bad],
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     assert!(w.queue.sync(&w.device, &invalid).await.is_err());
     assert_eq!(
@@ -1085,6 +1095,8 @@ pub async fn listing(store: Arc<dyn Store>) {
         project: p1(),
         sessions: (0..100).map(meta).collect(),
         long_poll: false,
+        restarted: false,
+        running: None,
     };
     w.queue
         .sync(&w.device, &full)

@@ -51,6 +51,8 @@ impl Desk {
                 project: p1(),
                 sessions: vec![meta(session)],
                 long_poll: false,
+                restarted: false,
+                running: None,
             },
         }
     }
