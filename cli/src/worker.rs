@@ -181,6 +181,9 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::Synced { project, commands } => {
                 format!("sync: project {project}: {commands} command(s) queued")
             }
+            RelayEvent::Unshared { project } => format!(
+                "sync: project {project} unshared: no Graph is shared there any more, and the server no longer lists any"
+            ),
             RelayEvent::SyncFailed { project, reason } => {
                 format!("sync: project {project} failed: {reason}")
             }
