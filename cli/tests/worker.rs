@@ -302,3 +302,99 @@ async fn sigint_cancels_the_current_run_reports_it_and_exits() {
     let run = env.get(&url, &id).await;
     assert_eq!(run["status"], "cancelled", "{run}");
 }
+
+/// Waits until `pid` is gone (or a zombie).
+fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while !process_gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The Graph process groups the worker has recorded in its outbox file.
+fn recorded_groups(env: &Env) -> Vec<i32> {
+    let outbox = graph_relay_store_sqlite::SqliteOutbox::open(env.path("outbox.db")).unwrap();
+    futures::executor::block_on(outbox.processes())
+        .unwrap()
+        .iter()
+        .map(|p| p.pgid)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_script_dies_with_it_and_the_next_worker_ends_what_it_left() {
+    let env = Env::new();
+    // The script starts a child and waits; both write their pids.
+    env.script(
+        "a",
+        "sleep 300 &\necho $! > child.pid\necho $$ > main.pid\nwait\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-orphan", json!({})).await;
+    let child: i32 = env.wait_file("child.pid").trim().parse().unwrap();
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    env.wait_status(&url, &id, "running").await;
+    assert_eq!(recorded_groups(&env), [main], "recorded while it runs");
+
+    worker.sigkill();
+    // The kernel's parent-death signal ends the script itself ...
+    wait_gone(main, "the script of a killed worker");
+    // ... but not the child it started, which runs on, orphaned.
+    assert!(
+        !process_gone(child),
+        "the child should have outlived the worker"
+    );
+
+    let worker = env.worker(&url, &[]);
+    let line = worker.wait_line("left running by a previous worker");
+    assert!(
+        line.contains(&format!("process group {main} of command {id}")) && line.contains("SIGTERM"),
+        "{line}"
+    );
+    wait_gone(child, "the orphaned child");
+    assert!(recorded_groups(&env).is_empty(), "the record is removed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_left_over_script_that_ignores_sigterm_is_killed_after_the_grace() {
+    let env = Env::new();
+    // Ignores SIGTERM: neither the parent-death signal nor the first signal
+    // of the next worker ends it.
+    env.script(
+        "a",
+        "trap '' TERM\necho $$ > main.pid\nwhile true; do sleep 1; done\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-orphan-term", json!({})).await;
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    env.wait_status(&url, &id, "running").await;
+    worker.sigkill();
+    assert!(!process_gone(main), "the script ignores SIGTERM");
+
+    let worker = env.worker(&url, &[]);
+    let line = worker.wait_line("left running by a previous worker");
+    assert!(line.contains("SIGKILL after 2 s"), "{line}");
+    wait_gone(main, "the orphaned script");
+    assert!(recorded_groups(&env).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_runs_process_record_is_removed() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-record", json!({})).await;
+    env.wait_status(&url, &id, "completed").await;
+    worker.wait_line(&format!("delivered {id}"));
+    assert!(recorded_groups(&env).is_empty());
+}
