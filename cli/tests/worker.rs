@@ -303,6 +303,119 @@ async fn sigint_cancels_the_current_run_reports_it_and_exits() {
     assert_eq!(run["status"], "cancelled", "{run}");
 }
 
+/// Writes `graphs.toml` atomically (a running worker reloads it).
+fn write_graphs_text(env: &Env, text: &str) {
+    let tmp = env.path("graphs.toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, env.path("graphs.toml")).unwrap();
+}
+
+/// The session ids `list_graph_sessions` shows for `p1`.
+async fn listed(env: &Env, url: &str) -> Vec<String> {
+    let result = env
+        .call(url, "list_graph_sessions", json!({"project_id": "p1"}))
+        .await;
+    assert_eq!(result["isError"], false, "{result}");
+    result["structuredContent"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["graph_session_id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_projects_last_graph_unshares_it_even_while_the_worker_is_down() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    // `p1` is enabled only through its one Graph (no top-level `projects`).
+    let only_a = format!(
+        "[[graph]]\nid = \"{GS_A}\"\nname = \"Graph a\"\nslug = \"a\"\nversion = \"1\"\nprojects = [\"p1\"]\ncommand = [\"/bin/sh\", \"a.sh\"]\nworking_dir = \".\"\n"
+    );
+    write_graphs_text(&env, &only_a);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    assert_eq!(listed(&env, &url).await, [GS_A]);
+
+    // The owner removes the project's last Graph while the worker runs.
+    write_graphs_text(&env, "");
+    worker.wait_line("sync: project p1 unshared");
+    assert!(listed(&env, &url).await.is_empty());
+
+    // Shared again; then, with a run queued, withdrawn while the worker is down.
+    write_graphs_text(&env, &only_a);
+    let deadline = Instant::now() + DEADLINE;
+    while listed(&env, &url).await.is_empty() {
+        assert!(Instant::now() < deadline, "never shared again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.interrupt();
+    let id = env.run(&url, GS_A, "e2e-key-unshare-down", json!({})).await;
+    write_graphs_text(&env, "");
+    // The new worker remembers (from its outbox file) that it synced p1.
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1 unshared");
+    assert!(listed(&env, &url).await.is_empty());
+    // The queued run ends with the re-check error and never starts: the
+    // empty sync hands it to the worker, whose re-check declines it (once
+    // the server ends such runs on that sync itself, the outcome is the same).
+    let run = env.wait_status(&url, &id, "cancelled").await;
+    assert_eq!(
+        run["error"],
+        "Graph session is no longer shared with this project"
+    );
+    assert!(!env.path(&format!("{id}.started")).exists());
+    assert_eq!(worker.count(&format!("started {id}")), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relative_command_runs_from_the_graphs_folder_whatever_the_workers_cwd() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    write_graphs_text(
+        &env,
+        &format!(
+            "[[graph]]\nid = \"{GS_A}\"\nname = \"Echo\"\nslug = \"a\"\nprojects = [\"p1\"]\ncommand = [\"./echo.sh\"]\n"
+        ),
+    );
+    let script = env.path("echo.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nargs=$(cat)\nprintf '{\"got\": %s}\\n' \"$args\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_server, url) = env.serve("127.0.0.1:0");
+    // The worker starts in another folder; every path it is given is absolute.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let path = |name: &str| env.path(name).to_str().unwrap().to_owned();
+    let (token, graphs, outbox) = (path("device.token"), path("graphs.toml"), path("outbox.db"));
+    let worker = Proc::spawn(
+        &[
+            "worker",
+            "--server",
+            &url,
+            "--token-file",
+            &token,
+            "--graphs",
+            &graphs,
+            "--outbox",
+            &outbox,
+            "--grace-seconds",
+            "2",
+        ],
+        elsewhere.path(),
+        DEADLINE,
+    );
+    worker.wait_line("sync: project p1");
+    let id = env
+        .run(&url, GS_A, "e2e-key-relative", json!({"n": 1}))
+        .await;
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"], json!({"got": {"n": 1}}), "{run}");
+}
+
 /// Waits until `pid` is gone (or a zombie).
 fn wait_gone(pid: i32, what: &str) {
     let deadline = Instant::now() + DEADLINE;
