@@ -6,7 +6,7 @@ use futures::executor::block_on;
 use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::outbox::Outbox;
 use graph_relay_core::time::Timestamp;
-use graph_relay_store_sqlite::{GraphProcess, SqliteOutbox, SqliteStore};
+use graph_relay_store_sqlite::{GraphProcess, SCHEMA_VERSION, SqliteOutbox, SqliteStore};
 
 fn project(name: &str) -> ProjectId {
     ProjectId::parse(name).expect("project id")
@@ -79,15 +79,16 @@ fn process_records_survive_a_reopen_and_go_only_with_their_start_time() {
 fn a_store_file_of_the_previous_schema_gains_the_relay_tables() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("shared.db");
-    // Version 2 as a store wrote it: the upgrade adds the relay's tables.
+    // The previous version as a store wrote it (the relay's tables come
+    // with the last migration): the upgrade adds them.
     {
         let _store = SqliteStore::open(&path).expect("store");
     }
     {
         let conn = rusqlite::Connection::open(&path).expect("sqlite");
         conn.execute_batch("DROP TABLE relay_projects; DROP TABLE relay_processes;")
-            .expect("back to version 2");
-        conn.pragma_update(None, "user_version", 2)
+            .expect("back to the previous version");
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION - 1)
             .expect("user_version");
     }
     let outbox = SqliteOutbox::open(&path).expect("upgraded");
