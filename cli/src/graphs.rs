@@ -13,10 +13,15 @@
 //! version = "3"
 //! projects = ["default"]
 //! command = ["/usr/bin/env", "python3", "draft.py"]   # argv, no shell
-//! working_dir = "/home/me/graphs"                       # optional; relative to this file
+//! working_dir = "/home/me/graphs"                       # optional; relative to this file's folder
 //! timeout_seconds = 600                                 # optional; default 3600
 //! env = { MODEL = "local" }                             # optional
 //! ```
+//!
+//! A program given as a relative path (`./draft.sh`, `bin/draft`) is
+//! resolved against the folder of this file, like `working_dir`, whatever
+//! the worker's current directory; a bare name (`python3`) is looked up in
+//! `PATH`. Arguments are passed as written.
 //!
 //! The file is re-read when its modification time or size changes
 //! ([`watch`]); an edit that does not parse is logged and the previous set
@@ -72,7 +77,8 @@ fn ready() -> String {
 /// How to run one Graph.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GraphSpec {
-    /// argv: program and arguments (no shell).
+    /// argv: program and arguments (no shell). A relative program path is
+    /// already resolved against the graphs file's folder.
     pub command: Vec<String>,
     /// Working directory (absolute, or relative to the graphs file's folder).
     pub working_dir: Option<PathBuf>,
@@ -143,7 +149,7 @@ impl Graphs {
             graph: graph.to_owned(),
             problem,
         };
-        let base = path.parent().unwrap_or(Path::new("."));
+        let base = folder_of(path);
         let mut graphs = Graphs::default();
         for p in &form.projects {
             let project = ProjectId::parse(p).map_err(|e| invalid("(projects)", e.to_string()))?;
@@ -157,6 +163,9 @@ impl Graphs {
             if g.command.first().is_none_or(|p| p.is_empty()) {
                 return Err(invalid(&g.id, "`command` needs at least a program".into()));
             }
+            let mut command = g.command;
+            command[0] =
+                resolve_program(&base, &command[0]).map_err(|problem| invalid(&g.id, problem))?;
             let meta = SessionMeta {
                 graph_session_id: id.clone(),
                 name: g.name.into(),
@@ -174,7 +183,7 @@ impl Graphs {
             graphs.specs.insert(
                 id,
                 GraphSpec {
-                    command: g.command,
+                    command,
                     working_dir: g.working_dir.map(|d| base.join(d)),
                     timeout: g
                         .timeout_seconds
@@ -185,6 +194,33 @@ impl Graphs {
         }
         Ok(graphs)
     }
+}
+
+/// The folder of the graphs file at `path`, absolute when it can be made
+/// so (a relative `--graphs` is taken from the worker's current directory
+/// once, when the file is read, not when a Graph starts).
+fn folder_of(path: &Path) -> PathBuf {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::path::absolute(folder).unwrap_or_else(|_| folder.to_owned())
+}
+
+/// `program` as the executor must start it: a relative path (one with a
+/// `/`, such as `./echo.sh`) joined to the graphs file's folder `base`; an
+/// absolute path or a bare name (looked up in `PATH`) as written.
+fn resolve_program(base: &Path, program: &str) -> Result<String, String> {
+    let as_path = Path::new(program);
+    if as_path.is_absolute() || !program.contains('/') {
+        return Ok(program.to_owned());
+    }
+    // `components` drops the `.` parts: `/etc/./echo.sh` becomes `/etc/echo.sh`.
+    let joined: PathBuf = base.join(as_path).components().collect();
+    joined
+        .into_os_string()
+        .into_string()
+        .map_err(|_| format!("the program path `{program}` is not valid UTF-8 once resolved"))
 }
 
 /// The current run specifications, shared with the executor.
@@ -265,6 +301,52 @@ env = {{ A = "b" }}
         assert_eq!(spec.working_dir.as_deref(), Some(Path::new("/etc/work")));
         assert_eq!(spec.timeout, Duration::from_secs(5));
         assert_eq!(spec.env["A"], "b");
+    }
+
+    #[test]
+    fn a_relative_program_resolves_against_the_folder_of_the_file() {
+        let graph = |program: &str| {
+            format!(
+                "[[graph]]\nid = \"{GS}\"\nname = \"a\"\nslug = \"a\"\ncommand = [\"{program}\", \"./arg\"]\n"
+            )
+        };
+        let gs = GraphSessionId::parse(GS).unwrap();
+        let program = |path: &str, program: &str| {
+            Graphs::parse(Path::new(path), &graph(program))
+                .unwrap()
+                .specs[&gs]
+                .command
+                .clone()
+        };
+        assert_eq!(
+            program("/etc/relay/graphs.toml", "./echo.sh"),
+            ["/etc/relay/echo.sh", "./arg"],
+            "only the program is resolved"
+        );
+        assert_eq!(
+            program("/etc/relay/graphs.toml", "bin/run"),
+            ["/etc/relay/bin/run", "./arg"]
+        );
+        assert_eq!(
+            program("/etc/relay/graphs.toml", "../tools/run"),
+            ["/etc/relay/../tools/run", "./arg"]
+        );
+        assert_eq!(program("/etc/relay/graphs.toml", "/bin/sh")[0], "/bin/sh");
+        assert_eq!(
+            program("/etc/relay/graphs.toml", "python3")[0],
+            "python3",
+            "PATH"
+        );
+        // A relative graphs file: its folder as seen from the current directory.
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(
+            program("graphs.toml", "./echo.sh")[0],
+            cwd.join("echo.sh").to_str().unwrap()
+        );
+        assert_eq!(
+            program("conf/graphs.toml", "./echo.sh")[0],
+            cwd.join("conf/echo.sh").to_str().unwrap()
+        );
     }
 
     #[test]

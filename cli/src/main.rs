@@ -8,6 +8,7 @@
 
 mod config;
 mod graphs;
+mod orphans;
 mod process_executor;
 mod worker;
 

@@ -19,20 +19,32 @@
 //! - Cancellation (and the timeout) send SIGTERM to the whole process group,
 //!   then SIGKILL after the grace period. When the main process ends, the
 //!   group is sent SIGKILL as well, so no child it left behind outlives the run.
+//! - A program given as a relative path was resolved against the graphs
+//!   file's folder when the file was read ([`crate::graphs`]).
+//! - With a ledger ([`ProcessExecutor::with_ledger`], the outbox file), the
+//!   group and its leader's start time are recorded right after the process
+//!   started, before its arguments are written, and the record is removed
+//!   when the run ended; the next worker ends a group a crashed worker left
+//!   behind ([`crate::orphans`]).
+//! - On Linux the process gets SIGTERM from the kernel if the worker dies
+//!   (`PR_SET_PDEATHSIG`; see [`set_parent_death_signal`]).
 
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use graph_relay_core::envelope::{ERROR_LIMIT, FinishStatus, cut_utf16};
 use graph_relay_core::executor::{CancelSignal, Executor};
 use graph_relay_core::relay::{ExecutionOutcome, Job};
+use graph_relay_store_sqlite::SqliteOutbox;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::graphs::SpecTable;
+use crate::orphans;
 
 /// Most stdout bytes kept (a larger result is truncated by the envelope anyway).
 const STDOUT_CAP: usize = 16 * 1024 * 1024;
@@ -46,15 +58,61 @@ const PIPE_DRAIN: Duration = Duration::from_secs(5);
 pub struct ProcessExecutor {
     specs: SpecTable,
     grace: Duration,
+    ledger: Option<Arc<SqliteOutbox>>,
 }
 
 impl ProcessExecutor {
     /// An executor reading run specifications from `specs`; SIGKILL follows
     /// SIGTERM after `grace`.
     pub fn new(specs: SpecTable, grace: Duration) -> Self {
-        Self { specs, grace }
+        Self {
+            specs,
+            grace,
+            ledger: None,
+        }
+    }
+
+    /// Records every process group it starts in `outbox` until the run
+    /// ended, for [`orphans::end_left_over`] in the next worker.
+    pub fn with_ledger(mut self, outbox: Arc<SqliteOutbox>) -> Self {
+        self.ledger = Some(outbox);
+        self
     }
 }
+
+/// Asks the kernel to send SIGTERM to the Graph's process when the worker
+/// dies, so that a worker killed with SIGKILL does not leave it running
+/// (Linux; elsewhere the next worker's [`orphans::end_left_over`] is the
+/// only guard).
+///
+/// The signal is tied to the *thread* that starts the process. Runs start
+/// from the tokio runtime's worker threads, which live as long as the worker.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn set_parent_death_signal(command: &mut tokio::process::Command) {
+    let parent = nix::unistd::getpid();
+    // SAFETY: the closure runs in the forked child between fork and exec,
+    // where only async-signal-safe operations are allowed. It makes two
+    // system calls, prctl(2) and getppid(2), through nix's thin wrappers; it
+    // allocates nothing, takes no lock and touches no memory shared with the
+    // parent's other threads. Its error is built from a raw errno, which does
+    // not allocate either.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))?;
+            // The worker died between fork and prctl: the signal will never
+            // come, so do not start the Graph at all.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_parent_death_signal(_command: &mut tokio::process::Command) {}
 
 enum Ending {
     Exited(std::io::Result<ExitStatus>),
@@ -116,11 +174,26 @@ impl Executor for ProcessExecutor {
         if let Some(dir) = &spec.working_dir {
             command.current_dir(dir);
         }
+        set_parent_death_signal(&mut command);
         let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => return failed(format!("cannot start `{program}`: {e}")),
         };
         let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+        // Recorded before the Graph gets its arguments (most wait for them).
+        let record = match (&self.ledger, child.id()) {
+            (Some(ledger), Some(pid)) => match orphans::record_of(pid, job.command.id) {
+                Some(record) => match ledger.record_process(&record).await {
+                    Ok(()) => Some(record),
+                    Err(e) => {
+                        tracing::warn!(error = %e, pid, "cannot record the Graph's process group");
+                        None
+                    }
+                },
+                None => None,
+            },
+            _ => None,
+        };
         let input = serde_json::to_vec(&Value::Object(job.command.arguments.clone()))
             .unwrap_or_else(|_| b"{}".to_vec());
         if let Some(mut stdin) = child.stdin.take() {
@@ -178,6 +251,11 @@ impl Executor for ProcessExecutor {
         }
         // Whatever the main process left behind in its group goes too.
         signal_group(pgid, Signal::SIGKILL);
+        if let (Some(ledger), Some(record)) = (&self.ledger, &record)
+            && let Err(e) = ledger.remove_process(record.pgid, record.start_time).await
+        {
+            tracing::warn!(error = %e, pgid = record.pgid, "cannot remove the record of the Graph's process group");
+        }
 
         let drain = |task: Option<tokio::task::JoinHandle<Vec<u8>>>| async move {
             match task {

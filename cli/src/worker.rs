@@ -6,6 +6,11 @@
 //! status line per event on stderr. SIGINT/SIGTERM cancel the current run
 //! (SIGTERM to its process group, SIGKILL after the grace), report it
 //! through the outbox and try once more to deliver every pending report.
+//!
+//! Before its first pass the worker ends the Graph processes a crashed
+//! predecessor left running on the same outbox ([`crate::orphans`]); its
+//! first syncs then tell the server it restarted, so the runs that died with
+//! the predecessor end at once.
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -98,10 +103,12 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         })?
         .trim()
         .to_owned();
-    let outbox = SqliteOutbox::open(&args.outbox).map_err(|e| WorkerError::Outbox {
-        path: args.outbox.clone(),
-        message: e.to_string(),
-    })?;
+    let outbox = Arc::new(
+        SqliteOutbox::open(&args.outbox).map_err(|e| WorkerError::Outbox {
+            path: args.outbox.clone(),
+            message: e.to_string(),
+        })?,
+    );
     let http = HttpRelayTransport::new(HttpRelayConfig::new(&args.server, token))?;
     let transport: Arc<dyn RelayTransport> = if args.fault_lose_completion_posts > 0 {
         Arc::new(FaultyTransport::new(
@@ -113,10 +120,8 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         Arc::new(http)
     };
     let specs = Arc::new(RwLock::new(graphs.specs));
-    let executor = Arc::new(ProcessExecutor::new(
-        specs.clone(),
-        Duration::from_secs(args.grace_seconds),
-    ));
+    let grace = Duration::from_secs(args.grace_seconds);
+    let executor = Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
         mode: match args.mode {
@@ -130,7 +135,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     let driver = RelayDriver::new(
         relay,
         transport,
-        Arc::new(outbox),
+        outbox.clone(),
         executor,
         clock,
         DriverOptions {
@@ -149,6 +154,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             args.mode,
             args.outbox.display()
         ));
+        crate::orphans::end_left_over(&outbox, grace, |line| status(&line)).await;
         tokio::spawn(graphs::watch(
             args.graphs.clone(),
             Duration::from_secs(1),
@@ -181,6 +187,9 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::Synced { project, commands } => {
                 format!("sync: project {project}: {commands} command(s) queued")
             }
+            RelayEvent::Unshared { project } => format!(
+                "sync: project {project} unshared: no Graph is shared there any more, and the server no longer lists any"
+            ),
             RelayEvent::SyncFailed { project, reason } => {
                 format!("sync: project {project} failed: {reason}")
             }

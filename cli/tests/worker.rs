@@ -184,7 +184,9 @@ async fn a_session_unshared_between_queueing_and_starting_is_cancelled_with_the_
         "Graph session is no longer shared with this project"
     );
     assert!(!env.path(&format!("{second}.started")).exists());
-    worker.wait_line(&format!("declined {second}"));
+    // The server ended it on the first sync without `b` (the worker never
+    // received it); a worker whose sync raced the change declines it itself.
+    assert_eq!(worker.count(&format!("started {second}")), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -301,4 +303,213 @@ async fn sigint_cancels_the_current_run_reports_it_and_exits() {
     // The cancelled run was reported before the worker exited.
     let run = env.get(&url, &id).await;
     assert_eq!(run["status"], "cancelled", "{run}");
+}
+
+/// Writes `graphs.toml` atomically (a running worker reloads it).
+fn write_graphs_text(env: &Env, text: &str) {
+    let tmp = env.path("graphs.toml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, env.path("graphs.toml")).unwrap();
+}
+
+/// The session ids `list_graph_sessions` shows for `p1`.
+async fn listed(env: &Env, url: &str) -> Vec<String> {
+    let result = env
+        .call(url, "list_graph_sessions", json!({"project_id": "p1"}))
+        .await;
+    assert_eq!(result["isError"], false, "{result}");
+    result["structuredContent"]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["graph_session_id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn removing_a_projects_last_graph_unshares_it_even_while_the_worker_is_down() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    // `p1` is enabled only through its one Graph (no top-level `projects`).
+    let only_a = format!(
+        "[[graph]]\nid = \"{GS_A}\"\nname = \"Graph a\"\nslug = \"a\"\nversion = \"1\"\nprojects = [\"p1\"]\ncommand = [\"/bin/sh\", \"a.sh\"]\nworking_dir = \".\"\n"
+    );
+    write_graphs_text(&env, &only_a);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    assert_eq!(listed(&env, &url).await, [GS_A]);
+
+    // The owner removes the project's last Graph while the worker runs.
+    write_graphs_text(&env, "");
+    worker.wait_line("sync: project p1 unshared");
+    assert!(listed(&env, &url).await.is_empty());
+
+    // Shared again; then, with a run queued, withdrawn while the worker is down.
+    write_graphs_text(&env, &only_a);
+    let deadline = Instant::now() + DEADLINE;
+    while listed(&env, &url).await.is_empty() {
+        assert!(Instant::now() < deadline, "never shared again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    worker.interrupt();
+    let id = env.run(&url, GS_A, "e2e-key-unshare-down", json!({})).await;
+    write_graphs_text(&env, "");
+    // The new worker remembers (from its outbox file) that it synced p1.
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1 unshared");
+    assert!(listed(&env, &url).await.is_empty());
+    // The queued run ends with the re-check error and never starts: the
+    // empty sync hands it to the worker, whose re-check declines it (once
+    // the server ends such runs on that sync itself, the outcome is the same).
+    let run = env.wait_status(&url, &id, "cancelled").await;
+    assert_eq!(
+        run["error"],
+        "Graph session is no longer shared with this project"
+    );
+    assert!(!env.path(&format!("{id}.started")).exists());
+    assert_eq!(worker.count(&format!("started {id}")), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relative_command_runs_from_the_graphs_folder_whatever_the_workers_cwd() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    write_graphs_text(
+        &env,
+        &format!(
+            "[[graph]]\nid = \"{GS_A}\"\nname = \"Echo\"\nslug = \"a\"\nprojects = [\"p1\"]\ncommand = [\"./echo.sh\"]\n"
+        ),
+    );
+    let script = env.path("echo.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nargs=$(cat)\nprintf '{\"got\": %s}\\n' \"$args\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_server, url) = env.serve("127.0.0.1:0");
+    // The worker starts in another folder; every path it is given is absolute.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let path = |name: &str| env.path(name).to_str().unwrap().to_owned();
+    let (token, graphs, outbox) = (path("device.token"), path("graphs.toml"), path("outbox.db"));
+    let worker = Proc::spawn(
+        &[
+            "worker",
+            "--server",
+            &url,
+            "--token-file",
+            &token,
+            "--graphs",
+            &graphs,
+            "--outbox",
+            &outbox,
+            "--grace-seconds",
+            "2",
+        ],
+        elsewhere.path(),
+        DEADLINE,
+    );
+    worker.wait_line("sync: project p1");
+    let id = env
+        .run(&url, GS_A, "e2e-key-relative", json!({"n": 1}))
+        .await;
+    let run = env.wait_status(&url, &id, "completed").await;
+    assert_eq!(run["result"], json!({"got": {"n": 1}}), "{run}");
+}
+
+/// Waits until `pid` is gone (or a zombie).
+fn wait_gone(pid: i32, what: &str) {
+    let deadline = Instant::now() + DEADLINE;
+    while !process_gone(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "{what} (pid {pid}) is still running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The Graph process groups the worker has recorded in its outbox file.
+fn recorded_groups(env: &Env) -> Vec<i32> {
+    let outbox = graph_relay_store_sqlite::SqliteOutbox::open(env.path("outbox.db")).unwrap();
+    futures::executor::block_on(outbox.processes())
+        .unwrap()
+        .iter()
+        .map(|p| p.pgid)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_workers_script_dies_with_it_and_the_next_worker_ends_what_it_left() {
+    let env = Env::new();
+    // The script starts a child and waits; both write their pids.
+    env.script(
+        "a",
+        "sleep 300 &\necho $! > child.pid\necho $$ > main.pid\nwait\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-orphan", json!({})).await;
+    let child: i32 = env.wait_file("child.pid").trim().parse().unwrap();
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    env.wait_status(&url, &id, "running").await;
+    assert_eq!(recorded_groups(&env), [main], "recorded while it runs");
+
+    worker.sigkill();
+    // The kernel's parent-death signal ends the script itself ...
+    wait_gone(main, "the script of a killed worker");
+    // ... but not the child it started, which runs on, orphaned.
+    assert!(
+        !process_gone(child),
+        "the child should have outlived the worker"
+    );
+
+    let worker = env.worker(&url, &[]);
+    let line = worker.wait_line("left running by a previous worker");
+    assert!(
+        line.contains(&format!("process group {main} of command {id}")) && line.contains("SIGTERM"),
+        "{line}"
+    );
+    wait_gone(child, "the orphaned child");
+    assert!(recorded_groups(&env).is_empty(), "the record is removed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_left_over_script_that_ignores_sigterm_is_killed_after_the_grace() {
+    let env = Env::new();
+    // Ignores SIGTERM: neither the parent-death signal nor the first signal
+    // of the next worker ends it.
+    env.script(
+        "a",
+        "trap '' TERM\necho $$ > main.pid\nwhile true; do sleep 1; done\n",
+    );
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-orphan-term", json!({})).await;
+    let main: i32 = env.wait_file("main.pid").trim().parse().unwrap();
+    env.wait_status(&url, &id, "running").await;
+    worker.sigkill();
+    assert!(!process_gone(main), "the script ignores SIGTERM");
+
+    let worker = env.worker(&url, &[]);
+    let line = worker.wait_line("left running by a previous worker");
+    assert!(line.contains("SIGKILL after 2 s"), "{line}");
+    wait_gone(main, "the orphaned script");
+    assert!(recorded_groups(&env).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_finished_runs_process_record_is_removed() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (_server, url) = env.serve("127.0.0.1:0");
+    let worker = env.worker(&url, &[]);
+    worker.wait_line("sync: project p1");
+    let id = env.run(&url, GS_A, "e2e-key-record", json!({})).await;
+    env.wait_status(&url, &id, "completed").await;
+    worker.wait_line(&format!("delivered {id}"));
+    assert!(recorded_groups(&env).is_empty());
 }

@@ -6,12 +6,16 @@
 //! that it can never take it. A lost POST is therefore re-sent on the next
 //! pass, and a relay killed between finishing a run and reporting it
 //! delivers the result after a restart.
+//!
+//! The outbox also remembers the projects the relay has synced, so that a
+//! project the owner withdrew (even while the relay was down) is synced once
+//! with an empty list, which ends its shares on the server.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::ResultEnvelope;
-use crate::ids::CommandId;
+use crate::ids::{CommandId, ProjectId};
 use crate::time::Timestamp;
 
 /// What the relay owes the server about one command.
@@ -68,4 +72,29 @@ pub trait Outbox: Send + Sync {
     /// Deletes the item for `command` (acknowledged, or refused for good).
     /// Removing an absent item is not an error.
     async fn remove(&self, command: &CommandId) -> Result<(), OutboxError>;
+
+    /// The projects recorded with [`Outbox::remember_project`] and not
+    /// forgotten since, in order. The relay reads them once, when it starts.
+    ///
+    /// The defaults of this method and the next two keep nothing: right for
+    /// an outbox that does not outlive the process, since the relay itself
+    /// remembers its projects while it runs. A durable outbox keeps them, so
+    /// that a project withdrawn while the relay was down is still emptied.
+    async fn synced_projects(&self) -> Result<Vec<ProjectId>, OutboxError> {
+        Ok(Vec::new())
+    }
+
+    /// Records durably that the relay syncs `project` (the server may hold
+    /// its shares there). Recording a project twice is not an error.
+    async fn remember_project(&self, project: &ProjectId) -> Result<(), OutboxError> {
+        let _ = project;
+        Ok(())
+    }
+
+    /// Forgets `project`: the server holds no shares of the relay there any
+    /// more. Forgetting an unknown project is not an error.
+    async fn forget_project(&self, project: &ProjectId) -> Result<(), OutboxError> {
+        let _ = project;
+        Ok(())
+    }
 }

@@ -29,8 +29,27 @@
 //!   answers as soon as work is queued for this device (or after its hold
 //!   bound); control requests are held likewise and answered at once when
 //!   the agent cancels. Network failures back off with jitter.
+//!
+//! # Restarts and withdrawn projects
+//! - Until one sync succeeds, every sync of a relay made by [`Relay::new`]
+//!   says so ([`Action::Sync`]'s `restarted`), with the command it executes
+//!   (`running`): the server then ends at once what the device's previous
+//!   process left `running`. The outbox is re-sent before the first sync of
+//!   each pass, so a result recorded before a crash reaches the server first.
+//! - The relay remembers every project it has synced ([`Action::RememberProject`],
+//!   written before the sync is sent; hand the remembered ones back with
+//!   [`Relay::remember_synced`] after a restart). A remembered project that is no
+//!   longer enabled is synced with an empty list, which removes its shares on the
+//!   server, until one such sync succeeded; then it is forgotten
+//!   ([`Action::ForgetProject`]). Commands such a sync hands out fail the re-check.
+//!
+//! # Refusals
+//! Whether a refused request is tried again is the server's word: its
+//! `retryable` flag, carried by a [`Refusal`] and mapped onto [`PostOutcome`],
+//! [`ClaimOutcome`] and [`SyncFailure`] in one place. Every driver (HTTP, the
+//! simulator) goes through it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
@@ -112,6 +131,11 @@ impl SharedSet {
         self.projects.keys()
     }
 
+    /// True if `project` is enabled (with or without sessions).
+    pub fn is_enabled(&self, project: &ProjectId) -> bool {
+        self.projects.contains_key(project)
+    }
+
     /// The sessions shared to `project` (at most 100 are synced).
     pub fn sessions(&self, project: &ProjectId) -> Vec<SessionMeta> {
         self.projects
@@ -181,11 +205,23 @@ pub enum Action {
     Sync {
         /// The project.
         project: ProjectId,
-        /// Its shared sessions (at most 100).
+        /// Its shared sessions (at most 100; none for a project no longer enabled).
         sessions: Vec<SessionMeta>,
         /// Ask the server to hold the request until work arrives.
         long_poll: bool,
+        /// True until one sync of this relay succeeded: this process has just
+        /// started, and the server may end the device's other running commands.
+        restarted: bool,
+        /// The command the relay executes right now, if any.
+        running: Option<CommandId>,
     },
+    /// Record durably that the server holds shares of this relay in the
+    /// project (before its sync is sent), so that a later run of the relay
+    /// still empties them once the project is no longer enabled. No answer.
+    RememberProject(ProjectId),
+    /// Forget the project: its empty sync succeeded, the server holds no
+    /// shares of this relay there any more. No answer.
+    ForgetProject(ProjectId),
     /// Abort the held sync in flight (the shared set changed); answer with
     /// [`Relay::handle_sync_response`] carrying [`SyncFailure::Aborted`].
     AbortHeldSync,
@@ -237,6 +273,12 @@ pub enum RelayEvent {
         project: ProjectId,
         /// Queued commands received.
         commands: usize,
+    },
+    /// A project no longer enabled was synced with an empty list: the server
+    /// removed its shares, and the relay forgot the project.
+    Unshared {
+        /// The project.
+        project: ProjectId,
     },
     /// A sync failed.
     SyncFailed {
@@ -310,9 +352,10 @@ pub enum RelayEvent {
 /// Why a sync brought nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SyncFailure {
-    /// Network error or a 5xx: try again later.
+    /// No answer, or a refusal the server marked retryable (or did not mark):
+    /// try again later.
     Network(String),
-    /// The server refused the request (4xx): fix the configuration.
+    /// The server refused the request for good (`retryable: false`): fix the configuration.
     Refused(String),
     /// The driver aborted a held sync on request.
     Aborted,
@@ -323,9 +366,11 @@ pub enum SyncFailure {
 pub enum ClaimOutcome {
     /// The command is running under our execution id: run it.
     Granted,
-    /// The server said no (cancelled meanwhile, unknown, already started elsewhere).
+    /// The server said no for good (cancelled meanwhile, unknown, already
+    /// started elsewhere): never run it.
     Refused(String),
-    /// No answer: do not run; the command stays queued on the server.
+    /// No answer, or a retryable refusal: do not run it now; it is claimed
+    /// again (same execution id) on the next pass.
     Network(String),
 }
 
@@ -334,10 +379,78 @@ pub enum ClaimOutcome {
 pub enum PostOutcome {
     /// 2xx: recorded (or a duplicate of what was recorded).
     Acknowledged,
-    /// The server can never take it (non-retryable 4xx): drop it, log why.
+    /// The server said it can never take it (`retryable: false`): drop it, log why.
     Rejected(String),
-    /// No answer or a retryable failure: keep it for the next pass.
+    /// No answer, a retryable refusal, or a refusal without the server's
+    /// word on retrying: keep it for the next pass.
     Retry(String),
+}
+
+/// A request the server did not accept, or that got no usable answer.
+///
+/// The one mapping from the server's answer onto the relay's inputs: the
+/// server's `retryable` flag decides. `Some(false)` is final (a report is
+/// dropped, a claim is not run, a sync counts as refused); `Some(true)` and
+/// `None` (no answer at all, or an answer without the flag, e.g. from a proxy
+/// or an authentication layer) are tried again later, so that a report is
+/// never dropped on a guess. The HTTP client and the simulator both build
+/// their outcomes through it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The server's `retryable` flag, if its answer carried one.
+    pub retryable: Option<bool>,
+    /// What happened, for the log (status, code and the server's message).
+    pub reason: String,
+}
+
+impl Refusal {
+    /// A refusal with the server's flag (`None`: the answer carried none).
+    pub fn new(retryable: Option<bool>, reason: impl Into<String>) -> Self {
+        Self {
+            retryable,
+            reason: reason.into(),
+        }
+    }
+
+    /// No answer at all (network error, timeout): tried again.
+    pub fn no_answer(reason: impl Into<String>) -> Self {
+        Self::new(None, reason)
+    }
+
+    /// True when the server said the same request can never succeed.
+    pub fn is_final(&self) -> bool {
+        self.retryable == Some(false)
+    }
+}
+
+impl From<Refusal> for PostOutcome {
+    fn from(refusal: Refusal) -> Self {
+        if refusal.is_final() {
+            PostOutcome::Rejected(refusal.reason)
+        } else {
+            PostOutcome::Retry(refusal.reason)
+        }
+    }
+}
+
+impl From<Refusal> for ClaimOutcome {
+    fn from(refusal: Refusal) -> Self {
+        if refusal.is_final() {
+            ClaimOutcome::Refused(refusal.reason)
+        } else {
+            ClaimOutcome::Network(refusal.reason)
+        }
+    }
+}
+
+impl From<Refusal> for SyncFailure {
+    fn from(refusal: Refusal) -> Self {
+        if refusal.is_final() {
+            SyncFailure::Refused(refusal.reason)
+        } else {
+            SyncFailure::Network(refusal.reason)
+        }
+    }
 }
 
 /// What the pass is waiting for.
@@ -358,6 +471,8 @@ enum Awaiting {
 struct Current {
     job: Job,
     cancel_sent: bool,
+    /// [`Action::Execute`] was emitted and the execution has not finished.
+    executing: bool,
     control_in_flight: bool,
     next_control_at: Option<Timestamp>,
     report: Option<OutboxItem>,
@@ -374,6 +489,7 @@ impl Current {
         Self {
             job,
             cancel_sent: false,
+            executing: false,
             control_in_flight: false,
             next_control_at: None,
             report: None,
@@ -399,6 +515,11 @@ pub struct Relay {
     held_done: bool,
     failures: u32,
     unconfirmed: Option<(RelayCommand, ExecutionId)>,
+    /// Until one sync succeeded: this process has just started.
+    restarted: bool,
+    /// Projects the server may hold shares of this relay in (remembered
+    /// before their first sync; forgotten after an empty sync succeeded).
+    synced: BTreeSet<ProjectId>,
     rng: u64,
     actions: VecDeque<Action>,
     events: VecDeque<RelayEvent>,
@@ -425,6 +546,8 @@ impl Relay {
             held_done: false,
             failures: 0,
             unconfirmed: None,
+            restarted: true,
+            synced: BTreeSet::new(),
             rng,
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -434,6 +557,24 @@ impl Relay {
     /// The configuration.
     pub fn config(&self) -> &RelayConfig {
         &self.config
+    }
+
+    /// Projects an earlier run of this relay synced and did not forget (as
+    /// recorded on [`Action::RememberProject`]). Call it before the first
+    /// pass: a project among them that is no longer enabled is synced with an
+    /// empty list until that succeeds once.
+    pub fn remember_synced(&mut self, projects: impl IntoIterator<Item = ProjectId>) {
+        self.synced.extend(projects);
+    }
+
+    /// The projects the relay remembers having synced.
+    pub fn synced_projects(&self) -> impl Iterator<Item = &ProjectId> {
+        self.synced.iter()
+    }
+
+    /// True until one sync succeeded: the syncs announce a restart.
+    pub fn announces_restart(&self) -> bool {
+        self.restarted
     }
 
     /// The shared set the re-check uses.
@@ -542,10 +683,21 @@ impl Relay {
         match result {
             Ok(commands) => {
                 self.failures = 0;
+                self.restarted = false;
                 self.events.push_back(RelayEvent::Synced {
                     project: project.clone(),
                     commands: commands.len(),
                 });
+                // An empty sync of a project no longer enabled succeeded: the
+                // server holds no shares of ours there now. (If the project was
+                // enabled again meanwhile, it stays remembered.)
+                if !self.is_enabled(&project) && self.synced.remove(&project) {
+                    self.actions
+                        .push_back(Action::ForgetProject(project.clone()));
+                    self.events.push_back(RelayEvent::Unshared {
+                        project: project.clone(),
+                    });
+                }
                 self.work_in_pass += commands.len();
                 // Only this project's commands; anything else is ignored.
                 self.commands
@@ -599,6 +751,7 @@ impl Relay {
                         execution: job.execution.clone(),
                     });
                     self.actions.push_back(Action::Execute(job));
+                    current.executing = true;
                     self.awaiting = Awaiting::Execution(command);
                     match self.config.mode {
                         RelayMode::Interval => {
@@ -722,6 +875,7 @@ impl Relay {
         };
         current.report = Some(item.clone());
         current.next_control_at = None;
+        current.executing = false;
         self.awaiting = Awaiting::Store(command);
         self.actions.push_back(Action::StoreReport(item));
         self.drive(now);
@@ -852,7 +1006,16 @@ impl Relay {
         }
         self.work_in_pass = 0;
         self.held_done = false;
+        // The enabled projects, then the remembered ones no longer enabled
+        // (synced with an empty list, which ends their shares on the server).
         self.projects = self.shared.projects().cloned().collect();
+        let retired: Vec<ProjectId> = self
+            .synced
+            .iter()
+            .filter(|p| !self.is_enabled(p))
+            .cloned()
+            .collect();
+        self.projects.extend(retired);
         self.events.push_back(RelayEvent::PassStarted);
         self.awaiting = Awaiting::OutboxLoad;
         self.actions.push_back(Action::LoadOutbox);
@@ -872,7 +1035,7 @@ impl Relay {
             RelayMode::LongPoll => {
                 if self.failures > 0 {
                     Some(now.plus(self.backoff()))
-                } else if self.shared.projects().next().is_none() {
+                } else if self.shared.projects().next().is_none() && !self.has_retired() {
                     // Nothing enabled: wait for a change, but look again now and then.
                     Some(now.plus(self.config.pass_interval))
                 } else {
@@ -1004,10 +1167,16 @@ impl Relay {
         self.actions.push_back(Action::StoreReport(item));
     }
 
-    /// Syncs `project` with its shared sessions; `held` asks the server to
-    /// hold the request until work arrives.
+    /// Syncs `project` with its shared sessions (none if it is no longer
+    /// enabled); `held` asks the server to hold the request until work
+    /// arrives. An enabled project is remembered before its first sync.
     fn send_sync(&mut self, project: ProjectId, held: bool) {
+        if self.is_enabled(&project) && self.synced.insert(project.clone()) {
+            self.actions
+                .push_back(Action::RememberProject(project.clone()));
+        }
         let sessions = self.shared.sessions(&project);
+        let running = self.executing();
         self.awaiting = Awaiting::Sync {
             project: project.clone(),
             held,
@@ -1016,7 +1185,27 @@ impl Relay {
             project,
             sessions,
             long_poll: held,
+            restarted: self.restarted,
+            running,
         });
+    }
+
+    /// The command whose execution runs now (started and not yet finished).
+    fn executing(&self) -> Option<CommandId> {
+        self.current
+            .as_ref()
+            .filter(|c| c.executing)
+            .map(|c| c.job.command.id)
+    }
+
+    fn is_enabled(&self, project: &ProjectId) -> bool {
+        self.shared.is_enabled(project)
+    }
+
+    /// True when a remembered project is no longer enabled (its shares on
+    /// the server still need to be emptied).
+    fn has_retired(&self) -> bool {
+        self.synced.iter().any(|p| !self.is_enabled(p))
     }
 
     fn new_execution_id(&mut self, command: &CommandId) -> ExecutionId {
@@ -1079,8 +1268,17 @@ mod tests {
         }
     }
 
-    fn drain(r: &mut Relay) -> Vec<Action> {
+    /// Every pending action.
+    fn drain_all(r: &mut Relay) -> Vec<Action> {
         std::iter::from_fn(|| r.poll_action()).collect()
+    }
+
+    /// The pending actions but the bookkeeping of synced projects.
+    fn drain(r: &mut Relay) -> Vec<Action> {
+        drain_all(r)
+            .into_iter()
+            .filter(|a| !matches!(a, Action::RememberProject(_) | Action::ForgetProject(_)))
+            .collect()
     }
 
     /// Runs the pass start: empty outbox, sync answered with `commands`.
@@ -1519,6 +1717,215 @@ mod tests {
         assert!(drain(&mut r).is_empty());
         r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
         assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
+    }
+
+    #[test]
+    fn the_first_syncs_announce_the_restart_after_the_outbox_and_until_one_succeeds() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        assert!(r.announces_restart());
+        r.handle_timeout(secs(0));
+        assert_eq!(drain_all(&mut r), vec![Action::LoadOutbox]);
+        // A result recorded before the crash goes out before any sync.
+        let old = OutboxItem {
+            command: command(9, 1, "a").id,
+            report: RelayReport::Declined,
+            stored_at: T0,
+            attempts: 0,
+        };
+        r.handle_outbox_loaded(vec![old.clone()], secs(0));
+        assert_eq!(drain_all(&mut r), vec![Action::PostReport(old.clone())]);
+        r.handle_report_posted(old.command, PostOutcome::Acknowledged, secs(0));
+        assert_eq!(
+            drain_all(&mut r),
+            vec![
+                Action::RemoveReport(old.command),
+                Action::RememberProject(project()),
+                Action::Sync {
+                    project: project(),
+                    sessions: vec![session(1, "a")],
+                    long_poll: false,
+                    restarted: true,
+                    running: None,
+                },
+            ]
+        );
+        // That sync got no answer: the next pass announces the restart again.
+        r.handle_sync_response(Err(SyncFailure::Network("down".into())), secs(0));
+        r.handle_timeout(secs(20));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        let a = drain_all(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::Sync {
+                    restarted: true,
+                    running: None,
+                    ..
+                }]
+            ),
+            "{a:?}"
+        );
+        r.handle_sync_response(Ok(vec![]), secs(20));
+        assert!(!r.announces_restart());
+        // Once one sync succeeded, later syncs are ordinary.
+        r.handle_timeout(secs(40));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(40));
+        let a = drain_all(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::Sync {
+                    restarted: false,
+                    ..
+                }]
+            ),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn a_project_no_longer_enabled_is_synced_empty_until_that_succeeds_then_forgotten() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(0));
+        let a = drain_all(&mut r);
+        assert_eq!(a[0], Action::RememberProject(project()), "{a:?}");
+        r.handle_sync_response(Ok(vec![]), secs(0));
+        assert!(r.synced_projects().eq([&project()]));
+        // The owner removes the project's last graph and the project itself.
+        r.handle_shared_set(SharedSet::new(), secs(5));
+        assert_eq!(drain_all(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], secs(5));
+        let empty_sync = Action::Sync {
+            project: project(),
+            sessions: vec![],
+            long_poll: false,
+            restarted: false,
+            running: None,
+        };
+        assert_eq!(drain_all(&mut r), vec![empty_sync.clone()]);
+        // Not acknowledged: still remembered, synced empty again next pass.
+        r.handle_sync_response(Err(SyncFailure::Network("down".into())), secs(5));
+        assert!(drain_all(&mut r).is_empty());
+        r.handle_timeout(secs(20));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert_eq!(drain_all(&mut r), vec![empty_sync]);
+        // Acknowledged: forgotten; a command it hands out fails the re-check.
+        let queued = command(1, 1, "a");
+        r.handle_sync_response(Ok(vec![queued.clone()]), secs(20));
+        let a = drain_all(&mut r);
+        assert_eq!(a[0], Action::ForgetProject(project()), "{a:?}");
+        assert!(
+            matches!(
+                &a[1..],
+                [Action::StoreReport(OutboxItem {
+                    report: RelayReport::Declined,
+                    command,
+                    ..
+                })] if *command == queued.id
+            ),
+            "{a:?}"
+        );
+        assert!(
+            std::iter::from_fn(|| r.poll_event())
+                .any(|e| e == RelayEvent::Unshared { project: project() })
+        );
+        assert_eq!(r.synced_projects().count(), 0);
+        r.handle_report_stored(queued.id, secs(20));
+        drain_all(&mut r);
+        r.handle_report_posted(queued.id, PostOutcome::Acknowledged, secs(20));
+        drain_all(&mut r);
+        // Later passes sync nothing.
+        r.handle_timeout(secs(40));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(40));
+        assert!(drain_all(&mut r).is_empty());
+        assert!(!r.is_busy());
+    }
+
+    #[test]
+    fn a_project_enabled_again_while_its_empty_sync_is_in_flight_stays_remembered() {
+        let mut r = Relay::new(interval(), SharedSet::new(), secs(0));
+        r.remember_synced([project()]);
+        r.handle_timeout(secs(0));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(0));
+        assert!(matches!(
+            drain_all(&mut r).as_slice(),
+            [Action::Sync { sessions, .. }] if sessions.is_empty()
+        ));
+        r.handle_shared_set(shared(&[(1, "a")]), secs(1));
+        r.handle_sync_response(Ok(vec![]), secs(1));
+        assert!(
+            !drain_all(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::ForgetProject(_)))
+        );
+        assert!(r.synced_projects().eq([&project()]));
+    }
+
+    #[test]
+    fn projects_remembered_by_an_earlier_run_are_emptied_after_a_restart() {
+        let mut r = Relay::new(RelayConfig::default(), SharedSet::new(), secs(0));
+        r.remember_synced([project()]);
+        r.handle_timeout(secs(0));
+        assert_eq!(drain_all(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], secs(0));
+        assert_eq!(
+            drain_all(&mut r),
+            vec![Action::Sync {
+                project: project(),
+                sessions: vec![],
+                long_poll: false,
+                restarted: true,
+                running: None,
+            }]
+        );
+        r.handle_sync_response(Ok(vec![]), secs(0));
+        assert_eq!(drain_all(&mut r), vec![Action::ForgetProject(project())]);
+        // Nothing enabled, nothing left to empty: the relay waits for a change.
+        assert!(!r.is_busy());
+        assert_eq!(r.poll_timeout(), Some(secs(20)));
+    }
+
+    #[test]
+    fn the_servers_retryable_flag_alone_decides_what_is_tried_again() {
+        let refused = Refusal::new(Some(false), "403 device_token_required: no");
+        let retry = Refusal::new(Some(true), "503 store_unavailable: later");
+        let silent = Refusal::new(None, "401: no flag");
+        let down = Refusal::no_answer("connection refused");
+        assert!(refused.is_final());
+        assert_eq!(
+            PostOutcome::from(refused.clone()),
+            PostOutcome::Rejected(refused.reason.clone())
+        );
+        assert_eq!(
+            ClaimOutcome::from(refused.clone()),
+            ClaimOutcome::Refused(refused.reason.clone())
+        );
+        assert_eq!(
+            SyncFailure::from(refused.clone()),
+            SyncFailure::Refused(refused.reason.clone())
+        );
+        for r in [retry, silent, down] {
+            assert!(!r.is_final());
+            assert_eq!(
+                PostOutcome::from(r.clone()),
+                PostOutcome::Retry(r.reason.clone())
+            );
+            assert_eq!(
+                ClaimOutcome::from(r.clone()),
+                ClaimOutcome::Network(r.reason.clone())
+            );
+            assert_eq!(
+                SyncFailure::from(r.clone()),
+                SyncFailure::Network(r.reason.clone())
+            );
+        }
     }
 
     #[test]

@@ -322,8 +322,20 @@ pub fn relay_events(data: &[u8]) {
                 } => {
                     assert!(pending_sync.is_none(), "one sync at a time");
                     assert!(sessions.len() <= 100);
+                    assert!(
+                        relay.shared().is_enabled(&project) || sessions.is_empty(),
+                        "a project no longer enabled is synced with an empty list"
+                    );
                     pending_sync = Some(project);
                 }
+                Action::RememberProject(project) => assert!(
+                    relay.shared().is_enabled(&project),
+                    "only an enabled project is remembered"
+                ),
+                Action::ForgetProject(project) => assert!(
+                    !relay.shared().is_enabled(&project),
+                    "only a project no longer enabled is forgotten"
+                ),
                 Action::AbortHeldSync => {
                     if pending_sync.take().is_some() {
                         relay.handle_sync_response(Err(SyncFailure::Aborted), now);

@@ -19,11 +19,11 @@ use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerI
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{
-    CompleteError, DeclineError, Queue, QueueConfig, RunView, StartError, SyncRequest,
+    CompleteError, DeclineError, Queue, QueueConfig, RunView, StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Relay, RelayCommand, RelayConfig,
-    RelayMode, SharedSet, SyncFailure,
+    Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,
+    RelayConfig, RelayMode, SharedSet, SyncFailure,
 };
 use graph_relay_core::session::SessionMeta;
 use graph_relay_core::signals::{Subscription, Topic};
@@ -106,11 +106,7 @@ pub struct ExecutionRecord {
 /// A request on its way to the server.
 #[derive(Debug)]
 enum Request {
-    Sync {
-        project: ProjectId,
-        sessions: Vec<SessionMeta>,
-        long_poll: bool,
-    },
+    Sync(SyncRequest),
     Claim {
         command: CommandId,
         execution: graph_relay_core::ids::ExecutionId,
@@ -426,16 +422,30 @@ impl World {
                     project,
                     sessions,
                     long_poll,
+                    restarted,
+                    running,
                 } => {
                     let at = self.after_latency();
                     self.schedule(
                         at,
-                        Event::Arrive(Request::Sync {
+                        Event::Arrive(Request::Sync(SyncRequest {
                             project,
                             sessions,
                             long_poll,
-                        }),
+                            restarted,
+                            running,
+                        })),
                     );
+                }
+                Action::RememberProject(project) => {
+                    if let Some(o) = &self.outbox {
+                        let _ = block_on(o.remember_project(&project));
+                    }
+                }
+                Action::ForgetProject(project) => {
+                    if let Some(o) = &self.outbox {
+                        let _ = block_on(o.forget_project(&project));
+                    }
                 }
                 Action::AbortHeldSync => {
                     self.held.retain(|h| !matches!(h, Held::Sync { .. }));
@@ -590,39 +600,30 @@ impl World {
         let reply_at = self.after_latency();
         let device = self.device.clone();
         match request {
-            Request::Sync {
-                project,
-                sessions,
-                long_poll,
-            } => {
+            Request::Sync(request) => {
                 let topic = Topic::DeviceWork(device.owner.clone(), device.id.clone());
                 let subscription = self.queue.signals().subscribe(topic);
-                let request = SyncRequest {
-                    project: project.clone(),
-                    sessions,
-                    long_poll,
-                    restarted: false,
-                    running: None,
-                };
                 let answer = match block_on(self.queue.sync(&device, &request)) {
-                    Ok(response) if long_poll && response.commands.is_empty() => {
+                    Ok(response) if request.long_poll && response.commands.is_empty() => {
                         self.hold(Held::Sync {
-                            project,
+                            project: request.project,
                             subscription,
                             generation: 0,
                         });
                         return;
                     }
                     Ok(response) => Ok(response.commands.iter().map(relay_command).collect()),
-                    Err(e) => Err(SyncFailure::Refused(e.to_string())),
+                    Err(e) => {
+                        let retryable = matches!(e, SyncError::Store(_));
+                        Err(refusal(retryable, e).into())
+                    }
                 };
                 self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
             }
             Request::Claim { command, execution } => {
                 let outcome = match block_on(self.queue.start(&device, &command, &execution)) {
                     Ok(_) => ClaimOutcome::Granted,
-                    Err(StartError::Store(e)) => ClaimOutcome::Network(e.to_string()),
-                    Err(e) => ClaimOutcome::Refused(e.to_string()),
+                    Err(e) => refusal(matches!(e, StartError::Store(_)), e).into(),
                 };
                 self.schedule(reply_at, Event::Answer(Answer::Claim(command, outcome)));
             }
@@ -647,15 +648,13 @@ impl World {
                     RelayReport::Completion { envelope } => {
                         match block_on(self.queue.complete(&device, &item.command, envelope)) {
                             Ok(_) => PostOutcome::Acknowledged,
-                            Err(CompleteError::Store(e)) => PostOutcome::Retry(e.to_string()),
-                            Err(e) => PostOutcome::Rejected(e.to_string()),
+                            Err(e) => refusal(matches!(e, CompleteError::Store(_)), e).into(),
                         }
                     }
                     RelayReport::Declined => {
                         match block_on(self.queue.decline(&device, &item.command)) {
                             Ok(_) => PostOutcome::Acknowledged,
-                            Err(DeclineError::Store(e)) => PostOutcome::Retry(e.to_string()),
-                            Err(e) => PostOutcome::Rejected(e.to_string()),
+                            Err(e) => refusal(matches!(e, DeclineError::Store(_)), e).into(),
                         }
                     }
                 };
@@ -721,6 +720,14 @@ impl World {
     pub fn status(&self, id: &CommandId) -> Option<CommandStatus> {
         self.command(&self.agent, id).map(|c| c.status)
     }
+}
+
+/// The simulated server's answer to a request it did not accept, as the
+/// HTTP server words it: a store failure is retryable (its 503), every other
+/// refusal is final. The relay maps it through the core's one [`Refusal`]
+/// mapping, exactly as over HTTP.
+fn refusal(retryable: bool, error: impl std::fmt::Display) -> Refusal {
+    Refusal::new(Some(retryable), error.to_string())
 }
 
 /// What a sync hands the relay for one command.

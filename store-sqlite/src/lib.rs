@@ -126,7 +126,9 @@
 //!   at most `batch` expired keys and at most `batch` terminal commands per
 //!   call, in one short transaction, and never a command that a live
 //!   idempotency key still points at.
-//! - **The outbox** is the table `outbox` of the same schema. A relay
+//! - **The outbox** is the table `outbox` of the same schema, with the
+//!   relay's synced projects (`relay_projects`) and the Graph processes its
+//!   worker started ([`graph_processes`], `relay_processes`). A relay
 //!   normally opens its own file with [`SqliteOutbox::open`]; a process that
 //!   runs both halves may point both at one file.
 //!
@@ -152,10 +154,12 @@ use std::time::Duration;
 
 mod cache;
 mod database;
+pub mod graph_processes;
 mod outbox;
 mod schema;
 mod store;
 
+pub use crate::graph_processes::GraphProcess;
 pub use crate::outbox::SqliteOutbox;
 pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use crate::store::SqliteStore;

@@ -1,9 +1,13 @@
 //! [`SqliteOutbox`]: the relay's durable [`Outbox`] on SQLite.
+//!
+//! Besides the pending reports (table `outbox`) it keeps the projects the
+//! relay has synced (table `relay_projects`) and, through
+//! [`crate::graph_processes`], the Graph processes the worker started.
 
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use graph_relay_core::ids::CommandId;
+use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem, RelayReport};
 use rusqlite::params;
 
@@ -19,7 +23,7 @@ use crate::{OpenError, SqliteOptions, Synchronous, schema};
 /// after a restart.
 #[derive(Debug)]
 pub struct SqliteOutbox {
-    db: Database,
+    pub(crate) db: Database,
     path: PathBuf,
 }
 
@@ -136,9 +140,53 @@ impl Outbox for SqliteOutbox {
             .await
             .map_err(outbox_error)
     }
+
+    async fn synced_projects(&self) -> Result<Vec<ProjectId>, OutboxError> {
+        self.db
+            .read(|conn| {
+                let mut stmt =
+                    conn.prepare_cached("SELECT project FROM relay_projects ORDER BY project")?;
+                let rows = stmt
+                    .query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<rusqlite::Result<Vec<_>>>()?;
+                rows.into_iter()
+                    .map(|p| {
+                        ProjectId::parse(&p)
+                            .map_err(|e| DbError::Corrupt(format!("relay_projects.project: {e}")))
+                    })
+                    .collect()
+            })
+            .map_err(outbox_error)
+    }
+
+    async fn remember_project(&self, project: &ProjectId) -> Result<(), OutboxError> {
+        let project = project.to_string();
+        self.db
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "INSERT INTO relay_projects (project) VALUES (?1) ON CONFLICT DO NOTHING",
+                )?
+                .execute(params![project])?;
+                Ok(())
+            })
+            .await
+            .map_err(outbox_error)
+    }
+
+    async fn forget_project(&self, project: &ProjectId) -> Result<(), OutboxError> {
+        let project = project.to_string();
+        self.db
+            .write(move |conn| {
+                conn.prepare_cached("DELETE FROM relay_projects WHERE project = ?1")?
+                    .execute(params![project])?;
+                Ok(())
+            })
+            .await
+            .map_err(outbox_error)
+    }
 }
 
-fn outbox_error(e: DbError) -> OutboxError {
+pub(crate) fn outbox_error(e: DbError) -> OutboxError {
     match e {
         DbError::Corrupt(m) => OutboxError::Corrupt(m),
         other => OutboxError::Backend(other.to_string()),

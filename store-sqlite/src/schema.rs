@@ -26,7 +26,7 @@ use crate::{OpenError, SqliteOptions};
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 const MIGRATIONS: &[&str] = &[
@@ -119,6 +119,23 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE commands ADD COLUMN lease_expires_at INTEGER;
     CREATE INDEX commands_running ON commands (lease_expires_at) WHERE status = 'running';
     CREATE INDEX commands_running_by_device ON commands (owner, device) WHERE status = 'running';
+    ",
+    // 4: the relay's memory beside its outbox: the projects it has synced
+    // (synced once with an empty list after the owner withdrew them), and the
+    // Graph processes it started (killed by the next worker if the relay died
+    // before they ended; the start time guards against PID reuse).
+    r"
+    CREATE TABLE relay_projects (
+        project TEXT NOT NULL PRIMARY KEY
+    ) WITHOUT ROWID;
+
+    CREATE TABLE relay_processes (
+        pgid        INTEGER NOT NULL PRIMARY KEY,
+        start_time  INTEGER NOT NULL,
+        boot_id     TEXT    NOT NULL,
+        command     TEXT    NOT NULL,
+        recorded_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
     ",
 ];
 

@@ -246,8 +246,8 @@ pub(crate) async fn sync(
         project: body.project_id,
         sessions: body.sessions,
         long_poll: body.long_poll,
-        restarted: false,
-        running: None,
+        restarted: body.restarted,
+        running: body.running_command_id,
     };
     let response = queue.sync(&device, &request).await.map_err(|e| {
         match e {

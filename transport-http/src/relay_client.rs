@@ -1,10 +1,13 @@
 //! The desktop relay's HTTP client and the driver of `core::relay`.
 //!
 //! [`HttpRelayTransport`] speaks the relay API (reqwest over rustls) and maps
-//! every answer onto the inputs of the state machine: a 2xx is success, a
-//! non-retryable 4xx is a refusal ([`PostOutcome::Rejected`],
-//! [`ClaimOutcome::Refused`], [`SyncFailure::Refused`]), anything else (a 5xx,
-//! 401/403/408/429, a network error, a timeout) is retried later.
+//! every answer onto the inputs of the state machine: a 2xx is success;
+//! anything else becomes a [`Refusal`] carrying the server's `retryable` flag
+//! ([`ErrorReply`]), and the core's one mapping decides: `retryable: false`
+//! is final ([`PostOutcome::Rejected`], [`ClaimOutcome::Refused`],
+//! [`SyncFailure::Refused`]); a retryable refusal, an answer without the flag
+//! (e.g. a 401 of the authentication layer, a proxy's 502) and no answer at
+//! all are retried later. The status code alone never decides.
 //!
 //! [`RelayDriver`] performs the [`Action`]s of a [`Relay`] with a
 //! [`RelayTransport`], an [`Outbox`] and an [`Executor`], and feeds each
@@ -24,14 +27,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use graph_relay_core::Clock;
 use graph_relay_core::executor::{CancelHandle, Executor, cancel_pair};
-use graph_relay_core::ids::{CommandId, ExecutionId, ProjectId};
+use graph_relay_core::ids::{CommandId, ExecutionId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
+use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayEvent,
+    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay, RelayCommand, RelayEvent,
     SharedSet, SyncFailure,
 };
-use graph_relay_core::session::SessionMeta;
-use reqwest::StatusCode;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
@@ -44,13 +46,8 @@ use crate::relay_wire::{
 /// The relay's side of the relay API, one call per request kind.
 #[async_trait]
 pub trait RelayTransport: Send + Sync {
-    /// Sync one project (held by the server when `long_poll`).
-    async fn sync(
-        &self,
-        project: &ProjectId,
-        sessions: &[SessionMeta],
-        long_poll: bool,
-    ) -> Result<Vec<RelayCommand>, SyncFailure>;
+    /// Sync one project (held by the server when `request.long_poll`).
+    async fn sync(&self, request: &SyncRequest) -> Result<Vec<RelayCommand>, SyncFailure>;
     /// Claim a command under `execution`.
     async fn claim(&self, command: &CommandId, execution: &ExecutionId) -> ClaimOutcome;
     /// Ask whether the agent cancelled (held by the server when `long_poll`).
@@ -108,14 +105,9 @@ pub struct HttpRelayTransport {
     config: HttpRelayConfig,
 }
 
-/// How one request ended.
-enum Answer<T> {
-    Ok(T),
-    /// A refusal that resending cannot change.
-    Refused(String),
-    /// Try again later.
-    Retry(String),
-}
+/// How one request ended: the answer, or why not (with the server's word
+/// on retrying, if it gave one).
+type Answer<T> = Result<T, Refusal>;
 
 impl HttpRelayTransport {
     /// A client for `config`.
@@ -154,70 +146,61 @@ impl HttpRelayTransport {
             .await;
         let response = match response {
             Ok(r) => r,
-            Err(e) => return Answer::Retry(format!("network error: {e}")),
+            Err(e) => return Err(Refusal::no_answer(format!("network error: {e}"))),
         };
         let status = response.status();
         let bytes = match response.bytes().await {
             Ok(b) => b,
-            Err(e) => return Answer::Retry(format!("network error reading the answer: {e}")),
+            Err(e) => {
+                return Err(Refusal::no_answer(format!(
+                    "network error reading the answer: {e}"
+                )));
+            }
         };
         if status.is_success() {
-            return match serde_json::from_slice(&bytes) {
-                Ok(v) => Answer::Ok(v),
-                Err(e) => Answer::Retry(format!("unreadable answer ({status}): {e}")),
-            };
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| Refusal::no_answer(format!("unreadable answer ({status}): {e}")));
         }
-        let reason = match serde_json::from_slice::<ErrorReply>(&bytes) {
-            Ok(e) => format!("{status} {}: {}", e.error, e.message),
-            Err(_) => format!("{status}: {}", String::from_utf8_lossy(&bytes).trim()),
-        };
-        if is_final_refusal(status) {
-            Answer::Refused(reason)
-        } else {
-            Answer::Retry(reason)
-        }
+        Err(refusal(status, &bytes))
     }
 }
 
-/// A 4xx that resending the same request can never turn into a success.
-/// 401/403 (token or host configuration) and 408/429 are retried instead:
-/// fixing the configuration must not have cost the result.
-fn is_final_refusal(status: StatusCode) -> bool {
-    status.is_client_error()
-        && !matches!(
-            status,
-            StatusCode::UNAUTHORIZED
-                | StatusCode::FORBIDDEN
-                | StatusCode::REQUEST_TIMEOUT
-                | StatusCode::TOO_MANY_REQUESTS
-        )
+/// A non-2xx answer as a [`Refusal`]: the server's [`ErrorReply`] carries its
+/// `retryable` flag; any other body (an authentication challenge, a proxy's
+/// page) carries none, and is therefore tried again.
+fn refusal(status: reqwest::StatusCode, body: &[u8]) -> Refusal {
+    match serde_json::from_slice::<ErrorReply>(body) {
+        Ok(e) => Refusal::new(
+            Some(e.retryable),
+            format!("{status} {}: {}", e.error, e.message),
+        ),
+        Err(_) => Refusal::new(
+            None,
+            format!("{status}: {}", String::from_utf8_lossy(body).trim()),
+        ),
+    }
 }
 
 #[async_trait]
 impl RelayTransport for HttpRelayTransport {
-    async fn sync(
-        &self,
-        project: &ProjectId,
-        sessions: &[SessionMeta],
-        long_poll: bool,
-    ) -> Result<Vec<RelayCommand>, SyncFailure> {
+    async fn sync(&self, request: &SyncRequest) -> Result<Vec<RelayCommand>, SyncFailure> {
         let body = SyncBody {
-            project_id: project.clone(),
-            sessions: sessions.to_vec(),
-            long_poll,
+            project_id: request.project.clone(),
+            sessions: request.sessions.clone(),
+            long_poll: request.long_poll,
+            restarted: request.restarted,
+            running_command_id: request.running,
         };
-        match self
-            .post::<_, SyncReply>(&sync_path(), &body, long_poll)
+        self.post::<_, SyncReply>(&sync_path(), &body, request.long_poll)
             .await
-        {
-            Answer::Ok(reply) => Ok(reply
-                .commands
-                .into_iter()
-                .map(|c| c.into_relay_command())
-                .collect()),
-            Answer::Refused(r) => Err(SyncFailure::Refused(r)),
-            Answer::Retry(r) => Err(SyncFailure::Network(r)),
-        }
+            .map(|reply| {
+                reply
+                    .commands
+                    .into_iter()
+                    .map(|c| c.into_relay_command())
+                    .collect()
+            })
+            .map_err(SyncFailure::from)
     }
 
     async fn claim(&self, command: &CommandId, execution: &ExecutionId) -> ClaimOutcome {
@@ -228,9 +211,8 @@ impl RelayTransport for HttpRelayTransport {
             .post::<_, serde_json::Value>(&command_path(command, "start"), &body, false)
             .await
         {
-            Answer::Ok(_) => ClaimOutcome::Granted,
-            Answer::Refused(r) => ClaimOutcome::Refused(r),
-            Answer::Retry(r) => ClaimOutcome::Network(r),
+            Ok(_) => ClaimOutcome::Granted,
+            Err(refusal) => refusal.into(),
         }
     }
 
@@ -241,8 +223,8 @@ impl RelayTransport for HttpRelayTransport {
             .await
         {
             // A command that ended on the server meanwhile needs no more control.
-            Answer::Ok(reply) => Ok(reply.cancel_requested),
-            Answer::Refused(r) | Answer::Retry(r) => Err(r),
+            Ok(reply) => Ok(reply.cancel_requested),
+            Err(refusal) => Err(refusal.reason),
         }
     }
 
@@ -266,9 +248,8 @@ impl RelayTransport for HttpRelayTransport {
             }
         };
         match answer {
-            Answer::Ok(_) => PostOutcome::Acknowledged,
-            Answer::Refused(r) => PostOutcome::Rejected(r),
-            Answer::Retry(r) => PostOutcome::Retry(r),
+            Ok(_) => PostOutcome::Acknowledged,
+            Err(refusal) => refusal.into(),
         }
     }
 }
@@ -305,13 +286,8 @@ fn take_one(counter: &AtomicU32) -> bool {
 
 #[async_trait]
 impl<T: RelayTransport> RelayTransport for FaultyTransport<T> {
-    async fn sync(
-        &self,
-        project: &ProjectId,
-        sessions: &[SessionMeta],
-        long_poll: bool,
-    ) -> Result<Vec<RelayCommand>, SyncFailure> {
-        self.inner.sync(project, sessions, long_poll).await
+    async fn sync(&self, request: &SyncRequest) -> Result<Vec<RelayCommand>, SyncFailure> {
+        self.inner.sync(request).await
     }
 
     async fn claim(&self, command: &CommandId, execution: &ExecutionId) -> ClaimOutcome {
@@ -451,6 +427,11 @@ impl RelayDriver {
         mut on_event: impl FnMut(DriverEvent),
     ) {
         tokio::pin!(shutdown);
+        // The projects an earlier run synced and did not empty yet.
+        match self.outbox.synced_projects().await {
+            Ok(projects) => self.relay.remember_synced(projects),
+            Err(e) => on_event(DriverEvent::OutboxError(e.to_string())),
+        }
         let mut shared_open = true;
         loop {
             self.perform(&mut on_event).await;
@@ -511,7 +492,14 @@ impl RelayDriver {
         match self.outbox.pending().await {
             Ok(items) => {
                 for item in items {
-                    match self.transport.post_report(&item).await {
+                    let outcome = self.transport.post_report(&item).await;
+                    if let PostOutcome::Rejected(reason) = &outcome {
+                        on_event(DriverEvent::Relay(RelayEvent::Dropped {
+                            command: item.command,
+                            reason: reason.clone(),
+                        }));
+                    }
+                    match outcome {
                         PostOutcome::Acknowledged | PostOutcome::Rejected(_) => {
                             delivered += 1;
                             if let Err(e) = self.outbox.remove(&item.command).await {
@@ -586,16 +574,35 @@ impl RelayDriver {
                     project,
                     sessions,
                     long_poll,
+                    restarted,
+                    running,
                 } => {
                     if self.stopping {
                         let failure = SyncFailure::Network("the worker is stopping".into());
                         self.relay.handle_sync_response(Err(failure), now);
                         continue;
                     }
+                    let request = SyncRequest {
+                        project,
+                        sessions,
+                        long_poll,
+                        restarted,
+                        running,
+                    };
                     let transport = self.transport.clone();
-                    self.sync_task = Some(self.spawn(async move {
-                        Input::Synced(transport.sync(&project, &sessions, long_poll).await)
-                    }));
+                    self.sync_task = Some(
+                        self.spawn(async move { Input::Synced(transport.sync(&request).await) }),
+                    );
+                }
+                Action::RememberProject(project) => {
+                    if let Err(e) = self.outbox.remember_project(&project).await {
+                        on_event(DriverEvent::OutboxError(e.to_string()));
+                    }
+                }
+                Action::ForgetProject(project) => {
+                    if let Err(e) = self.outbox.forget_project(&project).await {
+                        on_event(DriverEvent::OutboxError(e.to_string()));
+                    }
                 }
                 Action::AbortHeldSync => {
                     if let Some(task) = self.sync_task.take() {

@@ -52,6 +52,14 @@ pub struct SyncBody {
     /// Hold the request until work is queued for this device (or the hold bound passes).
     #[serde(default)]
     pub long_poll: bool,
+    /// True on the first syncs a relay process sends after it started, until
+    /// one succeeded: the server then ends this device's running commands
+    /// other than `running_command_id` (they died with the previous process).
+    #[serde(default)]
+    pub restarted: bool,
+    /// The command the relay is executing right now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_command_id: Option<CommandId>,
 }
 
 /// One queued command as a sync hands it out.
@@ -234,7 +242,9 @@ pub fn openapi() -> Value {
                     "properties": {
                         "project_id": string,
                         "sessions": {"type": "array", "maxItems": 100, "items": {"$ref": "#/components/schemas/SessionMeta"}},
-                        "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."}
+                        "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."},
+                        "restarted": {"type": "boolean", "default": false, "description": "True on the first syncs a relay process sends after it started, until one succeeded: the server ends this device's running commands other than running_command_id at once (they died with the previous process)."},
+                        "running_command_id": {"type": "string", "format": "uuid", "description": "The command the relay is executing right now; absent when it runs nothing."}
                     }
                 },
                 "Command": {

@@ -825,3 +825,227 @@ async fn the_client_drops_what_the_server_refuses_and_retries_what_did_not_arriv
         PostOutcome::Retry(_)
     ));
 }
+
+/// A stand-in for the relay API that answers syncs with nothing and
+/// refuses every report with 403 and the `retryable` flag of the test's
+/// choosing; it records every sync body and counts the reports.
+struct RefusingServer {
+    base: String,
+    retryable: Arc<std::sync::atomic::AtomicBool>,
+    reports: Arc<std::sync::atomic::AtomicUsize>,
+    syncs: Arc<Mutex<Vec<Value>>>,
+}
+
+async fn refusing_server() -> RefusingServer {
+    use axum::routing::post;
+    use graph_relay_transport_http::relay_wire::{ErrorReply, SyncReply};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let retryable = Arc::new(AtomicBool::new(false));
+    let reports = Arc::new(AtomicUsize::new(0));
+    let syncs = Arc::new(Mutex::new(Vec::new()));
+    let (flag, count, bodies) = (retryable.clone(), reports.clone(), syncs.clone());
+    let app = axum::Router::new()
+        .route(
+            &format!("{RELAY_PREFIX}/sync"),
+            post(move |axum::Json(body): axum::Json<Value>| {
+                bodies.lock().unwrap().push(body);
+                async {
+                    axum::Json(SyncReply {
+                        commands: vec![],
+                        poll_after_seconds: 20,
+                    })
+                }
+            }),
+        )
+        .route(
+            &format!("{RELAY_PREFIX}/commands/{{id}}/complete"),
+            post(move || {
+                count.fetch_add(1, Ordering::SeqCst);
+                let retryable = flag.load(Ordering::SeqCst);
+                async move {
+                    (
+                        axum::http::StatusCode::FORBIDDEN,
+                        axum::Json(ErrorReply {
+                            error: "device_token_required".into(),
+                            message: "this device may not report here".into(),
+                            retryable,
+                        }),
+                    )
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    RefusingServer {
+        base: format!("http://{addr}"),
+        retryable,
+        reports,
+        syncs,
+    }
+}
+
+fn completion(n: u128) -> graph_relay_core::outbox::OutboxItem {
+    use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+    use graph_relay_core::outbox::{OutboxItem, RelayReport};
+    OutboxItem {
+        command: CommandId::from_uuid(uuid::Uuid::from_u128(n)),
+        report: RelayReport::Completion {
+            envelope: ResultEnvelope::build(
+                ExecutionId::parse("exec-x").unwrap(),
+                FinishStatus::Completed,
+                EnvelopeBody::default(),
+            ),
+        },
+        stored_at: Timestamp(0),
+        attempts: 0,
+    }
+}
+
+#[tokio::test]
+async fn the_servers_retryable_flag_decides_not_the_status_code() {
+    use graph_relay_core::relay::PostOutcome;
+    use std::sync::atomic::Ordering;
+    let s = refusing_server().await;
+    let client = HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap();
+    // A 403 the server marks final is final: not kept for another try.
+    let outcome = client.post_report(&completion(1)).await;
+    assert!(
+        matches!(&outcome, PostOutcome::Rejected(r)
+            if r.contains("403") && r.contains("this device may not report here")),
+        "{outcome:?}"
+    );
+    // The same status marked retryable is tried again.
+    s.retryable.store(true, Ordering::SeqCst);
+    let outcome = client.post_report(&completion(1)).await;
+    assert!(matches!(outcome, PostOutcome::Retry(_)), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn a_report_refused_for_good_is_dropped_from_the_outbox_with_the_servers_message() {
+    let s = refusing_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    let item = completion(7);
+    outbox.put(&item).await.unwrap();
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(
+        RelayConfig {
+            mode: graph_relay_core::relay::RelayMode::Interval,
+            ..RelayConfig::default()
+        },
+        shared,
+        SystemClock.now(),
+    );
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |e| sink.lock().unwrap().push(e),
+    ));
+    // The pass posts the report first, then syncs.
+    wait_for(|| !s.syncs.lock().unwrap().is_empty()).await;
+    assert!(outbox.pending().await.unwrap().is_empty(), "dropped");
+    let dropped = events.lock().unwrap().iter().find_map(|e| match e {
+        DriverEvent::Relay(RelayEvent::Dropped { command, reason }) => {
+            Some((*command, reason.clone()))
+        }
+        _ => None,
+    });
+    let (command, reason) = dropped.expect("a Dropped event");
+    assert_eq!(command, item.command);
+    assert!(
+        reason.contains("this device may not report here"),
+        "{reason}"
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+    assert_eq!(
+        s.reports.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "posted once, never retried (not even on shutdown)"
+    );
+}
+
+#[tokio::test]
+async fn the_first_sync_of_a_driver_says_it_restarted_and_later_ones_do_not() {
+    let s = refusing_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    // Long-poll: the stand-in answers every sync at once, so passes follow
+    // each other without waiting.
+    let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox,
+        Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        |_| {},
+    ));
+    wait_for(|| s.syncs.lock().unwrap().len() >= 2).await;
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+    let syncs = s.syncs.lock().unwrap().clone();
+    assert_eq!(syncs[0]["restarted"], true, "{syncs:?}");
+    assert!(
+        syncs[0].get("running_command_id").is_none(),
+        "nothing runs: {syncs:?}"
+    );
+    assert!(
+        syncs[1..].iter().all(|b| b["restarted"] == false),
+        "{syncs:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_relay_api_takes_the_restart_announcement() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-restart-1").await;
+    let mut body = Server::sync_body(false);
+    body["restarted"] = json!(true);
+    body["running_command_id"] = json!(id.to_string());
+    let (status, reply) = s.post(Some(DEVICE), "/sync", body).await;
+    assert_eq!(status, 200, "{reply}");
+    let mut body = Server::sync_body(false);
+    body["running_command_id"] = json!("not-a-uuid");
+    let (status, reply) = s.post(Some(DEVICE), "/sync", body).await;
+    assert_eq!(status, 400, "{reply}");
+}
