@@ -1185,26 +1185,25 @@ impl Queue {
     ) -> Result<ProgressAck, ProgressError> {
         let now = self.clock.now();
         let progress = Progress::new(message, percent, now)?;
-        {
+        let throttled = {
+            let states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            states.get(id).is_some_and(|state| {
+                state.written_at <= now
+                    && now.since(state.written_at) < self.config.progress_interval
+            })
+        };
+        if throttled {
+            // Only a report this device may make waits for its turn.
+            let mut probe = self
+                .store
+                .command_for_device(&device.owner, &device.id, id)
+                .await?
+                .ok_or(ProgressError::NotFound)?;
+            probe.progress_in_place(execution, progress.clone(), now)?;
             let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(state) = states.get_mut(id)
-                && state.written_at <= now
-                && now.since(state.written_at) < self.config.progress_interval
-            {
-                // Only a report this device may make waits for its turn.
-                drop(states);
-                let record = self
-                    .store
-                    .command_for_device(&device.owner, &device.id, id)
-                    .await?
-                    .ok_or(ProgressError::NotFound)?;
-                let mut probe = record.clone();
-                probe.progress_in_place(execution, progress.clone(), now)?;
-                let mut states = self.progress.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(state) = states.get_mut(id) {
-                    state.pending = Some((device.clone(), execution.clone(), progress));
-                    return Ok(ProgressAck::Coalesced);
-                }
+            if let Some(state) = states.get_mut(id) {
+                state.pending = Some((device.clone(), execution.clone(), progress));
+                return Ok(ProgressAck::Coalesced);
             }
         }
         self.write_progress(device, id, execution, progress).await
