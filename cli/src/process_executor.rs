@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use graph_relay_core::envelope::{ERROR_LIMIT, FinishStatus, cut_utf16};
-use graph_relay_core::executor::{CancelSignal, Executor};
+use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::relay::{ExecutionOutcome, Job};
 use graph_relay_store_sqlite::SqliteOutbox;
 use nix::sys::signal::{Signal, killpg};
@@ -137,7 +137,12 @@ fn signal_group(pgid: Option<i32>, signal: Signal) {
 
 #[async_trait]
 impl Executor for ProcessExecutor {
-    async fn execute(&self, job: Job, cancel: CancelSignal) -> ExecutionOutcome {
+    async fn execute(
+        &self,
+        job: Job,
+        cancel: CancelSignal,
+        _progress: ProgressSink,
+    ) -> ExecutionOutcome {
         let spec = self
             .specs
             .read()

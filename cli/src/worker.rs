@@ -209,6 +209,16 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::CancelSent { command } => {
                 format!("cancelling {command}: the agent asked to stop it")
             }
+            RelayEvent::ClosedByServer { command, status } => format!(
+                "stopping {command}: the server closed the run as {} (its lease lapsed or the desktop restarted); its result will not be reported",
+                status.as_str()
+            ),
+            RelayEvent::Abandoned { command } => {
+                format!("stopped {command}: the server had closed the run; nothing reported")
+            }
+            RelayEvent::ProgressRefused { command, reason } => {
+                format!("progress of {command} refused; sending no more: {reason}")
+            }
             RelayEvent::Finished {
                 command,
                 status,

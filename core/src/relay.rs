@@ -31,17 +31,42 @@
 //!   the agent cancels. Network failures back off with jitter.
 //!
 //! # Restarts and withdrawn projects
-//! - Until one sync succeeds, every sync of a relay made by [`Relay::new`]
-//!   says so ([`Action::Sync`]'s `restarted`), with the command it executes
-//!   (`running`): the server then ends at once what the device's previous
-//!   process left `running`. The outbox is re-sent before the first sync of
-//!   each pass, so a result recorded before a crash reaches the server first.
+//! - A relay made by [`Relay::new`] announces that it restarted
+//!   ([`Action::Sync`]'s `restarted`), with the command it executes
+//!   (`running`), until one sync carrying the announcement succeeded: the
+//!   server then ends at once what the device's previous process left
+//!   `running`. The announcement waits for an empty outbox: the outbox is
+//!   re-sent before the first sync of each pass, and while a report of it
+//!   is still undelivered (say the server answers 503) the pass syncs
+//!   without the announcement, so a result recorded before a crash always
+//!   reaches the server before the server closes its run. If the report can
+//!   never be delivered, the run's lease lapses on the server, the report is
+//!   then refused for good (`run_closed`, dropped) and the announcement follows.
 //! - The relay remembers every project it has synced ([`Action::RememberProject`],
 //!   written before the sync is sent; hand the remembered ones back with
 //!   [`Relay::remember_synced`] after a restart). A remembered project that is no
 //!   longer enabled is synced with an empty list, which removes its shares on the
 //!   server, until one such sync succeeded; then it is forgotten
 //!   ([`Action::ForgetProject`]). Commands such a sync hands out fail the re-check.
+//!
+//! # Runs the server closed
+//! The server holds a lease on every running command that the control
+//! requests renew. When a control answer says the command is no longer
+//! running (its lease lapsed while the desktop was unreachable, or it was
+//! closed after a restart), the relay stops the execution once
+//! ([`Action::CancelExecution`]), polls no more, and reports nothing when it
+//! ends ([`RelayEvent::ClosedByServer`], [`RelayEvent::Abandoned`]): the
+//! server would refuse the report for good. A report that reaches the
+//! server after the close anyway is refused with `retryable: false` and
+//! dropped, like any final refusal.
+//!
+//! # Progress
+//! The executor's progress reports ([`Relay::handle_progress`]) are
+//! coalesced per run: the latest one is posted ([`Action::PostProgress`])
+//! at most once per [`RelayConfig::progress_interval`], one post at a time,
+//! without the outbox (only the latest report matters, and a lost one is
+//! replaced by the next). Reports stop when the run's execution ends or
+//! the server refused one for good.
 //!
 //! # Refusals
 //! Whether a refused request is tried again is the server's word: its
@@ -54,9 +79,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::command::{CommandStatus, InvalidProgress};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::outbox::{OutboxItem, RelayReport};
+use crate::queue::ControlAnswer;
 use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
 use crate::time::{Timestamp, splitmix64};
 
@@ -86,6 +114,8 @@ pub struct RelayConfig {
     pub backoff_max: Duration,
     /// Seed of the jitter and of execution ids, for reproducible runs.
     pub seed: u64,
+    /// Shortest time between two progress posts of one run (1 s).
+    pub progress_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -97,6 +127,7 @@ impl Default for RelayConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             seed: 0x6772_6170_6872_656c,
+            progress_interval: Duration::from_secs(1),
         }
     }
 }
@@ -209,8 +240,9 @@ pub enum Action {
         sessions: Vec<SessionMeta>,
         /// Ask the server to hold the request until work arrives.
         long_poll: bool,
-        /// True until one sync of this relay succeeded: this process has just
-        /// started, and the server may end the device's other running commands.
+        /// This process has just started, and the server may end the device's
+        /// other running commands: true from [`Relay::new`] until one sync
+        /// saying so succeeded, except while the outbox still holds reports.
         restarted: bool,
         /// The command the relay executes right now, if any.
         running: Option<CommandId>,
@@ -235,17 +267,30 @@ pub enum Action {
     },
     /// Start the job on the executor; report its end with [`Relay::handle_execution_finished`].
     Execute(Job),
-    /// Ask whether the agent cancelled; answer with [`Relay::handle_control_response`].
+    /// Ask whether the agent cancelled (and renew the run's lease); answer
+    /// with [`Relay::handle_control_response`].
     Control {
         /// The running command.
         command: CommandId,
         /// Ask the server to hold the request until cancellation (or its bound).
         long_poll: bool,
     },
-    /// Ask the engine to stop the execution. Sent at most once per command.
+    /// Ask the engine to stop the execution (the agent cancelled, or the
+    /// server closed the run). Sent at most once per command.
     CancelExecution {
         /// The running command.
         command: CommandId,
+    },
+    /// Send the run's latest progress; answer with
+    /// [`Relay::handle_progress_posted`]. Not stored: a lost report is
+    /// replaced by the next one.
+    PostProgress {
+        /// The running command.
+        command: CommandId,
+        /// The execution it runs under.
+        execution: ExecutionId,
+        /// What the Graph said last.
+        report: ProgressReport,
     },
     /// Write the item durably; answer with [`Relay::handle_report_stored`].
     StoreReport(OutboxItem),
@@ -318,6 +363,29 @@ pub enum RelayEvent {
     CancelSent {
         /// The command.
         command: CommandId,
+    },
+    /// The server closed the run while it was executing here (its lease
+    /// lapsed, or it was closed after a restart): the engine was asked to
+    /// stop, and nothing will be reported.
+    ClosedByServer {
+        /// The command.
+        command: CommandId,
+        /// How the server closed it.
+        status: CommandStatus,
+    },
+    /// The execution of a run the server had closed ended; its result is
+    /// not reported (the server would refuse it for good).
+    Abandoned {
+        /// The command.
+        command: CommandId,
+    },
+    /// The server refused a progress report for good (the run is no longer
+    /// running under this execution); no more progress is sent for the run.
+    ProgressRefused {
+        /// The command.
+        command: CommandId,
+        /// The server's reason.
+        reason: String,
     },
     /// The execution ended.
     Finished {
@@ -459,7 +527,11 @@ enum Awaiting {
     Nothing,
     OutboxLoad,
     OutboxPost(CommandId),
-    Sync { project: ProjectId, held: bool },
+    Sync {
+        project: ProjectId,
+        held: bool,
+        announced: bool,
+    },
     Claim(CommandId),
     Execution(CommandId),
     Store(CommandId),
@@ -476,6 +548,21 @@ struct Current {
     control_in_flight: bool,
     next_control_at: Option<Timestamp>,
     report: Option<OutboxItem>,
+    /// A control answer said the server closed the run (with this status).
+    closed_by_server: Option<CommandStatus>,
+    progress: ProgressState,
+}
+
+/// The progress of the current run on its way to the server.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct ProgressState {
+    /// The latest report not posted yet.
+    pending: Option<ProgressReport>,
+    /// When the last post was sent.
+    last_post: Option<Timestamp>,
+    in_flight: bool,
+    /// The server refused a report for good: send no more.
+    refused: bool,
 }
 
 impl Current {
@@ -493,7 +580,17 @@ impl Current {
             control_in_flight: false,
             next_control_at: None,
             report: None,
+            closed_by_server: None,
+            progress: ProgressState::default(),
         }
+    }
+
+    /// True while the execution runs and its progress may be posted.
+    fn takes_progress(&self) -> bool {
+        self.executing
+            && self.report.is_none()
+            && self.closed_by_server.is_none()
+            && !self.progress.refused
     }
 }
 
@@ -515,8 +612,11 @@ pub struct Relay {
     held_done: bool,
     failures: u32,
     unconfirmed: Option<(RelayCommand, ExecutionId)>,
-    /// Until one sync succeeded: this process has just started.
+    /// Until one sync announcing it succeeded: this process has just started.
     restarted: bool,
+    /// The outbox re-send of this pass left nothing behind (the restart
+    /// announcement waits for it).
+    outbox_clear: bool,
     /// Projects the server may hold shares of this relay in (remembered
     /// before their first sync; forgotten after an empty sync succeeded).
     synced: BTreeSet<ProjectId>,
@@ -547,6 +647,7 @@ impl Relay {
             failures: 0,
             unconfirmed: None,
             restarted: true,
+            outbox_clear: false,
             synced: BTreeSet::new(),
             rng,
             actions: VecDeque::new(),
@@ -572,7 +673,8 @@ impl Relay {
         self.synced.iter()
     }
 
-    /// True until one sync succeeded: the syncs announce a restart.
+    /// True until one sync announcing the restart succeeded (the
+    /// announcement itself waits for an empty outbox).
     pub fn announces_restart(&self) -> bool {
         self.restarted
     }
@@ -622,14 +724,23 @@ impl Relay {
         {
             consider(t);
         }
+        if let Some(c) = &self.current
+            && c.takes_progress()
+            && c.progress.pending.is_some()
+            && !c.progress.in_flight
+            && let Some(last) = c.progress.last_post
+        {
+            consider(last.plus(self.config.progress_interval));
+        }
         deadline
     }
 
     // ----- inputs -----------------------------------------------------------
 
-    /// Timers: a pass tick, a back-off, a control poll.
+    /// Timers: a pass tick, a back-off, a control poll, a progress post.
     pub fn handle_timeout(&mut self, now: Timestamp) {
         self.maybe_send_control(now);
+        self.maybe_send_progress(now);
         self.drive(now);
     }
 
@@ -662,6 +773,7 @@ impl Relay {
         if self.awaiting == Awaiting::OutboxLoad {
             self.awaiting = Awaiting::Nothing;
             self.retry_queue = items.into();
+            self.outbox_clear = true;
         }
         self.drive(now);
     }
@@ -672,8 +784,11 @@ impl Relay {
         result: Result<Vec<RelayCommand>, SyncFailure>,
         now: Timestamp,
     ) {
-        let Awaiting::Sync { project, held } =
-            std::mem::replace(&mut self.awaiting, Awaiting::Nothing)
+        let Awaiting::Sync {
+            project,
+            held,
+            announced,
+        } = std::mem::replace(&mut self.awaiting, Awaiting::Nothing)
         else {
             return;
         };
@@ -683,7 +798,9 @@ impl Relay {
         match result {
             Ok(commands) => {
                 self.failures = 0;
-                self.restarted = false;
+                if announced {
+                    self.restarted = false;
+                }
                 self.events.push_back(RelayEvent::Synced {
                     project: project.clone(),
                     commands: commands.len(),
@@ -787,11 +904,13 @@ impl Relay {
         self.drive(now);
     }
 
-    /// The answer to [`Action::Control`].
+    /// The answer to [`Action::Control`]: the server's [`ControlAnswer`], or
+    /// why there is none. A terminal status means the server closed the run:
+    /// the execution is stopped and nothing is reported.
     pub fn handle_control_response(
         &mut self,
         command: CommandId,
-        result: Result<bool, String>,
+        result: Result<ControlAnswer, String>,
         now: Timestamp,
     ) {
         // Only the execution running now listens to control answers: a late
@@ -812,7 +931,22 @@ impl Relay {
             return;
         }
         match result {
-            Ok(true) => {
+            Ok(answer) if answer.status.is_terminal() => {
+                current.next_control_at = None;
+                if current.closed_by_server.is_none() {
+                    current.closed_by_server = Some(answer.status);
+                    current.progress.pending = None;
+                    self.events.push_back(RelayEvent::ClosedByServer {
+                        command,
+                        status: answer.status,
+                    });
+                    if !current.cancel_sent {
+                        current.cancel_sent = true;
+                        self.actions.push_back(Action::CancelExecution { command });
+                    }
+                }
+            }
+            Ok(answer) if answer.cancel_requested => {
                 if !current.cancel_sent {
                     current.cancel_sent = true;
                     self.actions.push_back(Action::CancelExecution { command });
@@ -820,7 +954,7 @@ impl Relay {
                 }
                 current.next_control_at = None;
             }
-            Ok(false) => {
+            Ok(_) => {
                 current.next_control_at = Some(match self.config.mode {
                     RelayMode::Interval => now.plus(self.config.control_interval),
                     RelayMode::LongPoll => now,
@@ -845,6 +979,15 @@ impl Relay {
         let Some(current) = self.current.as_mut() else {
             return;
         };
+        current.progress.pending = None;
+        if current.closed_by_server.is_some() {
+            // The server closed the run: it would refuse this report for good.
+            self.events.push_back(RelayEvent::Abandoned { command });
+            self.current = None;
+            self.awaiting = Awaiting::Nothing;
+            self.drive(now);
+            return;
+        }
         // Once the relay has asked the engine to stop, the run is recorded as
         // cancelled even if the Graph finished between the flag and the stop.
         let status = if current.cancel_sent {
@@ -928,6 +1071,9 @@ impl Relay {
                 self.events
                     .push_back(RelayEvent::DeliveryFailed { command, reason });
                 self.actions.push_back(Action::RecordAttempt(command));
+                if from_pass_start {
+                    self.outbox_clear = false;
+                }
             }
         }
         if !from_pass_start {
@@ -936,7 +1082,84 @@ impl Relay {
         self.drive(now);
     }
 
+    /// The executor reports the progress of `command`'s execution
+    /// `execution`. Kept as the run's latest report and posted at once, or
+    /// when [`RelayConfig::progress_interval`] has passed since the last post
+    /// and that post was answered. A report of an execution that is not
+    /// running (it ended, or the server closed it) is dropped. An invalid
+    /// report is refused and changes nothing.
+    pub fn handle_progress(
+        &mut self,
+        command: CommandId,
+        execution: &ExecutionId,
+        report: ProgressReport,
+        now: Timestamp,
+    ) -> Result<(), InvalidProgress> {
+        report.check()?;
+        if let Some(current) = self.current.as_mut().filter(|c| {
+            c.job.command.id == command && c.job.execution == *execution && c.takes_progress()
+        }) {
+            current.progress.pending = Some(report);
+            self.maybe_send_progress(now);
+        }
+        Ok(())
+    }
+
+    /// The answer to [`Action::PostProgress`]. A final refusal (the run is
+    /// no longer running under this execution) stops progress for the run;
+    /// any other failure only loses that report.
+    pub fn handle_progress_posted(
+        &mut self,
+        command: CommandId,
+        outcome: PostOutcome,
+        now: Timestamp,
+    ) {
+        let Some(current) = self
+            .current
+            .as_mut()
+            .filter(|c| c.job.command.id == command && c.progress.in_flight)
+        else {
+            return;
+        };
+        current.progress.in_flight = false;
+        if let PostOutcome::Rejected(reason) = outcome {
+            current.progress.refused = true;
+            current.progress.pending = None;
+            self.events
+                .push_back(RelayEvent::ProgressRefused { command, reason });
+        }
+        self.maybe_send_progress(now);
+    }
+
     // ----- the pass ---------------------------------------------------------
+
+    /// Posts the current run's pending progress if its interval has passed
+    /// and no post is in flight.
+    fn maybe_send_progress(&mut self, now: Timestamp) {
+        let interval = self.config.progress_interval;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        if !current.takes_progress()
+            || current.progress.in_flight
+            || current
+                .progress
+                .last_post
+                .is_some_and(|t| now < t.plus(interval))
+        {
+            return;
+        }
+        let Some(report) = current.progress.pending.take() else {
+            return;
+        };
+        current.progress.in_flight = true;
+        current.progress.last_post = Some(now);
+        self.actions.push_back(Action::PostProgress {
+            command: current.job.command.id,
+            execution: current.job.execution.clone(),
+            report,
+        });
+    }
 
     fn declined_item(&self, command: CommandId, now: Timestamp) -> Option<OutboxItem> {
         Some(OutboxItem {
@@ -1177,15 +1400,19 @@ impl Relay {
         }
         let sessions = self.shared.sessions(&project);
         let running = self.executing();
+        // A restart is announced only once the outbox is empty, so that a
+        // result recorded before the crash reaches the server first.
+        let announced = self.restarted && self.outbox_clear;
         self.awaiting = Awaiting::Sync {
             project: project.clone(),
             held,
+            announced,
         };
         self.actions.push_back(Action::Sync {
             project,
             sessions,
             long_poll: held,
-            restarted: self.restarted,
+            restarted: announced,
             running,
         });
     }
@@ -1258,6 +1485,22 @@ mod tests {
             graph_session_id: session(n, slug).graph_session_id,
             arguments: Map::new(),
             slug: slug.into(),
+        }
+    }
+
+    /// A control answer: keep running.
+    fn go_on() -> ControlAnswer {
+        ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Running,
+        }
+    }
+
+    /// A control answer: the agent asked to cancel.
+    fn cancel_asked() -> ControlAnswer {
+        ControlAnswer {
+            cancel_requested: true,
+            status: CommandStatus::Running,
         }
     }
 
@@ -1334,7 +1577,7 @@ mod tests {
                     ),
                     "{action:?}"
                 );
-                r.handle_control_response(command(1, 1, "a").id, Ok(false), secs(t));
+                r.handle_control_response(command(1, 1, "a").id, Ok(go_on()), secs(t));
             }
         }
         r.handle_execution_finished(command(1, 1, "a").id, ExecutionOutcome::default(), secs(50));
@@ -1369,7 +1612,7 @@ mod tests {
                 long_poll: false
             }]
         );
-        r.handle_control_response(c.id, Ok(true), secs(3));
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
         assert_eq!(
             drain(&mut r),
             vec![Action::CancelExecution { command: c.id }]
@@ -1552,7 +1795,7 @@ mod tests {
             ),
             "{a:?}"
         );
-        r.handle_control_response(c.id, Ok(false), secs(29));
+        r.handle_control_response(c.id, Ok(go_on()), secs(29));
         assert_eq!(
             drain(&mut r),
             vec![Action::Control {
@@ -1713,7 +1956,7 @@ mod tests {
         let c = command(1, 1, "a");
         pass_with(&mut r, secs(0), vec![c.clone()]);
         // A stale "cancel requested" for this command arrives while it is being claimed.
-        r.handle_control_response(c.id, Ok(true), secs(1));
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(1));
         assert!(drain(&mut r).is_empty());
         r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
         assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
@@ -1926,6 +2169,302 @@ mod tests {
                 SyncFailure::Network(r.reason.clone())
             );
         }
+    }
+
+    /// An interval relay executing `command(1, 1, "a")` since `secs(0)`,
+    /// with `command(2, 1, "a")` queued behind it.
+    fn executing_relay() -> (Relay, RelayCommand) {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone(), command(2, 1, "a")]);
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(0));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
+        (r, c)
+    }
+
+    fn execution_of(r: &Relay) -> ExecutionId {
+        r.current.as_ref().expect("executing").job.execution.clone()
+    }
+
+    fn report(message: &str, percent: f64) -> ProgressReport {
+        ProgressReport {
+            message: Some(message.into()),
+            percent: Some(percent),
+        }
+    }
+
+    fn at_ms(ms: u64) -> Timestamp {
+        T0.plus(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_restart_is_announced_only_once_the_outbox_is_empty() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        let old = OutboxItem {
+            command: command(9, 1, "a").id,
+            report: RelayReport::Declined,
+            stored_at: T0,
+            attempts: 0,
+        };
+        // Pass 1: the report from before the crash is not delivered (503):
+        // the pass syncs, but without the announcement.
+        r.handle_timeout(secs(0));
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![old.clone()], secs(0));
+        assert_eq!(drain(&mut r), vec![Action::PostReport(old.clone())]);
+        r.handle_report_posted(old.command, PostOutcome::Retry("503".into()), secs(0));
+        let a = drain(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [
+                    Action::RecordAttempt(_),
+                    Action::Sync {
+                        restarted: false,
+                        ..
+                    }
+                ]
+            ),
+            "{a:?}"
+        );
+        r.handle_sync_response(Ok(vec![]), secs(0));
+        assert!(r.announces_restart(), "the announcement is only held back");
+        // Pass 2: the server refuses it for good (its run was closed when the
+        // lease lapsed): dropped, the outbox is empty, the restart is announced.
+        r.handle_timeout(secs(20));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![old.clone()], secs(20));
+        drain(&mut r);
+        r.handle_report_posted(
+            old.command,
+            PostOutcome::Rejected("409 run_closed: discarded".into()),
+            secs(20),
+        );
+        let a = drain(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::RemoveReport(c), Action::Sync { restarted: true, running: None, .. }]
+                    if *c == old.command
+            ),
+            "{a:?}"
+        );
+        r.handle_sync_response(Ok(vec![]), secs(20));
+        assert!(!r.announces_restart());
+        // Pass 3: nothing left to re-send, nothing to announce.
+        r.handle_timeout(secs(40));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], secs(40));
+        assert!(matches!(
+            drain(&mut r).as_slice(),
+            [Action::Sync {
+                restarted: false,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_run_the_server_closed_is_stopped_once_and_nothing_is_reported() {
+        let (mut r, c) = executing_relay();
+        r.handle_timeout(secs(3));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+        // The lease lapsed while the desktop was unreachable.
+        let closed = ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Failed,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(40));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        assert!(std::iter::from_fn(|| r.poll_event()).any(|e| e
+            == RelayEvent::ClosedByServer {
+                command: c.id,
+                status: CommandStatus::Failed
+            }));
+        // No more control requests, no second stop, no progress.
+        r.handle_timeout(secs(60));
+        let execution = execution_of(&r);
+        assert_eq!(
+            r.handle_progress(c.id, &execution, report("late", 90.0), secs(60)),
+            Ok(())
+        );
+        assert!(drain(&mut r).is_empty());
+        // The engine stopped: no report is stored or posted, and the pass
+        // goes on with the next command.
+        r.handle_execution_finished(
+            c.id,
+            ExecutionOutcome {
+                status: Some(FinishStatus::Cancelled),
+                ..Default::default()
+            },
+            secs(61),
+        );
+        let a = drain(&mut r);
+        assert!(
+            matches!(a.as_slice(), [Action::Claim { command, .. }] if *command == command_id(2)),
+            "{a:?}"
+        );
+        assert!(
+            std::iter::from_fn(|| r.poll_event())
+                .any(|e| e == RelayEvent::Abandoned { command: c.id })
+        );
+    }
+
+    fn command_id(n: u128) -> CommandId {
+        command(n, 1, "a").id
+    }
+
+    #[test]
+    fn a_closed_answer_after_a_cancel_stops_nothing_twice() {
+        let (mut r, c) = executing_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        // A late answer (e.g. held on another server) says the run is closed.
+        let closed = ControlAnswer {
+            cancel_requested: true,
+            status: CommandStatus::Cancelled,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(4));
+        assert!(drain(&mut r).is_empty(), "one stop only");
+    }
+
+    #[test]
+    fn progress_is_posted_at_once_then_the_latest_at_most_once_a_second() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("step 1", 20.0), at_ms(100))
+            .unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("step 1", 20.0)
+            }]
+        );
+        // Three more within the second: kept, only the latest.
+        for (ms, n) in [(200, 2), (500, 3), (900, 4)] {
+            r.handle_progress(
+                c.id,
+                &execution,
+                report(&format!("step {n}"), f64::from(n) * 20.0),
+                at_ms(ms),
+            )
+            .unwrap();
+        }
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(300));
+        assert!(drain(&mut r).is_empty());
+        assert_eq!(r.poll_timeout(), Some(at_ms(1100)));
+        r.handle_timeout(at_ms(1099));
+        assert!(drain(&mut r).is_empty());
+        r.handle_timeout(at_ms(1100));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("step 4", 80.0)
+            }]
+        );
+        // Nothing pending: no timer for progress.
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(1200));
+        assert_eq!(r.poll_timeout(), Some(secs(3)), "only the control poll");
+    }
+
+    #[test]
+    fn a_progress_post_in_flight_holds_the_next_one_and_a_failure_loses_only_that_report() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(1500))
+            .unwrap();
+        r.handle_timeout(at_ms(2000));
+        assert!(
+            drain(&mut r).is_empty(),
+            "the first post is still in flight"
+        );
+        r.handle_progress_posted(c.id, PostOutcome::Retry("timeout".into()), at_ms(2500));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("b", 2.0)
+            }]
+        );
+    }
+
+    #[test]
+    fn progress_stops_when_the_run_ends_or_the_server_refuses_it() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress_posted(
+            c.id,
+            PostOutcome::Rejected("409 progress_refused: not running".into()),
+            at_ms(100),
+        );
+        assert!(
+            std::iter::from_fn(|| r.poll_event()).any(
+                |e| matches!(e, RelayEvent::ProgressRefused { command, .. } if command == c.id)
+            )
+        );
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(2000))
+            .unwrap();
+        r.handle_timeout(at_ms(3000));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::PostProgress { .. })),
+            "no progress after a final refusal"
+        );
+
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(10))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(20));
+        r.handle_execution_finished(c.id, ExecutionOutcome::default(), at_ms(30));
+        r.handle_timeout(at_ms(5000));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::PostProgress { .. })),
+            "the pending report is dropped when the run ends"
+        );
+    }
+
+    #[test]
+    fn progress_of_another_execution_is_dropped_and_an_invalid_report_refused() {
+        let (mut r, c) = executing_relay();
+        let stale = ExecutionId::parse("exec-stale").unwrap();
+        r.handle_progress(c.id, &stale, report("a", 1.0), at_ms(0))
+            .unwrap();
+        r.handle_progress(command_id(7), &stale, report("a", 1.0), at_ms(0))
+            .unwrap();
+        assert!(drain(&mut r).is_empty());
+        let execution = execution_of(&r);
+        assert!(matches!(
+            r.handle_progress(c.id, &execution, report("a", 101.0), at_ms(0)),
+            Err(InvalidProgress::Percent(_))
+        ));
+        assert!(drain(&mut r).is_empty());
     }
 
     #[test]

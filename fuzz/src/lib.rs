@@ -367,6 +367,7 @@ pub fn relay_events(data: &[u8]) {
                 }
                 Action::Control { command, .. } => pending_controls.push(command),
                 Action::CancelExecution { command } => assert_eq!(running, Some(command)),
+                Action::PostProgress { .. } => {}
                 Action::StoreReport(item) => pending_store = Some(item.command),
                 Action::PostReport(item) => {
                     pending_posts.push((item.command, item.report == RelayReport::Declined))
@@ -449,8 +450,14 @@ pub fn relay_events(data: &[u8]) {
                 }
                 let command = pending_controls.remove(0);
                 let answer = match o % 3 {
-                    0 => Ok(false),
-                    1 => Ok(true),
+                    0 => Ok(graph_relay_core::queue::ControlAnswer {
+                        cancel_requested: false,
+                        status: graph_relay_core::command::CommandStatus::Running,
+                    }),
+                    1 => Ok(graph_relay_core::queue::ControlAnswer {
+                        cancel_requested: true,
+                        status: graph_relay_core::command::CommandStatus::Running,
+                    }),
                     _ => Err("timeout".to_string()),
                 };
                 relay.handle_control_response(command, answer, now);

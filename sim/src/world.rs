@@ -15,11 +15,13 @@ use futures::FutureExt;
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::envelope::FinishStatus;
+use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{
-    CompleteError, DeclineError, Queue, QueueConfig, RunView, StartError, SyncError, SyncRequest,
+    CompleteError, ControlAnswer, DeclineError, ProgressError, Queue, QueueConfig, RunView,
+    StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,
@@ -116,6 +118,11 @@ enum Request {
         long_poll: bool,
     },
     Post(OutboxItem),
+    Progress {
+        command: CommandId,
+        execution: graph_relay_core::ids::ExecutionId,
+        report: ProgressReport,
+    },
 }
 
 /// An answer on its way to the relay.
@@ -123,8 +130,9 @@ enum Request {
 enum Answer {
     Sync(Result<Vec<RelayCommand>, SyncFailure>),
     Claim(CommandId, ClaimOutcome),
-    Control(CommandId, Result<bool, String>),
+    Control(CommandId, Result<ControlAnswer, String>),
     Posted(CommandId, PostOutcome),
+    ProgressPosted(CommandId, PostOutcome),
 }
 
 #[derive(Debug)]
@@ -476,6 +484,21 @@ impl World {
                         );
                     }
                 }
+                Action::PostProgress {
+                    command,
+                    execution,
+                    report,
+                } => {
+                    let at = self.after_latency();
+                    self.schedule(
+                        at,
+                        Event::Arrive(Request::Progress {
+                            command,
+                            execution,
+                            report,
+                        }),
+                    );
+                }
                 Action::StoreReport(item) => {
                     if let Some(o) = &self.outbox {
                         let _ = block_on(o.put(&item));
@@ -552,6 +575,9 @@ impl World {
                 }
                 Answer::Posted(command, outcome) => {
                     self.relay.handle_report_posted(command, outcome, now)
+                }
+                Answer::ProgressPosted(command, outcome) => {
+                    self.relay.handle_progress_posted(command, outcome, now)
                 }
             },
             Event::ExecutionDone {
@@ -638,10 +664,30 @@ impl World {
                         });
                         return;
                     }
-                    Ok(a) => Ok(a.cancel_requested),
+                    Ok(a) => Ok(a),
                     Err(e) => Err(e.to_string()),
                 };
                 self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
+            }
+            Request::Progress {
+                command,
+                execution,
+                report,
+            } => {
+                let outcome = match block_on(self.queue.report_progress(
+                    &device,
+                    &command,
+                    &execution,
+                    report.message,
+                    report.percent,
+                )) {
+                    Ok(_) => PostOutcome::Acknowledged,
+                    Err(e) => refusal(matches!(e, ProgressError::Store(_)), e).into(),
+                };
+                self.schedule(
+                    reply_at,
+                    Event::Answer(Answer::ProgressPosted(command, outcome)),
+                );
             }
             Request::Post(item) => {
                 let outcome = match &item.report {
@@ -708,9 +754,8 @@ impl World {
                 self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
             }
             Held::Control { command, .. } => {
-                let answer = block_on(self.queue.control(&device, &command))
-                    .map(|a| a.cancel_requested)
-                    .map_err(|e| e.to_string());
+                let answer =
+                    block_on(self.queue.control(&device, &command)).map_err(|e| e.to_string());
                 self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
             }
         }

@@ -32,7 +32,7 @@
 //! the configuration; the relay API shares it:
 //!
 //! - `POST /external-assistants/graph-relays/sync`, `…/commands/{id}/start`,
-//!   `…/control`, `…/complete`, `…/decline` with a *device* token, and
+//!   `…/control`, `…/complete`, `…/decline`, `…/progress` with a *device* token, and
 //!   `GET …/openapi.json` describing every body ([`relay_wire`],
 //!   [`relay_api`]). Long-poll syncs and controls are held up to
 //!   [`RelayApiConfig::hold`].
@@ -344,6 +344,10 @@ pub fn router(state: HttpState) -> Router {
         .route(
             &format!("{prefix}/commands/{{command_id}}/decline"),
             post(relay_api::decline),
+        )
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/progress"),
+            post(relay_api::progress),
         )
         .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
         .route(
