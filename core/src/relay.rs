@@ -531,6 +531,8 @@ enum Awaiting {
         project: ProjectId,
         held: bool,
         announced: bool,
+        /// The sync carries no session: it ends the project's shares.
+        empty: bool,
     },
     Claim(CommandId),
     Execution(CommandId),
@@ -788,6 +790,7 @@ impl Relay {
             project,
             held,
             announced,
+            empty,
         } = std::mem::replace(&mut self.awaiting, Awaiting::Nothing)
         else {
             return;
@@ -807,8 +810,10 @@ impl Relay {
                 });
                 // An empty sync of a project no longer enabled succeeded: the
                 // server holds no shares of ours there now. (If the project was
-                // enabled again meanwhile, it stays remembered.)
-                if !self.is_enabled(&project) && self.synced.remove(&project) {
+                // enabled again meanwhile, it stays remembered; if it was
+                // withdrawn while a sync with sessions was in flight, the
+                // server holds those, and the next pass empties them.)
+                if empty && !self.is_enabled(&project) && self.synced.remove(&project) {
                     self.actions
                         .push_back(Action::ForgetProject(project.clone()));
                     self.events.push_back(RelayEvent::Unshared {
@@ -1407,6 +1412,7 @@ impl Relay {
             project: project.clone(),
             held,
             announced,
+            empty: sessions.is_empty(),
         };
         self.actions.push_back(Action::Sync {
             project,
@@ -2088,6 +2094,40 @@ mod tests {
         r.handle_outbox_loaded(vec![], secs(40));
         assert!(drain_all(&mut r).is_empty());
         assert!(!r.is_busy());
+    }
+
+    #[test]
+    fn a_project_withdrawn_while_a_sync_sharing_into_it_is_in_flight_is_emptied_before_it_is_forgotten()
+     {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(0));
+        assert!(matches!(
+            drain_all(&mut r).as_slice(),
+            [Action::RememberProject(_), Action::Sync { sessions, .. }] if !sessions.is_empty()
+        ));
+        // The owner withdraws the project while that sync is in flight; the
+        // server takes the sync, so it holds the session's share.
+        r.handle_shared_set(SharedSet::new(), secs(1));
+        r.handle_sync_response(Ok(vec![]), secs(1));
+        assert!(
+            !drain_all(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::ForgetProject(_))),
+            "not forgotten: the server still holds its shares"
+        );
+        assert!(r.synced_projects().eq([&project()]));
+        // The next pass empties it, and only then forgets it.
+        r.handle_timeout(secs(20));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert!(matches!(
+            drain_all(&mut r).as_slice(),
+            [Action::Sync { sessions, .. }] if sessions.is_empty()
+        ));
+        r.handle_sync_response(Ok(vec![]), secs(20));
+        assert_eq!(drain_all(&mut r), vec![Action::ForgetProject(project())]);
     }
 
     #[test]

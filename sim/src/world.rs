@@ -376,7 +376,12 @@ impl World {
         let now = self.now();
         self.epoch += 1;
         self.desktop_up = true;
-        let mut relay = Relay::new(self.relay_config.clone(), self.relay.shared().clone(), now);
+        // A new process: new jitter and new execution ids.
+        let config = RelayConfig {
+            seed: self.relay_config.seed ^ self.epoch,
+            ..self.relay_config.clone()
+        };
+        let mut relay = Relay::new(config, self.relay.shared().clone(), now);
         if let Some(outbox) = &self.outbox {
             relay.remember_synced(block_on(outbox.synced_projects()).unwrap_or_default());
         }
