@@ -1264,3 +1264,196 @@ async fn the_relay_api_takes_the_restart_announcement() {
     let (status, reply) = s.post(Some(DEVICE), "/sync", body).await;
     assert_eq!(status, 400, "{reply}");
 }
+
+#[tokio::test]
+async fn a_driver_announces_its_restart_only_once_the_reports_from_before_are_delivered() {
+    use std::sync::atomic::Ordering;
+    let s = refusing_server().await;
+    // The server cannot take the report from before the crash yet (503-like).
+    s.retryable.store(true, Ordering::SeqCst);
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    outbox.put(&completion(7)).await.unwrap();
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        |_| {},
+    ));
+    wait_for(|| s.syncs.lock().unwrap().len() >= 4).await;
+    assert!(
+        s.syncs
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|b| b["restarted"] == false),
+        "no announcement while the report waits in the outbox"
+    );
+    assert_eq!(outbox.pending().await.unwrap().len(), 1);
+    // The server refuses it for good (say its run's lease lapsed): dropped,
+    // and the next sync announces the restart.
+    s.retryable.store(false, Ordering::SeqCst);
+    wait_for(|| {
+        s.syncs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b["restarted"] == true)
+    })
+    .await;
+    assert!(outbox.pending().await.unwrap().is_empty());
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+}
+
+/// Waits for its cancel signal, recording that it came; reports progress first.
+struct WaitingExecutor {
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl Executor for WaitingExecutor {
+    async fn execute(
+        &self,
+        _job: Job,
+        cancel: CancelSignal,
+        progress: ProgressSink,
+    ) -> ExecutionOutcome {
+        progress.report(graph_relay_core::executor::ProgressReport {
+            message: Some("working".into()),
+            percent: Some(10.0),
+        });
+        cancel.await;
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        ExecutionOutcome {
+            status: Some(graph_relay_core::envelope::FinishStatus::Cancelled),
+            ..Default::default()
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_lapsed_is_stopped_by_the_driver_and_nothing_is_reported() {
+    // Interval mode: a lease of five 100 ms control intervals on the server,
+    // a control poll every 3 s on the desktop, so the lease lapses between
+    // two polls.
+    let s = server_with(
+        Duration::from_secs(5),
+        QueueConfig {
+            control_interval: Duration::from_millis(100),
+            lease_interval_controls: 5,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    let id = s.run("key-lapse-driver").await;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(
+        RelayConfig {
+            mode: graph_relay_core::relay::RelayMode::Interval,
+            ..RelayConfig::default()
+        },
+        shared,
+        SystemClock.now(),
+    );
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        Arc::new(WaitingExecutor {
+            stopped: stopped.clone(),
+        }),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |e| sink.lock().unwrap().push(e),
+    ));
+    let abandoned = |events: &Mutex<Vec<DriverEvent>>| {
+        events
+            .lock()
+            .unwrap()
+            .contains(&DriverEvent::Relay(RelayEvent::Abandoned { command: id }))
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !abandoned(&events) {
+        assert!(Instant::now() < deadline, "{:?}", events.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        stopped.load(std::sync::atomic::Ordering::SeqCst),
+        "the engine was stopped"
+    );
+    assert!(
+        events
+            .lock()
+            .unwrap()
+            .contains(&DriverEvent::Relay(RelayEvent::ClosedByServer {
+                command: id,
+                status: CommandStatus::Failed
+            }))
+    );
+    assert!(
+        !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, DriverEvent::Relay(RelayEvent::Finished { .. }))),
+        "nothing reported"
+    );
+    assert!(outbox.pending().await.unwrap().is_empty());
+    let view = s.queue.get_graph_run(&agent(), &id).await.unwrap();
+    assert_eq!(view.command.status, CommandStatus::Failed);
+    assert!(
+        view.command
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(graph_relay_core::command::LEASE_LAPSED)),
+        "{:?}",
+        view.command.reason
+    );
+    // The report the executor made before the lapse reached the server.
+    assert_eq!(
+        view.command.progress.and_then(|p| p.message).as_deref(),
+        Some("working")
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+}
