@@ -209,6 +209,18 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::CancelSent { command } => {
                 format!("cancelling {command}: the agent asked to stop it")
             }
+            RelayEvent::ApprovalRequested { command, until } => format!(
+                "waiting for the owner's approval of {command} (until {})",
+                until.to_rfc3339()
+            ),
+            RelayEvent::Approved { command } => format!("approved {command} on the desktop"),
+            RelayEvent::ApprovalDenied { command, reason } => match reason {
+                Some(reason) => format!("declined {command} on the desktop: {reason}"),
+                None => format!("declined {command} on the desktop"),
+            },
+            RelayEvent::ApprovalTimedOut { command } => {
+                format!("not approved in time: {command} did not run")
+            }
             RelayEvent::ClosedByServer { command, status } => format!(
                 "stopping {command}: the server closed the run as {} (its lease lapsed or the desktop restarted); its result will not be reported",
                 status.as_str()

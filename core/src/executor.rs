@@ -10,6 +10,9 @@
 //! [`ProgressSink`] it was handed; the driver feeds each [`ProgressReport`]
 //! to [`Relay::handle_progress`](crate::relay::Relay::handle_progress),
 //! which posts the latest one at most once a second.
+//!
+//! An [`Approver`] asks the owner whether a run may start, for Graphs that
+//! need local approval ([`Action::AskApproval`](crate::relay::Action::AskApproval)).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +24,7 @@ use futures::channel::oneshot;
 use futures::future::{FutureExt, Shared};
 
 use crate::command::{InvalidProgress, Progress};
-use crate::relay::{ExecutionOutcome, Job};
+use crate::relay::{ApprovalDecision, ExecutionOutcome, Job};
 use crate::time::Timestamp;
 
 /// Runs jobs. Implementations must return once the job ended, including
@@ -37,6 +40,28 @@ pub trait Executor: Send + Sync {
         cancel: CancelSignal,
         progress: ProgressSink,
     ) -> ExecutionOutcome;
+}
+
+/// Asks the owner whether a run may start: a prompt, a hook, a console.
+#[async_trait]
+pub trait Approver: Send + Sync {
+    /// Asks about `job` and returns the owner's decision. The relay stops
+    /// waiting at `until`, or earlier when the run is cancelled; the driver
+    /// then drops this future, and an implementation must withdraw its
+    /// question (close the prompt, stop the hook) when dropped.
+    async fn ask(&self, job: Job, until: Timestamp) -> ApprovalDecision;
+}
+
+/// An approver that never answers: a run that needs approval waits until
+/// its wait ends, and fails then. For a desktop with no way to ask.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoApprover;
+
+#[async_trait]
+impl Approver for NoApprover {
+    async fn ask(&self, _job: Job, _until: Timestamp) -> ApprovalDecision {
+        std::future::pending().await
+    }
 }
 
 /// What a running Graph says about how far it got. Both parts are optional.

@@ -68,6 +68,29 @@
 //! replaced by the next). Reports stop when the run's execution ends or
 //! the server refused one for good.
 //!
+//! # Local approval
+//! A Graph may need the owner's approval before each run
+//! ([`SharedSet::require_approval`]; the server never sees that setting).
+//! Its command is claimed as usual, so the server shows it `running`; the
+//! relay then asks the owner ([`Action::AskApproval`]), posts the progress
+//! [`WAITING_FOR_APPROVAL`], and keeps polling control (which renews the
+//! lease and notices a cancel). Then:
+//! - approved ([`Relay::handle_approval`]): the consent re-check runs again;
+//!   if it holds, the command is claimed again under the same execution
+//!   (the server may have closed it during a long wait, say its lease lapsed
+//!   while the desktop was unreachable; then nothing runs), and the Graph
+//!   starts;
+//! - denied: the run ends `failed` with [`DECLINED_ON_THE_DESKTOP`] and the
+//!   owner's reason, if any;
+//! - no answer before the deadline: the prompt is withdrawn
+//!   ([`Action::WithdrawApproval`]) and the run ends `failed`, saying so;
+//! - the agent cancels: the prompt is withdrawn and the run ends `cancelled`;
+//! - the server closes the run: the prompt is withdrawn, nothing is reported;
+//! - the worker stops ([`Relay::handle_shutdown`]): the prompt is withdrawn
+//!   and the run ends `failed`, saying so.
+//!
+//! Nothing runs before it is approved.
+//!
 //! # Refusals
 //! Whether a refused request is tried again is the server's word: its
 //! `retryable` flag, carried by a [`Refusal`] and mapped onto [`PostOutcome`],
@@ -132,10 +155,12 @@ impl Default for RelayConfig {
     }
 }
 
-/// The sessions the owner shared, per enabled project (the desktop's consent).
+/// The sessions the owner shared, per enabled project (the desktop's
+/// consent), and the sessions whose runs need the owner's approval first.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SharedSet {
     projects: BTreeMap<ProjectId, BTreeMap<GraphSessionId, SessionMeta>>,
+    approvals: BTreeMap<GraphSessionId, Duration>,
 }
 
 impl SharedSet {
@@ -175,6 +200,17 @@ impl SharedSet {
             .unwrap_or_default()
     }
 
+    /// Every run of `session` waits for the owner's approval on the desktop,
+    /// for at most `timeout`.
+    pub fn require_approval(&mut self, session: GraphSessionId, timeout: Duration) {
+        self.approvals.insert(session, timeout);
+    }
+
+    /// How long a run of `session` waits for the owner's approval, if it needs it.
+    pub fn approval(&self, session: &GraphSessionId) -> Option<Duration> {
+        self.approvals.get(session).copied()
+    }
+
     /// The consent re-check: the project is still enabled, the session still
     /// shared to it, and its slug unchanged (an empty expected slug skips that part).
     pub fn still_shared(&self, project: &ProjectId, session: &GraphSessionId, slug: &str) -> bool {
@@ -183,6 +219,27 @@ impl SharedSet {
             .and_then(|m| m.get(session))
             .is_some_and(|meta| slug.is_empty() || &*meta.slug == slug)
     }
+}
+
+/// The progress a run shows while it waits for the owner's approval.
+pub const WAITING_FOR_APPROVAL: &str = "Waiting for the owner's approval on the desktop";
+/// How the error of a run the owner declined begins (the owner's reason follows).
+pub const DECLINED_ON_THE_DESKTOP: &str = "Declined on the desktop";
+/// The progress a run shows once the owner approved it (until the Graph reports).
+pub const APPROVED_ON_THE_DESKTOP: &str = "Approved on the desktop; the Graph is starting";
+/// How the error of a run nobody approved in time begins.
+pub const NOT_APPROVED_IN_TIME: &str = "Not approved on the desktop in time";
+/// How the error of a run given up because the worker stopped begins.
+pub const WORKER_STOPPED_BEFORE_APPROVAL: &str =
+    "The desktop's worker stopped before the owner approved the run";
+
+/// The owner's answer to [`Action::AskApproval`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Run it.
+    Approved,
+    /// Do not run it; the owner's reason, if given.
+    Denied(Option<String>),
 }
 
 /// A command handed to the relay by a sync.
@@ -275,6 +332,20 @@ pub enum Action {
         /// Ask the server to hold the request until cancellation (or its bound).
         long_poll: bool,
     },
+    /// Ask the owner whether the job may run, until `until` (a prompt, a
+    /// hook); answer with [`Relay::handle_approval`]. Nothing runs before.
+    AskApproval {
+        /// The run waiting for approval.
+        job: Job,
+        /// When the relay gives up waiting.
+        until: Timestamp,
+    },
+    /// The question of [`Action::AskApproval`] is moot (timed out, cancelled,
+    /// closed): withdraw the prompt. No answer.
+    WithdrawApproval {
+        /// The command.
+        command: CommandId,
+    },
     /// Ask the engine to stop the execution (the agent cancelled, or the
     /// server closed the run). Sent at most once per command.
     CancelExecution {
@@ -358,6 +429,30 @@ pub enum RelayEvent {
         command: CommandId,
         /// Its execution id.
         execution: ExecutionId,
+    },
+    /// The run waits for the owner's approval.
+    ApprovalRequested {
+        /// The command.
+        command: CommandId,
+        /// Until when.
+        until: Timestamp,
+    },
+    /// The owner approved the run.
+    Approved {
+        /// The command.
+        command: CommandId,
+    },
+    /// The owner declined the run; it ends `failed`.
+    ApprovalDenied {
+        /// The command.
+        command: CommandId,
+        /// The owner's reason, if given.
+        reason: Option<String>,
+    },
+    /// Nobody approved the run in time; it ends `failed`.
+    ApprovalTimedOut {
+        /// The command.
+        command: CommandId,
     },
     /// The agent cancelled; the engine was asked to stop.
     CancelSent {
@@ -552,6 +647,13 @@ struct Current {
     report: Option<OutboxItem>,
     /// A control answer said the server closed the run (with this status).
     closed_by_server: Option<CommandStatus>,
+    /// Waiting for the owner's approval until then.
+    approval_until: Option<Timestamp>,
+    /// How long the wait for approval was.
+    approval_wait: Duration,
+    /// The owner approved the run: it starts once the server confirms the
+    /// claim again.
+    approved: bool,
     progress: ProgressState,
 }
 
@@ -583,13 +685,22 @@ impl Current {
             next_control_at: None,
             report: None,
             closed_by_server: None,
+            approval_until: None,
+            approval_wait: Duration::ZERO,
+            approved: false,
             progress: ProgressState::default(),
         }
     }
 
-    /// True while the execution runs and its progress may be posted.
+    /// True from the claim's grant (approval included) until the execution ended.
+    fn claimed_and_open(&self) -> bool {
+        self.executing || self.approval_until.is_some()
+    }
+
+    /// True while the run waits for approval or executes, and its progress
+    /// may be posted.
     fn takes_progress(&self) -> bool {
-        self.executing
+        self.claimed_and_open()
             && self.report.is_none()
             && self.closed_by_server.is_none()
             && !self.progress.refused
@@ -613,7 +724,9 @@ pub struct Relay {
     work_in_pass: usize,
     held_done: bool,
     failures: u32,
-    unconfirmed: Option<(RelayCommand, ExecutionId)>,
+    /// A claim without an answer: the command, its execution, and whether
+    /// the owner had approved it already.
+    unconfirmed: Option<(RelayCommand, ExecutionId, bool)>,
     /// Until one sync announcing it succeeded: this process has just started.
     restarted: bool,
     /// The outbox re-send of this pass left nothing behind (the restart
@@ -727,6 +840,11 @@ impl Relay {
             consider(t);
         }
         if let Some(c) = &self.current
+            && let (Some(t), Awaiting::Execution(_)) = (c.approval_until, &self.awaiting)
+        {
+            consider(t);
+        }
+        if let Some(c) = &self.current
             && c.takes_progress()
             && c.progress.pending.is_some()
             && !c.progress.in_flight
@@ -739,8 +857,22 @@ impl Relay {
 
     // ----- inputs -----------------------------------------------------------
 
-    /// Timers: a pass tick, a back-off, a control poll, a progress post.
+    /// Timers: a pass tick, a back-off, a control poll, a progress post, the
+    /// end of a wait for approval.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
+            && c.approval_until.is_some_and(|t| t <= now)
+        {
+            let command = *command;
+            let waited = c.approval_wait.as_secs();
+            self.actions.push_back(Action::WithdrawApproval { command });
+            self.events
+                .push_back(RelayEvent::ApprovalTimedOut { command });
+            let error = format!(
+                "{NOT_APPROVED_IN_TIME}: nobody approved the run on the owner's desktop within {waited} s, so the Graph did not run."
+            );
+            self.finish_unstarted(command, FinishStatus::Failed, error, now);
+        }
         self.maybe_send_control(now);
         self.maybe_send_progress(now);
         self.drive(now);
@@ -866,23 +998,17 @@ impl Relay {
                     self.drive(now);
                     return;
                 }
-                if let Some(current) = self.current.as_mut() {
-                    let job = current.job.clone();
-                    self.events.push_back(RelayEvent::Started {
-                        command,
-                        execution: job.execution.clone(),
-                    });
-                    self.actions.push_back(Action::Execute(job));
-                    current.executing = true;
-                    self.awaiting = Awaiting::Execution(command);
-                    match self.config.mode {
-                        RelayMode::Interval => {
-                            current.next_control_at = Some(now.plus(self.config.control_interval))
-                        }
-                        RelayMode::LongPoll => current.next_control_at = Some(now),
-                    }
+                let approval = self
+                    .current
+                    .as_ref()
+                    .filter(|c| !c.approved)
+                    .and_then(|c| self.shared.approval(&c.job.command.graph_session_id));
+                match approval {
+                    Some(wait) => self.ask_approval(command, wait, now),
+                    None => self.start_execution(command, now),
                 }
                 self.maybe_send_control(now);
+                self.maybe_send_progress(now);
             }
             ClaimOutcome::Refused(reason) => {
                 self.events
@@ -898,7 +1024,8 @@ impl Relay {
                 self.events
                     .push_back(RelayEvent::ClaimUnconfirmed { command, reason });
                 if let Some(current) = self.current.take() {
-                    self.unconfirmed = Some((current.job.command, current.job.execution));
+                    self.unconfirmed =
+                        Some((current.job.command, current.job.execution, current.approved));
                 }
                 self.failures = self.failures.saturating_add(1);
                 self.projects.clear();
@@ -935,7 +1062,30 @@ impl Relay {
         if current.report.is_some() {
             return;
         }
+        let waiting = current.approval_until.is_some();
         match result {
+            Ok(answer) if waiting && answer.status.is_terminal() => {
+                // Closed while it waited for approval: nothing ran, nothing to report.
+                self.actions.push_back(Action::WithdrawApproval { command });
+                self.events.push_back(RelayEvent::ClosedByServer {
+                    command,
+                    status: answer.status,
+                });
+                self.current = None;
+                self.awaiting = Awaiting::Nothing;
+            }
+            Ok(answer) if waiting && answer.cancel_requested => {
+                self.actions.push_back(Action::WithdrawApproval { command });
+                self.events.push_back(RelayEvent::CancelSent { command });
+                current.cancel_sent = true;
+                self.finish_unstarted(
+                    command,
+                    FinishStatus::Cancelled,
+                    "Cancelled by the agent while the run waited for the owner's approval; the Graph did not run.".to_owned(),
+                    now,
+                );
+                return;
+            }
             Ok(answer) if answer.status.is_terminal() => {
                 current.next_control_at = None;
                 if current.closed_by_server.is_none() {
@@ -1000,33 +1150,105 @@ impl Relay {
         } else {
             outcome.status.unwrap_or(FinishStatus::Completed)
         };
-        let envelope = ResultEnvelope::build(
-            current.job.execution.clone(),
-            status,
-            EnvelopeBody {
-                result: outcome.result,
-                total_tokens: outcome.total_tokens,
-                reported_cost: outcome.reported_cost,
-                error: outcome.error,
-            },
-        );
-        self.events.push_back(RelayEvent::Finished {
-            command,
-            status,
-            truncated: envelope.is_truncated(),
-        });
-        let item = OutboxItem {
-            command,
-            report: RelayReport::Completion { envelope },
-            stored_at: now,
-            attempts: 0,
+        let body = EnvelopeBody {
+            result: outcome.result,
+            total_tokens: outcome.total_tokens,
+            reported_cost: outcome.reported_cost,
+            error: outcome.error,
         };
-        current.report = Some(item.clone());
-        current.next_control_at = None;
-        current.executing = false;
-        self.awaiting = Awaiting::Store(command);
-        self.actions.push_back(Action::StoreReport(item));
-        self.drive(now);
+        self.record_completion(command, status, body, now);
+    }
+
+    /// The owner's answer to [`Action::AskApproval`]. Approved: the consent
+    /// re-check runs (failing, the run ends `cancelled` with the re-check's
+    /// message), then the claim is confirmed ([`Action::Claim`] again, same
+    /// execution) and the Graph starts when it is granted. Denied: the run ends `failed` with
+    /// [`DECLINED_ON_THE_DESKTOP`] and the reason. An answer to a question
+    /// that is no longer asked (timed out, cancelled) changes nothing.
+    pub fn handle_approval(
+        &mut self,
+        command: CommandId,
+        decision: ApprovalDecision,
+        now: Timestamp,
+    ) {
+        if self.awaiting != Awaiting::Execution(command) {
+            return;
+        }
+        let Some(current) = self.current.as_mut().filter(|c| {
+            c.job.command.id == command
+                && c.approval_until.is_some()
+                && c.report.is_none()
+                && c.closed_by_server.is_none()
+        }) else {
+            return;
+        };
+        current.approval_until = None;
+        match decision {
+            ApprovalDecision::Approved => {
+                self.events.push_back(RelayEvent::Approved { command });
+                // The consent re-check, right before the start.
+                if let Some(current) = self.current.take_if(|c| {
+                    !self.shared.still_shared(
+                        &c.job.command.project,
+                        &c.job.command.graph_session_id,
+                        &c.job.command.slug,
+                    )
+                }) {
+                    self.close_withdrawn(current, now);
+                    self.drive(now);
+                    return;
+                }
+                if let Some(current) = self.current.as_mut() {
+                    // Replaces "waiting for approval" once the Graph starts.
+                    current.progress.pending = Some(ProgressReport {
+                        message: Some(APPROVED_ON_THE_DESKTOP.to_owned()),
+                        percent: None,
+                    });
+                    // The wait may have been long: the server may have closed
+                    // the run meanwhile (its lease lapsed while the desktop was
+                    // unreachable). Claiming it again under the same execution
+                    // confirms it is still ours (and renews its lease) before
+                    // anything runs.
+                    current.approved = true;
+                    current.next_control_at = None;
+                    // A control answer in flight is ignored while the claim
+                    // is; polling starts afresh with the execution.
+                    current.control_in_flight = false;
+                    self.awaiting = Awaiting::Claim(command);
+                    self.actions.push_back(Action::Claim {
+                        command,
+                        execution: current.job.execution.clone(),
+                    });
+                }
+            }
+            ApprovalDecision::Denied(reason) => {
+                let reason = reason
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty());
+                let error = match &reason {
+                    Some(r) => format!("{DECLINED_ON_THE_DESKTOP}: {r}"),
+                    None => DECLINED_ON_THE_DESKTOP.to_owned(),
+                };
+                self.events
+                    .push_back(RelayEvent::ApprovalDenied { command, reason });
+                self.finish_unstarted(command, FinishStatus::Failed, error, now);
+            }
+        }
+    }
+
+    /// The driver is stopping. A run waiting for approval is given up: the
+    /// prompt is withdrawn and the run ends `failed` with
+    /// [`WORKER_STOPPED_BEFORE_APPROVAL`]. (A run that executes is stopped
+    /// by the driver through its executor.)
+    pub fn handle_shutdown(&mut self, now: Timestamp) {
+        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
+            && c.approval_until.is_some()
+        {
+            let command = *command;
+            self.actions.push_back(Action::WithdrawApproval { command });
+            let error = format!("{WORKER_STOPPED_BEFORE_APPROVAL}; the Graph did not run.");
+            self.finish_unstarted(command, FinishStatus::Failed, error, now);
+        }
     }
 
     /// The outbox write asked by [`Action::StoreReport`] finished. The report
@@ -1137,6 +1359,107 @@ impl Relay {
     }
 
     // ----- the pass ---------------------------------------------------------
+
+    /// Starts the claimed command's execution (its approval, if it needed
+    /// one, was given, and the re-check holds).
+    fn start_execution(&mut self, command: CommandId, now: Timestamp) {
+        let interval = self.config.control_interval;
+        let mode = self.config.mode;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        let job = current.job.clone();
+        self.events.push_back(RelayEvent::Started {
+            command,
+            execution: job.execution.clone(),
+        });
+        self.actions.push_back(Action::Execute(job));
+        current.executing = true;
+        self.awaiting = Awaiting::Execution(command);
+        current.next_control_at = Some(match mode {
+            RelayMode::Interval => now.plus(interval),
+            RelayMode::LongPoll => now,
+        });
+    }
+
+    /// Asks the owner to approve the claimed command, for at most `wait`;
+    /// meanwhile its progress says so and control is polled as for a run.
+    fn ask_approval(&mut self, command: CommandId, wait: Duration, now: Timestamp) {
+        let interval = self.config.control_interval;
+        let mode = self.config.mode;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        let until = now.plus(wait);
+        current.approval_until = Some(until);
+        current.approval_wait = wait;
+        current.progress.pending = Some(ProgressReport {
+            message: Some(WAITING_FOR_APPROVAL.to_owned()),
+            percent: None,
+        });
+        self.awaiting = Awaiting::Execution(command);
+        current.next_control_at = Some(match mode {
+            RelayMode::Interval => now.plus(interval),
+            RelayMode::LongPoll => now,
+        });
+        self.events
+            .push_back(RelayEvent::ApprovalRequested { command, until });
+        self.actions.push_back(Action::AskApproval {
+            job: current.job.clone(),
+            until,
+        });
+    }
+
+    /// Ends a claimed run that never executed (declined, not approved in
+    /// time, cancelled while waiting): its completion goes through the outbox.
+    fn finish_unstarted(
+        &mut self,
+        command: CommandId,
+        status: FinishStatus,
+        error: String,
+        now: Timestamp,
+    ) {
+        if let Some(current) = self.current.as_mut() {
+            current.approval_until = None;
+        }
+        let body = EnvelopeBody {
+            error: Some(error),
+            ..EnvelopeBody::default()
+        };
+        self.record_completion(command, status, body, now);
+    }
+
+    /// Stores the current run's completion, then posts it.
+    fn record_completion(
+        &mut self,
+        command: CommandId,
+        status: FinishStatus,
+        body: EnvelopeBody,
+        now: Timestamp,
+    ) {
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        current.progress.pending = None;
+        let envelope = ResultEnvelope::build(current.job.execution.clone(), status, body);
+        self.events.push_back(RelayEvent::Finished {
+            command,
+            status,
+            truncated: envelope.is_truncated(),
+        });
+        let item = OutboxItem {
+            command,
+            report: RelayReport::Completion { envelope },
+            stored_at: now,
+            attempts: 0,
+        };
+        current.report = Some(item.clone());
+        current.next_control_at = None;
+        current.executing = false;
+        self.awaiting = Awaiting::Store(command);
+        self.actions.push_back(Action::StoreReport(item));
+        self.drive(now);
+    }
 
     /// Posts the current run's pending progress if its interval has passed
     /// and no post is in flight.
@@ -1297,9 +1620,10 @@ impl Relay {
                 return;
             }
             // 2. A claim whose answer was lost, first and under the same execution id.
-            if let Some((command, execution)) = self.unconfirmed.take() {
+            if let Some((command, execution, approved)) = self.unconfirmed.take() {
                 let id = command.id;
-                let current = Current::new(command, execution.clone());
+                let mut current = Current::new(command, execution.clone());
+                current.approved = approved;
                 if self.shared.still_shared(
                     &current.job.command.project,
                     &current.job.command.graph_session_id,
@@ -1423,11 +1747,11 @@ impl Relay {
         });
     }
 
-    /// The command whose execution runs now (started and not yet finished).
+    /// The command claimed and not finished: waiting for approval, or executing.
     fn executing(&self) -> Option<CommandId> {
         self.current
             .as_ref()
-            .filter(|c| c.executing)
+            .filter(|c| c.claimed_and_open())
             .map(|c| c.job.command.id)
     }
 
@@ -2504,6 +2828,283 @@ mod tests {
             r.handle_progress(c.id, &execution, report("a", 101.0), at_ms(0)),
             Err(InvalidProgress::Percent(_))
         ));
+        assert!(drain(&mut r).is_empty());
+    }
+
+    /// An interval relay whose `command(1, 1, "a")` (session 1 needs
+    /// approval, 600 s) was just claimed at `secs(0)`; `command(2, 1, "a")`
+    /// is queued behind it. Returns the actions of the grant.
+    fn waiting_relay() -> (Relay, RelayCommand, Vec<Action>) {
+        let mut set = shared(&[(1, "a")]);
+        set.require_approval(session(1, "a").graph_session_id, Duration::from_secs(600));
+        let mut r = Relay::new(interval(), set, secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone(), command(2, 1, "a")]);
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(0));
+        let a = drain(&mut r);
+        (r, c, a)
+    }
+
+    fn stored_completion(a: &[Action]) -> Option<&ResultEnvelope> {
+        a.iter().find_map(|x| match x {
+            Action::StoreReport(OutboxItem {
+                report: RelayReport::Completion { envelope },
+                ..
+            }) => Some(envelope),
+            _ => None,
+        })
+    }
+
+    fn error_of(envelope: &ResultEnvelope) -> Option<&str> {
+        envelope.body.as_ref().and_then(|b| b.error.as_deref())
+    }
+
+    #[test]
+    fn a_run_needing_approval_is_claimed_asked_and_runs_only_once_approved() {
+        let (mut r, c, a) = waiting_relay();
+        let execution = execution_of(&r);
+        assert_eq!(
+            a,
+            vec![
+                Action::AskApproval {
+                    job: Job {
+                        command: c.clone(),
+                        execution: execution.clone(),
+                        channel: c.id.channel(),
+                    },
+                    until: secs(600),
+                },
+                Action::PostProgress {
+                    command: c.id,
+                    execution: execution.clone(),
+                    report: ProgressReport {
+                        message: Some(WAITING_FOR_APPROVAL.into()),
+                        percent: None
+                    }
+                },
+            ]
+        );
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, secs(0));
+        // While it waits: control polls (the lease, a cancel), a sync names it.
+        r.handle_timeout(secs(3));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::Control {
+                command: c.id,
+                long_poll: false
+            }]
+        );
+        r.handle_control_response(c.id, Ok(go_on()), secs(3));
+        assert_eq!(r.executing(), Some(c.id));
+        assert_eq!(r.poll_timeout(), Some(secs(6)));
+        r.handle_timeout(secs(6));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(5));
+        // The server confirms the run is still ours before anything runs.
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::Claim {
+                command: c.id,
+                execution: execution.clone()
+            }]
+        );
+        // The control answer that was in flight is ignored meanwhile.
+        r.handle_control_response(c.id, Ok(go_on()), secs(5));
+        assert!(drain(&mut r).is_empty());
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(5));
+        let a = drain(&mut r);
+        assert!(
+            matches!(&a[..], [Action::Execute(job), Action::PostProgress { report, .. }]
+                if job.command.id == c.id
+                    && report.message.as_deref() == Some(APPROVED_ON_THE_DESKTOP)),
+            "{a:?}"
+        );
+        // Control polling goes on for the execution.
+        r.handle_timeout(secs(8));
+        assert!(
+            drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Control { .. })),
+            "control resumes"
+        );
+    }
+
+    #[test]
+    fn an_approved_run_the_server_closed_during_the_wait_never_starts() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(200));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Claim { .. }]));
+        // Its lease lapsed while the desktop was unreachable.
+        r.handle_claim_response(
+            c.id,
+            ClaimOutcome::Refused("409 start_refused: the command is already failed".into()),
+            secs(200),
+        );
+        let a = drain(&mut r);
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Execute(_) | Action::StoreReport(_))),
+            "{a:?}"
+        );
+        assert!(
+            matches!(a.as_slice(), [Action::Claim { command, .. }] if *command == command_id(2)),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn an_approval_survives_a_confirming_claim_without_an_answer() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(5));
+        drain(&mut r);
+        r.handle_claim_response(c.id, ClaimOutcome::Network("timeout".into()), secs(5));
+        drain(&mut r);
+        r.handle_timeout(secs(20));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Claim { .. }]));
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(20));
+        let a = drain(&mut r);
+        assert!(
+            matches!(a.first(), Some(Action::Execute(job)) if job.command.id == c.id),
+            "not asked again: {a:?}"
+        );
+    }
+
+    #[test]
+    fn a_denied_run_fails_with_the_owners_reason_and_never_runs() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(
+            c.id,
+            ApprovalDecision::Denied(Some("  not on my budget ".into())),
+            secs(10),
+        );
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        assert_eq!(
+            error_of(envelope),
+            Some("Declined on the desktop: not on my budget")
+        );
+        // Without a reason: the bare text.
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Denied(None), secs(10));
+        let a = drain(&mut r);
+        assert_eq!(
+            error_of(stored_completion(&a).unwrap()),
+            Some(DECLINED_ON_THE_DESKTOP)
+        );
+    }
+
+    #[test]
+    fn an_approval_that_does_not_come_in_time_fails_the_run_and_withdraws_the_prompt() {
+        let (mut r, c, _) = waiting_relay();
+        // Control keeps the lease alive meanwhile.
+        for t in (3..600).step_by(3) {
+            r.handle_timeout(secs(t));
+            for action in drain(&mut r) {
+                if let Action::Control { .. } = action {
+                    r.handle_control_response(c.id, Ok(go_on()), secs(t));
+                }
+            }
+        }
+        r.handle_timeout(secs(600));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        let error = error_of(envelope).unwrap();
+        assert!(
+            error.starts_with(NOT_APPROVED_IN_TIME) && error.contains("600 s"),
+            "{error}"
+        );
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))));
+        // A late approval changes nothing.
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(601));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn a_cancel_while_waiting_withdraws_the_prompt_and_ends_cancelled() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Execute(_) | Action::CancelExecution { .. })),
+            "{a:?}"
+        );
+        assert_eq!(
+            stored_completion(&a).map(|e| e.status),
+            Some(FinishStatus::Cancelled)
+        );
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(4));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn consent_withdrawn_while_waiting_is_checked_again_right_before_the_start() {
+        let (mut r, c, _) = waiting_relay();
+        let mut set = shared(&[]);
+        set.require_approval(session(1, "a").graph_session_id, Duration::from_secs(600));
+        r.handle_shared_set(set, secs(5));
+        drain(&mut r);
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(6));
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert_eq!(error_of(envelope), Some(crate::command::NO_LONGER_SHARED));
+    }
+
+    #[test]
+    fn a_run_the_server_closed_while_waiting_withdraws_the_prompt_and_reports_nothing() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        let closed = ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Failed,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(40));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        assert!(stored_completion(&a).is_none(), "{a:?}");
+        assert!(
+            matches!(&a[1..], [Action::Claim { command, .. }] if *command == command_id(2)),
+            "the pass goes on: {a:?}"
+        );
+    }
+
+    #[test]
+    fn a_worker_stopping_while_a_run_waits_gives_it_up_with_a_clear_reason() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_shutdown(secs(7));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        assert!(
+            error_of(envelope)
+                .unwrap()
+                .starts_with(WORKER_STOPPED_BEFORE_APPROVAL)
+        );
+        // Without a run waiting, nothing happens.
+        let (mut r, _) = executing_relay();
+        r.handle_shutdown(secs(1));
         assert!(drain(&mut r).is_empty());
     }
 

@@ -12,7 +12,7 @@
 //! | [`tool_args`] | a JSON document | decoding never panics; accepted arguments obey the schema |
 //! | [`queue_ops`] | `Arbitrary` agent and relay operations | the reference model of `graph_relay_core::testkit::model` |
 //! | [`envelope`] | arbitrary Unicode | never over 100,000; truncated exactly when the full form does not fit; error cuts keep whole characters |
-//! | [`relay_events`] | arbitrary event orders and failures against a model server with leases, restarts and un-sharing | never two commands at once; no outbox item dropped without a 2xx or a final refusal; every claim follows a re-check that holds at that moment; a restart is announced only once the reports from before it are delivered; a run the server closed is stopped once and never reported; progress is only the running execution's latest, one post at a time and at most one per second; the server never holds shares in a project the desktop forgot |
+//! | [`relay_events`] | arbitrary event orders and failures against a model server with leases, restarts and un-sharing | never two commands at once; no outbox item dropped without a 2xx or a final refusal; every claim follows a re-check that holds at that moment; a restart is announced only once the reports from before it are delivered; a run the server closed is stopped once and never reported; progress is only the running execution's latest, one post at a time and at most one per second; the server never holds shares in a project the desktop forgot; nothing that needs the owner's approval runs unless approved, and only a question still open is withdrawn |
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -31,8 +31,8 @@ use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::RelayReport;
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig,
-    RelayMode, SharedSet, SyncFailure,
+    APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome,
+    Relay, RelayCommand, RelayConfig, RelayMode, SharedSet, SyncFailure, WAITING_FOR_APPROVAL,
 };
 use graph_relay_core::session::SessionMeta;
 use graph_relay_core::testkit::{World, meta, model, p1, p2};
@@ -258,6 +258,9 @@ enum Step {
     /// The executor reports progress (a percentage; over 100 is invalid).
     Progress(u8),
     AnswerProgress(u8),
+    /// The owner answers the question about the run waiting for approval
+    /// (even: approve; odd: deny).
+    Approve(u8),
 }
 
 fn session(n: u8) -> SessionMeta {
@@ -266,9 +269,18 @@ fn session(n: u8) -> SessionMeta {
 
 /// The desktop's consent: `p1` with sessions 0–3 (bits 0–3) unless bit 7 is
 /// set; `p2` with session `bits >> 4 & 3` when bit 6 is set. Clearing a
-/// project's bit withdraws the whole project.
-fn shared_set(bits: u8) -> SharedSet {
+/// project's bit withdraws the whole project. Sessions whose bit is set in
+/// `approvals` need the owner's approval (for 60 s).
+fn shared_set(bits: u8, approvals: u8) -> SharedSet {
     let mut set = SharedSet::new();
+    for n in 0..4u8 {
+        if approvals & (1 << n) != 0 {
+            set.require_approval(
+                GraphSessionId::clone(&session(n).graph_session_id),
+                Duration::from_secs(60),
+            );
+        }
+    }
     if bits & 0x80 == 0 {
         set.enable(p1());
         for n in 0..4u8 {
@@ -376,6 +388,10 @@ struct InFlight {
 #[derive(Default)]
 struct Seen {
     running: Option<(CommandId, ExecutionId)>,
+    /// The run waiting for the owner's approval.
+    asking: Option<(CommandId, ExecutionId)>,
+    /// Runs the owner approved and that have not started yet.
+    approved: BTreeSet<CommandId>,
     /// A control answer said the server closed these runs.
     told_closed: BTreeSet<CommandId>,
     cancels: BTreeSet<CommandId>,
@@ -399,6 +415,9 @@ pub fn relay_events(data: &[u8]) {
     let Ok(left_over) = Vec::<(u8, bool)>::arbitrary(&mut u) else {
         return;
     };
+    let Ok(approvals) = u8::arbitrary(&mut u) else {
+        return;
+    };
     let config = RelayConfig {
         mode: if interval {
             RelayMode::Interval
@@ -409,7 +428,7 @@ pub fn relay_events(data: &[u8]) {
     };
     let t0 = Timestamp(1_767_225_600_000);
     let mut now = t0;
-    let mut shared = shared_set(bits);
+    let mut shared = shared_set(bits, approvals);
     let mut server = ModelServer {
         lease: if interval {
             Duration::from_secs(30)
@@ -483,8 +502,11 @@ pub fn relay_events(data: &[u8]) {
                     );
                     assert_eq!(
                         running,
-                        seen.running.as_ref().map(|(c, _)| *c),
-                        "a sync names the command the relay executes"
+                        seen.running
+                            .as_ref()
+                            .or(seen.asking.as_ref())
+                            .map(|(c, _)| *c),
+                        "a sync names the command the relay executes or asks about"
                     );
                     if restarted {
                         assert!(
@@ -525,6 +547,11 @@ pub fn relay_events(data: &[u8]) {
                 }
                 Action::Claim { command, execution } => {
                     assert!(seen.running.is_none(), "never claims while a command runs");
+                    assert!(seen.asking.is_none(), "never claims while a run waits");
+                    // A claim starts a new attempt at the run: the answers to
+                    // the progress posts of an earlier one are lost.
+                    flight.progress.retain(|(c, _)| *c != command);
+                    seen.last_progress_post.remove(&command);
                     let c = &server.offered[&command];
                     assert!(
                         relay
@@ -534,8 +561,37 @@ pub fn relay_events(data: &[u8]) {
                     );
                     flight.claim = Some((command, execution));
                 }
+                Action::AskApproval { job, .. } => {
+                    assert!(
+                        shared.approval(&job.command.graph_session_id).is_some(),
+                        "approval is asked only for a Graph that needs it"
+                    );
+                    assert!(seen.running.is_none() && seen.asking.is_none());
+                    assert!(
+                        matches!(
+                            server.state(&job.command.id, now),
+                            Some(ServerState::Running { execution, .. }) if execution == job.execution
+                        ),
+                        "a run waits for approval once claimed"
+                    );
+                    seen.asking = Some((job.command.id, job.execution));
+                }
+                Action::WithdrawApproval { command } => {
+                    assert_eq!(
+                        seen.asking.take().map(|(c, _)| c),
+                        Some(command),
+                        "only an open question is withdrawn"
+                    );
+                }
                 Action::Execute(job) => {
                     assert!(seen.running.is_none(), "never two commands at once");
+                    assert!(seen.asking.is_none(), "nothing runs while a run waits");
+                    if shared.approval(&job.command.graph_session_id).is_some() {
+                        assert!(
+                            seen.approved.remove(&job.command.id),
+                            "nothing that needs approval runs unless approved"
+                        );
+                    }
                     assert!(
                         matches!(
                             server.state(&job.command.id, now),
@@ -569,10 +625,10 @@ pub fn relay_events(data: &[u8]) {
                     execution,
                     report,
                 } => {
-                    assert_eq!(
-                        seen.running.as_ref(),
-                        Some(&(command, execution.clone())),
-                        "progress only of the running execution"
+                    let own = Some(&(command, execution.clone()));
+                    assert!(
+                        seen.running.as_ref() == own || seen.asking.as_ref() == own,
+                        "progress only of the claimed execution"
                     );
                     assert!(
                         !seen.told_closed.contains(&command),
@@ -588,11 +644,17 @@ pub fn relay_events(data: &[u8]) {
                             "at most one progress post per interval"
                         );
                     }
-                    assert_eq!(
-                        seen.latest_progress.get(&command),
-                        Some(&report),
-                        "the latest report is posted"
+                    let relays_own = matches!(
+                        report.message.as_deref(),
+                        Some(WAITING_FOR_APPROVAL | APPROVED_ON_THE_DESKTOP)
                     );
+                    if !relays_own {
+                        assert_eq!(
+                            seen.latest_progress.get(&command),
+                            Some(&report),
+                            "the latest report is posted"
+                        );
+                    }
                     seen.last_progress_post.insert(command, now);
                     flight.progress.push((command, execution));
                 }
@@ -601,6 +663,14 @@ pub fn relay_events(data: &[u8]) {
                         !seen.told_closed.contains(&item.command),
                         "nothing is reported of a run the server closed"
                     );
+                    if seen
+                        .asking
+                        .as_ref()
+                        .is_some_and(|(c, _)| *c == item.command)
+                    {
+                        // Denied: the question is answered, nothing ran.
+                        seen.asking = None;
+                    }
                     desktop.outbox.insert(item.command, (epoch, item.clone()));
                     flight.store = Some(item.command);
                 }
@@ -871,7 +941,7 @@ pub fn relay_events(data: &[u8]) {
                 relay.handle_outbox_loaded(items, now);
             }
             Step::Share(bits) => {
-                shared = shared_set(bits);
+                shared = shared_set(bits, approvals);
                 relay.handle_shared_set(shared.clone(), now);
             }
             Step::Restart(r) => {
@@ -905,6 +975,18 @@ pub fn relay_events(data: &[u8]) {
                 if taken.is_ok() && !seen.told_closed.contains(&command) {
                     seen.latest_progress.insert(command, report);
                 }
+            }
+            Step::Approve(o) => {
+                let Some((command, _)) = seen.asking.take() else {
+                    continue;
+                };
+                let decision = if o % 2 == 0 {
+                    seen.approved.insert(command);
+                    ApprovalDecision::Approved
+                } else {
+                    ApprovalDecision::Denied((o % 4 == 1).then(|| "not now".to_owned()))
+                };
+                relay.handle_approval(command, decision, now);
             }
             Step::AnswerProgress(o) => {
                 if flight.progress.is_empty() {

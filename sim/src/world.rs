@@ -591,6 +591,8 @@ impl World {
                         );
                     }
                 }
+                // The simulated desktop shares no Graph that needs approval.
+                Action::AskApproval { .. } | Action::WithdrawApproval { .. } => {}
                 Action::PostProgress {
                     command,
                     execution,

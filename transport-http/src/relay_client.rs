@@ -33,14 +33,14 @@ use async_trait::async_trait;
 use graph_relay_core::Clock;
 use graph_relay_core::command::CommandStatus;
 use graph_relay_core::executor::{
-    CancelHandle, Executor, ProgressReport, ProgressSink, cancel_pair,
+    Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
 };
 use graph_relay_core::ids::{CommandId, ExecutionId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::queue::{ControlAnswer, SyncRequest};
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay, RelayCommand, RelayEvent,
-    SharedSet, SyncFailure,
+    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay,
+    RelayCommand, RelayEvent, SharedSet, SyncFailure,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -416,6 +416,7 @@ enum Input {
     /// The running execution put a report in its progress slot.
     Progress(CommandId, ExecutionId),
     ProgressPosted(CommandId, PostOutcome),
+    Approval(CommandId, ApprovalDecision),
 }
 
 /// The latest progress report of one execution that the driver has not
@@ -428,6 +429,7 @@ pub struct RelayDriver {
     transport: Arc<dyn RelayTransport>,
     outbox: Arc<dyn Outbox>,
     executor: Arc<dyn Executor>,
+    approver: Arc<dyn Approver>,
     clock: Arc<dyn Clock>,
     options: DriverOptions,
     tx: mpsc::UnboundedSender<Input>,
@@ -435,6 +437,8 @@ pub struct RelayDriver {
     sync_task: Option<AbortHandle>,
     control_task: Option<AbortHandle>,
     running: Option<(CommandId, CancelHandle)>,
+    /// The question of the run waiting for approval.
+    asking: Option<(CommandId, AbortHandle)>,
     progress: Option<(CommandId, ProgressSlot)>,
     posts_in_flight: usize,
     stopping: bool,
@@ -465,6 +469,7 @@ impl RelayDriver {
             transport,
             outbox,
             executor,
+            approver: Arc::new(NoApprover),
             clock,
             options,
             tx,
@@ -472,10 +477,18 @@ impl RelayDriver {
             sync_task: None,
             control_task: None,
             running: None,
+            asking: None,
             progress: None,
             posts_in_flight: 0,
             stopping: false,
         }
+    }
+
+    /// Asks `approver` about the runs of Graphs that need the owner's
+    /// approval (without one, such runs wait until their wait ends).
+    pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = approver;
+        self
     }
 
     /// Runs until `shutdown` resolves, feeding every change of `shared` to
@@ -535,6 +548,8 @@ impl RelayDriver {
         if let Some((_, handle)) = self.running.as_mut() {
             handle.cancel();
         }
+        // A run waiting for approval is given up (the prompt is withdrawn).
+        self.relay.handle_shutdown(self.clock.now());
         let deadline = tokio::time::Instant::now() + self.options.shutdown_timeout;
         loop {
             self.perform(on_event).await;
@@ -624,6 +639,12 @@ impl RelayDriver {
             }
             Input::ProgressPosted(command, outcome) => {
                 self.relay.handle_progress_posted(command, outcome, now)
+            }
+            Input::Approval(command, decision) => {
+                if self.asking.as_ref().is_some_and(|(c, _)| *c == command) {
+                    self.asking = None;
+                }
+                self.relay.handle_approval(command, decision, now);
             }
         }
     }
@@ -735,6 +756,25 @@ impl RelayDriver {
                     self.spawn(async move {
                         Input::Executed(command, executor.execute(job, signal, progress).await)
                     });
+                }
+                Action::AskApproval { job, until } => {
+                    let command = job.command.id;
+                    let approver = self.approver.clone();
+                    let task = self.spawn(async move {
+                        Input::Approval(command, approver.ask(job, until).await)
+                    });
+                    if let Some((_, earlier)) = self.asking.replace((command, task)) {
+                        earlier.abort();
+                    }
+                }
+                Action::WithdrawApproval { command } => {
+                    if let Some((asked, task)) = self.asking.take() {
+                        if asked == command {
+                            task.abort();
+                        } else {
+                            self.asking = Some((asked, task));
+                        }
+                    }
                 }
                 Action::PostProgress {
                     command,
