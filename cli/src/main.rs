@@ -6,6 +6,7 @@
 //! the token commands that maintain `graph-relay.toml` (hashes only); and
 //! the simulator of the published experiments (`sim`).
 
+mod approval;
 mod config;
 mod graphs;
 mod orphans;
