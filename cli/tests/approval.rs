@@ -201,3 +201,33 @@ async fn a_graph_unshared_while_its_run_waits_is_not_run_even_when_approved() {
         "the consent re-check runs right before the start"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_stopped_while_a_run_waits_gives_it_up_and_ends_its_prompt() {
+    let Env {
+        relay,
+        url,
+        _server,
+        worker,
+    } = Env::new(60);
+    let id = relay.run(&url, GS, "approval-key-stop", json!({})).await;
+    let hook = relay
+        .wait_file(&format!("asked.{id}"))
+        .trim()
+        .parse()
+        .expect("pid");
+    let lines = worker.interrupt();
+    assert!(
+        lines.iter().any(|l| *l == format!("delivered {id}")),
+        "reported before the worker exits: {lines:?}"
+    );
+    let run = relay.wait_status(&url, &id, "failed").await;
+    assert!(
+        run["error"].as_str().is_some_and(
+            |e| e.starts_with("The desktop's worker stopped before the owner approved the run")
+        ),
+        "{run}"
+    );
+    wait_gone(hook, "the hook of a stopped worker");
+    assert!(!relay.path(&format!("ran.{id}")).exists());
+}
