@@ -8,6 +8,7 @@
 
 mod approval;
 mod config;
+mod console;
 mod graphs;
 mod orphans;
 mod process_executor;
@@ -120,6 +121,25 @@ enum Command {
         /// Also write SVG plots into this folder.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
+    },
+    /// Approve a run waiting for approval, through a worker's local console.
+    Approve {
+        /// The console's URL, as the worker printed it (secret included).
+        #[arg(long)]
+        console: String,
+        /// The run's command id.
+        command: String,
+    },
+    /// Decline a run waiting for approval, through a worker's local console.
+    Deny {
+        /// The console's URL, as the worker printed it (secret included).
+        #[arg(long)]
+        console: String,
+        /// The run's command id.
+        command: String,
+        /// Why (at most 500 characters); the agent reads it.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Create, list and revoke tokens.
     Token {
@@ -249,6 +269,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
         } => stdio(&store, &config, &agent, max_line_bytes),
         Command::Token { config, command } => token(&config, command),
         Command::Worker(args) => Ok(worker::run(args)?),
+        Command::Approve { console, command } => answer(&console, &command, true, None),
+        Command::Deny {
+            console,
+            command,
+            reason,
+        } => answer(&console, &command, false, reason),
         Command::Sim {
             experiments,
             seed,
@@ -446,6 +472,25 @@ fn serve(
         tracing::info!("graph-relay stopped");
         Ok::<(), std::io::Error>(())
     })?;
+    Ok(())
+}
+
+/// `approve` / `deny`: one request to the worker's local console.
+fn answer(
+    console: &str,
+    command: &str,
+    approve: bool,
+    reason: Option<String>,
+) -> Result<(), CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let line = runtime
+        .block_on(console::answer_from_terminal(
+            console, command, approve, reason,
+        ))
+        .map_err(CliError::Usage)?;
+    println!("{line}");
     Ok(())
 }
 

@@ -26,6 +26,7 @@ use graph_relay_transport_http::relay_client::{
 };
 
 use crate::approval::HookApprover;
+use crate::console::{Console, ConsoleApprover};
 use crate::graphs::{self, Graphs};
 use crate::process_executor::ProcessExecutor;
 
@@ -59,6 +60,11 @@ pub struct WorkerArgs {
     /// Seconds between SIGTERM and SIGKILL when a run is cancelled.
     #[arg(long, default_value_t = 5)]
     pub grace_seconds: u64,
+    /// Serve the local console (approve or decline runs waiting for
+    /// approval) on this loopback address, e.g. 127.0.0.1:8788; off by
+    /// default. Its URL, with a secret drawn at start, is printed once.
+    #[arg(long, value_name = "127.0.0.1:PORT")]
+    pub console: Option<std::net::SocketAddr>,
     /// Testing: lose this many completion POSTs before sending them.
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_lose_completion_posts: u32,
@@ -89,6 +95,9 @@ pub enum WorkerError {
     /// The HTTP client could not be built.
     #[error(transparent)]
     Client(#[from] graph_relay_transport_http::relay_client::ClientBuildError),
+    /// The console could not start.
+    #[error(transparent)]
+    Console(#[from] crate::console::ConsoleError),
     /// The runtime could not start.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -131,7 +140,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
     let executor = Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
-    let approver = Arc::new(HookApprover::new(specs.clone()));
+    let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
         mode: match args.mode {
@@ -151,13 +160,24 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         DriverOptions {
             shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
         },
-    )
-    .with_approver(approver);
+    );
     let (shared_tx, shared_rx) = tokio::sync::watch::channel(graphs.shared);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        let approver: Arc<dyn graph_relay_core::executor::Approver> = match args.console {
+            Some(address) => {
+                let console = Console::start(address).await?;
+                status(&format!(
+                    "console: {} (approve or decline runs waiting for approval; keep this URL private)",
+                    console.url()
+                ));
+                Arc::new(ConsoleApprover::new(console, hook))
+            }
+            None => Arc::new(hook),
+        };
+        let driver = driver.with_approver(approver);
         status(&format!(
             "worker: relaying {} for {} ({:?} mode; outbox {})",
             args.graphs.display(),
@@ -181,7 +201,8 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             })
             .await;
         status("worker: stopped");
-    });
+        Ok::<(), WorkerError>(())
+    })?;
     Ok(())
 }
 
