@@ -172,7 +172,9 @@ impl Access {
 /// A message refused because the token lacks a scope the table requires.
 /// Every transport renders it as its one `insufficient_scope` answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("insufficient_scope: {subject} requires the scope `{scope}`, which this agent's token does not grant")]
+#[error(
+    "insufficient_scope: {subject} requires the scope `{scope}`, which this agent's token does not grant"
+)]
 pub struct ScopeDenied {
     /// What was refused: the tool name for `tools/call`, else the method.
     pub subject: String,
@@ -188,7 +190,9 @@ impl ScopeDenied {
             id,
             ErrorCode::InsufficientScope,
             self.to_string(),
-            Some(json!({"error": "insufficient_scope", "scope": self.scope, "subject": self.subject})),
+            Some(
+                json!({"error": "insufficient_scope", "scope": self.scope, "subject": self.subject}),
+            ),
         )
     }
 }
@@ -201,15 +205,18 @@ mod tests {
     fn parse_and_name_round_trip_for_every_method() {
         for method in Method::ALL {
             if method == Method::Notification {
-                assert_eq!(
-                    Method::parse("notifications/initialized"),
-                    Some(method)
-                );
+                assert_eq!(Method::parse("notifications/initialized"), Some(method));
             } else {
                 assert_eq!(Method::parse(method.name()), Some(method));
             }
         }
-        for unknown in ["resources/list", "tasks/list", "", "notifications", "Tools/List"] {
+        for unknown in [
+            "resources/list",
+            "tasks/list",
+            "",
+            "notifications",
+            "Tools/List",
+        ] {
             assert_eq!(Method::parse(unknown), None, "{unknown}");
         }
     }

@@ -62,8 +62,8 @@ pub use self::jsonrpc::{
 };
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
-pub use crate::authz::ScopeDenied;
 use crate::authz::Method;
+pub use crate::authz::ScopeDenied;
 use crate::catalog::ToolCatalog;
 use crate::principal::Agent;
 use crate::queue::Queue;
