@@ -47,6 +47,7 @@
 //! 2025-11-25 specifies, so the model can correct itself.
 
 mod jsonrpc;
+mod limits;
 mod tasks;
 mod tools;
 mod version;
@@ -60,6 +61,7 @@ pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
 };
+pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
 use crate::authz::Method;
@@ -154,35 +156,6 @@ impl McpSession {
     pub fn retained_bytes(&self) -> usize {
         self.client_info.as_deref().map_or(0, str::len)
     }
-}
-
-/// Largest `clientInfo`, and largest `capabilities`, an `initialize` may
-/// carry, each measured as compact JSON: 16 KiB. A larger one is refused
-/// with `-32602` naming this limit, so a session never keeps more.
-pub const MAX_INITIALIZE_FIELD_BYTES: usize = 16 * 1024;
-
-/// The compact JSON length of `value` if it is at most `limit` bytes;
-/// `None` beyond. Stops writing as soon as the limit is passed.
-fn json_len_within(value: &Value, limit: usize) -> Option<usize> {
-    struct Count {
-        written: usize,
-        limit: usize,
-    }
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.written += bytes.len();
-            if self.written > self.limit {
-                return Err(std::io::Error::other("over the limit"));
-            }
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count { written: 0, limit };
-    serde_json::to_writer(&mut count, value).ok()?;
-    Some(count.written)
 }
 
 /// Default `ttlMs` of cacheable 2026-07-28 results (5 minutes).
@@ -580,7 +553,7 @@ impl McpServer {
             let Some(value) = incoming.params().get(field) else {
                 continue;
             };
-            if json_len_within(value, MAX_INITIALIZE_FIELD_BYTES).is_none() {
+            if compact_json_len_within(value, MAX_INITIALIZE_FIELD_BYTES).is_none() {
                 return Err(Outgoing::error(
                     Some(id.clone()),
                     ErrorCode::InvalidParams,
