@@ -2,11 +2,14 @@
 //!
 //! MCP over Streamable HTTP for graph-relay, with the OAuth2
 //! resource-server checks in front of it. [`router`] builds an
-//! [`axum::Router`] that integrators mount in their own app or serve alone.
+//! [`axum::Router`] that integrators mount in their own app; [`serve()`] serves
+//! it (or any router) with a connection cap and timeouts.
 //!
 //! ```text
-//!  POST /mcp ─► Host/Origin ─► bearer token (Authenticator) ─► headers & session
-//!            ─► scope of the tool (403 insufficient_scope) ─► core::mcp::McpServer ─► JSON
+//!  connection ─► serve: cap (503), header-read and idle timeouts
+//!  POST /mcp  ─► Host/Origin (403) ─► bearer token (401, Connection: close)   ← headers only
+//!             ─► body ─► headers & session ─► authorization table (403 insufficient_scope)
+//!             ─► core::mcp::McpServer ─► JSON or an SSE stream
 //! ```
 //!
 //! - `POST /mcp`: one JSON-RPC message; a request is answered with
@@ -15,18 +18,29 @@
 //!   initialize-era session.
 //! - Initialize-era clients get an `MCP-Session-Id` with their `initialize`
 //!   result and must send it (and, after 2025-03-26, `MCP-Protocol-Version`)
-//!   afterwards: missing 400, unknown 404. 2026-07-28 requests are stateless
+//!   afterwards: missing 400, unknown 404. A session belongs to the agent
+//!   (owner, name) and the token that created it; sessions are bounded per
+//!   agent and in all ([`SessionLimits`]). 2026-07-28 requests are stateless
 //!   and must carry `MCP-Protocol-Version`, `Mcp-Method` and (for
 //!   `tools/call`) `Mcp-Name` matching the body (400, `-32020` otherwise).
-//! - `GET /.well-known/oauth-protected-resource[/mcp]`: RFC 9728 metadata.
-//! - Every `/mcp` request needs `Authorization: Bearer <agent token>`: 401
-//!   with `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a
-//!   device token is refused there. A `tools/call` whose tool needs a scope
-//!   the token lacks gets 403 `insufficient_scope` naming it, before any
-//!   queue work.
-//! - Hosts and origins are checked (DNS rebinding): by default only
-//!   loopback names; 403 otherwise. Bodies are bounded (413) and requests
-//!   time out (408).
+//! - `GET /.well-known/oauth-protected-resource[/mcp]`: RFC 9728 metadata,
+//!   whose URLs come from [`HttpConfig::public_url`] or the listening
+//!   address, never from the request.
+//! - Every `/mcp` request needs `Authorization: Bearer <agent token>`,
+//!   checked before the body is read: 401 with
+//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a device
+//!   token is refused there. A message the token's scopes do not cover
+//!   (the one table in `graph_relay_core::authz`: tools, `tasks/*`,
+//!   `subscriptions/listen`) gets 403 `insufficient_scope` naming the scope,
+//!   before any queue work.
+//! - Hosts and origins are parsed strictly ([`authority`]) and checked (DNS
+//!   rebinding): by default only loopback names on the listening port; 403
+//!   otherwise. Bodies are bounded (413) and requests time out (408).
+//! - `subscriptions/listen` streams are bounded per agent and in lifetime
+//!   ([`ListenLimits`]).
+//! - When the [`Authenticator`] reports that a token was revoked, its open
+//!   listen streams, held `wait_seconds` calls and sessions end within a
+//!   second ([`HttpState::revoked`]).
 //!
 //! The state ([`HttpState`]) carries the MCP server, the authenticator and
 //! the configuration; the relay API shares it:
