@@ -442,8 +442,9 @@ impl Authenticator for TokenFile {
     async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
         // A poisoned table cannot say; keep what is open.
         self.shared
-            .lookup(token_sha256)
-            .map_or(true, |found| found.as_ref() == Some(principal))
+            .tokens
+            .read()
+            .map_or(true, |tokens| tokens.get(token_sha256) == Some(principal))
     }
 }
 

@@ -344,7 +344,11 @@ impl HttpState {
             .get(header::HOST)
             .ok_or(HostRefusal::MissingHost)?
             .to_str()
-            .map_err(|_| HostRefusal::MalformedHost(AuthorityError::BadCharacter('?')))?;
+            .map_err(|_| {
+                HostRefusal::MalformedHost(AuthorityError::BadCharacter(
+                    char::REPLACEMENT_CHARACTER,
+                ))
+            })?;
         let host = Authority::parse(host).map_err(HostRefusal::MalformedHost)?;
         if !rules.any_host {
             let same_host = || rules.hosts.iter().filter(|a| a.host == host.host);

@@ -298,11 +298,11 @@ fn tasks_cancel_and_get_need_their_scopes() {
     let cancel = json!({"jsonrpc": "2.0", "id": 2, "method": "tasks/cancel", "params": {"taskId": task, "_meta": modern_meta()}});
     let get = json!({"jsonrpc": "2.0", "id": 3, "method": "tasks/get", "params": {"taskId": task, "_meta": modern_meta()}});
     for caller in [&f.reader, &f.nothing] {
-        let replies = stdio(&f.server, caller, &[cancel.clone()]);
+        let replies = stdio(&f.server, caller, std::slice::from_ref(&cancel));
         assert_eq!(replies[0]["error"]["code"], -32003, "{}", replies[0]);
         assert_eq!(replies[0]["error"]["data"]["scope"], RUN_SCOPE);
     }
-    let replies = stdio(&f.server, &f.nothing, &[get.clone()]);
+    let replies = stdio(&f.server, &f.nothing, std::slice::from_ref(&get));
     assert_eq!(replies[0]["error"]["code"], -32003, "{}", replies[0]);
     assert_eq!(replies[0]["error"]["data"]["scope"], READ_SCOPE);
     // The run was not cancelled; the reader may read it.
