@@ -26,7 +26,10 @@ use graph_relay_core::prelude::*;
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
 };
-use graph_relay_transport_http::{HttpConfig, HttpState, Principal};
+use graph_relay_transport_http::serve::{RESERVED_FILES, raise_open_file_limit};
+use graph_relay_transport_http::{
+    HttpConfig, HttpState, ListenLimits, Principal, ServeConfig, SessionLimits,
+};
 
 use crate::config::{ConfigFile, ServerSection};
 
@@ -398,24 +401,7 @@ fn serve(
         }
         None => Arc::new(tokens),
     };
-    let defaults = HttpConfig::default();
-    let s = &file.server;
-    let http = HttpConfig {
-        public_url: s.public_url.clone(),
-        authorization_servers: s.authorization_servers.clone(),
-        allowed_hosts: if s.allowed_hosts.is_empty() {
-            defaults.allowed_hosts.clone()
-        } else {
-            s.allowed_hosts.clone()
-        },
-        allowed_origins: s.allowed_origins.clone(),
-        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
-        request_timeout: s
-            .request_timeout_secs
-            .map_or(defaults.request_timeout, Duration::from_secs),
-        sessions: defaults.sessions.clone(),
-        relay: defaults.relay.clone(),
-    };
+    let (mut http, serve_config) = http_settings(&file.server);
     if let Some(wait) = max_wait_seconds
         && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
     {
@@ -424,25 +410,116 @@ fn serve(
             http.request_timeout.as_secs()
         )));
     }
+    check_open_file_limit(serve_config.max_connections);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let state = HttpState::new(
-        open_any_store(store, &runtime, max_wait_seconds)?,
-        auth,
-        http,
-    );
+    let server = open_any_store(store, &runtime, max_wait_seconds)?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local = listener.local_addr()?;
+        // The Host port check and the published URLs use the bound address.
+        http.listen_addr = Some(local);
+        if local.ip().is_unspecified() && http.public_url.is_none() {
+            tracing::warn!(
+                "listening on every interface without `public_url`: the resource metadata names http://localhost:{}; set [server] public_url to the address clients use",
+                local.port()
+            );
+        }
+        let state = HttpState::new(server, auth, http);
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
-        axum::serve(listener, graph_relay_transport_http::router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        graph_relay_transport_http::serve(
+            listener,
+            graph_relay_transport_http::router(state),
+            serve_config,
+            shutdown_signal(),
+        )
+        .await?;
         tracing::info!("graph-relay stopped");
         Ok::<(), std::io::Error>(())
     })?;
     Ok(())
+}
+
+/// The HTTP transport's settings and the serving loop's bounds from the
+/// `[server]` section (defaults for what it leaves out).
+fn http_settings(s: &ServerSection) -> (HttpConfig, ServeConfig) {
+    let defaults = HttpConfig::default();
+    let secs = Duration::from_secs;
+    let http = HttpConfig {
+        public_url: s.public_url.clone(),
+        listen_addr: None,
+        authorization_servers: s.authorization_servers.clone(),
+        allowed_hosts: if s.allowed_hosts.is_empty() {
+            defaults.allowed_hosts.clone()
+        } else {
+            s.allowed_hosts.clone()
+        },
+        allowed_ports: s.allowed_ports.clone(),
+        allowed_origins: s.allowed_origins.clone(),
+        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+        request_timeout: s
+            .request_timeout_secs
+            .map_or(defaults.request_timeout, secs),
+        sessions: SessionLimits {
+            max_sessions: s.max_sessions.unwrap_or(defaults.sessions.max_sessions),
+            max_sessions_per_agent: s
+                .max_sessions_per_agent
+                .unwrap_or(defaults.sessions.max_sessions_per_agent),
+            idle_timeout: s
+                .session_idle_timeout_secs
+                .map_or(defaults.sessions.idle_timeout, secs),
+        },
+        listen: ListenLimits {
+            max_streams_per_agent: s
+                .max_listen_streams_per_agent
+                .unwrap_or(defaults.listen.max_streams_per_agent),
+            max_lifetime: s
+                .max_listen_lifetime_secs
+                .map_or(defaults.listen.max_lifetime, secs),
+        },
+        relay: defaults.relay.clone(),
+    };
+    let serve_defaults = ServeConfig::default();
+    let serve = ServeConfig {
+        max_connections: s.max_connections.unwrap_or(serve_defaults.max_connections),
+        header_read_timeout: s
+            .header_read_timeout_secs
+            .map_or(serve_defaults.header_read_timeout, secs),
+        idle_timeout: s
+            .idle_timeout_secs
+            .map_or(serve_defaults.idle_timeout, secs),
+        ..serve_defaults
+    };
+    (http, serve)
+}
+
+/// Raises the soft open-file limit to the hard one; warns when it stays
+/// below what `max_connections` connections need.
+fn check_open_file_limit(max_connections: usize) {
+    let needed = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(RESERVED_FILES);
+    match raise_open_file_limit() {
+        Ok(limit) => {
+            if limit.now > limit.before {
+                tracing::info!(
+                    before = limit.before,
+                    now = limit.now,
+                    "raised the open-file limit"
+                );
+            }
+            if limit.now < needed {
+                tracing::warn!(
+                    limit = limit.now,
+                    needed,
+                    max_connections,
+                    "the open-file limit is below what the connection cap needs; the server may stop accepting before the cap (raise `ulimit -n` or lower [server] max_connections)"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot check the open-file limit"),
+    }
 }
 
 fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(), CliError> {

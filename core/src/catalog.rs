@@ -73,11 +73,9 @@ impl ToolKind {
         }
     }
 
+    /// The published scope, from the one authorization table ([`crate::authz`]).
     const fn default_scope(self) -> &'static str {
-        match self {
-            Self::RunGraphSession | Self::CancelGraphRun => RUN_SCOPE,
-            Self::ListGraphSessions | Self::GetGraphRun => READ_SCOPE,
-        }
+        crate::authz::tool_level(self).default_scope()
     }
 }
 
