@@ -46,6 +46,8 @@ fn fixture() -> Fixture {
                 status: "ready".into(),
             }],
             long_poll: false,
+            restarted: false,
+            running: None,
         },
     ))
     .unwrap();

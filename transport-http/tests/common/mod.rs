@@ -113,6 +113,8 @@ pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpStat
                         status: "ready".into(),
                     }],
                     long_poll: false,
+                    restarted: false,
+                    running: None,
                 },
             )
             .await
