@@ -523,7 +523,12 @@ thread_local! {
 /// Called by SQLite on the writer thread after each commit with the number
 /// of pages in the WAL: past [`CHECKPOINT_PAGES`] it asks the checkpoint
 /// thread for a checkpoint instead of running one inside the commit.
-fn wal_hook(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
+///
+/// Past [`WRITER_CHECKPOINT_PAGES`] the checkpoint thread has fallen behind
+/// (a loaded machine did not schedule it): the writer then copies the WAL
+/// itself with a passive checkpoint, before it takes the next job. Writes
+/// slow down instead of the WAL growing without bound.
+fn wal_hook(wal: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Result<()> {
     if pages >= CHECKPOINT_PAGES {
         CHECKPOINTS.with_borrow(|c| {
             if let Some(c) = c {
@@ -531,8 +536,17 @@ fn wal_hook(_: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> rusqlite::Resul
             }
         });
     }
+    if pages >= WRITER_CHECKPOINT_PAGES {
+        // A failure (e.g. another process checkpoints) leaves it to the
+        // checkpoint thread, as before.
+        let _ = wal.checkpoint_v2(rusqlite::hooks::CheckpointMode::PASSIVE);
+    }
     Ok(())
 }
+
+/// WAL size (in pages) at which the writer stops leaving the checkpoint to
+/// the checkpoint thread: four times [`CHECKPOINT_PAGES`] (about 16 MB).
+const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
 
 /// Passive checkpoints in a row, at most, before the `FULL` one.
 const PASSIVE_ROUNDS: usize = 4;
