@@ -55,6 +55,14 @@ pub struct ServerSection {
     /// Longest life of one listen stream in seconds (default 600).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_listen_lifetime_secs: Option<u64>,
+    /// The lease of a run on a long-polling desktop, in seconds (default
+    /// 60): a run whose desktop says nothing for this long ends `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_seconds: Option<u64>,
+    /// The lease of a run on a desktop in interval mode, in control
+    /// intervals of 3 s (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_interval_controls: Option<u32>,
 }
 
 /// The whole file.

@@ -81,6 +81,15 @@ enum Command {
         /// refused unless listening on a loopback address.
         #[arg(long, value_name = "AGENT")]
         insecure_anonymous_agent: Option<String>,
+        /// The lease of a run on a long-polling desktop in seconds (default
+        /// 60, or `[server] lease_seconds`): a run whose desktop says
+        /// nothing for this long ends `failed`.
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        lease_seconds: Option<u64>,
+        /// The lease of a run on a desktop in interval mode, in control
+        /// intervals of 3 s (default 10, or `[server] lease_interval_controls`).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        lease_controls: Option<u32>,
         /// Offer `wait_seconds` (up to this many seconds) on `get_graph_run`,
         /// so clients can wait for a run instead of polling. Off by default,
         /// which keeps the published tool schema exactly. Must stay below the
@@ -232,12 +241,18 @@ fn run(cli: Cli) -> Result<(), CliError> {
             store,
             config,
             insecure_anonymous_agent,
+            lease_seconds,
+            lease_controls,
             max_wait_seconds,
         } => serve(
             listen,
             &store,
             &config,
             insecure_anonymous_agent,
+            Leases {
+                seconds: lease_seconds,
+                controls: lease_controls,
+            },
             max_wait_seconds,
         ),
         Command::Stdio {
@@ -305,12 +320,13 @@ fn open_postgres(
 fn open_any_store(
     args: &StoreArgs,
     runtime: &tokio::runtime::Runtime,
+    queue: QueueConfig,
     max_wait_seconds: Option<u32>,
 ) -> Result<McpServer, CliError> {
     match open_postgres(args, runtime)? {
-        None => mcp_server(open_store(args)?, max_wait_seconds),
+        None => mcp_server(open_store(args)?, queue, max_wait_seconds),
         Some(pg) => {
-            let server = mcp_server(Arc::new(pg.clone()), max_wait_seconds)?;
+            let server = mcp_server(Arc::new(pg.clone()), queue, max_wait_seconds)?;
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.wakeups(server.queue().signals().clone()).install();
@@ -320,13 +336,12 @@ fn open_any_store(
     }
 }
 
-fn mcp_server(store: Arc<dyn Store>, max_wait_seconds: Option<u32>) -> Result<McpServer, CliError> {
-    let queue = Queue::new(
-        store,
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        QueueConfig::default(),
-    );
+fn mcp_server(
+    store: Arc<dyn Store>,
+    config: QueueConfig,
+    max_wait_seconds: Option<u32>,
+) -> Result<McpServer, CliError> {
+    let queue = Queue::new(store, Arc::new(SystemClock), Arc::new(RandomIds), config);
     let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
     info.instructions = Some("run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).".into());
     let catalog = ToolCatalog::builder()
@@ -375,6 +390,7 @@ fn serve(
     store: &StoreArgs,
     config_path: &Path,
     anonymous: Option<String>,
+    leases: Leases,
     max_wait_seconds: Option<u32>,
 ) -> Result<(), CliError> {
     if !config_path.exists() {
@@ -414,7 +430,17 @@ fn serve(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let server = open_any_store(store, &runtime, max_wait_seconds)?;
+    let mut queue = QueueConfig::default();
+    if let Some(seconds) = leases.seconds.or(file.server.lease_seconds) {
+        queue.lease_long_poll = Duration::from_secs(seconds);
+    }
+    if let Some(controls) = leases.controls.or(file.server.lease_interval_controls) {
+        queue.lease_interval_controls = controls;
+    }
+    let server = open_any_store(store, &runtime, queue, max_wait_seconds)?;
+    let maintained = server.queue().clone();
+    runtime.spawn(maintain(maintained));
+    let stopping = server.queue().clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local = listener.local_addr()?;
@@ -428,11 +454,18 @@ fn serve(
         }
         let state = HttpState::new(server, auth, http);
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
+        // On SIGINT/SIGTERM every held request answers at once and waits
+        // and listen streams end (`Queue::shut_down`); then the server
+        // stops accepting and lets what is in flight finish.
+        let shutdown = async move {
+            shutdown_signal().await;
+            stopping.shut_down();
+        };
         graph_relay_transport_http::serve(
             listener,
             graph_relay_transport_http::router(state),
             serve_config,
-            shutdown_signal(),
+            shutdown,
         )
         .await?;
         tracing::info!("graph-relay stopped");
@@ -519,6 +552,44 @@ fn check_open_file_limit(max_connections: usize) {
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot check the open-file limit"),
+    }
+}
+
+/// The lease settings given on the command line (they win over the file).
+struct Leases {
+    seconds: Option<u64>,
+    controls: Option<u32>,
+}
+
+/// The queue's housekeeping, once a second for the life of the server:
+/// coalesced progress is written, runs whose lease lapsed are closed, and
+/// old keys and runs are pruned. A failing store is logged, at most once a
+/// minute, and tried again.
+async fn maintain(queue: Queue) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    loop {
+        tick.tick().await;
+        if queue.is_shutting_down() {
+            return;
+        }
+        match queue.maintain().await {
+            Ok(report) => {
+                if report.leases > 0 {
+                    tracing::info!(
+                        runs = report.leases,
+                        "closed runs whose desktop stopped reporting (lease lapsed)"
+                    );
+                }
+            }
+            Err(e) => {
+                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(error = %e, "queue maintenance failed; trying again");
+                    last_warning = Some(tokio::time::Instant::now());
+                }
+            }
+        }
     }
 }
 
@@ -660,7 +731,8 @@ fn stdio(
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let server = open_any_store(store, &runtime, None)?;
+    let server = open_any_store(store, &runtime, QueueConfig::default(), None)?;
+    runtime.spawn(maintain(server.queue().clone()));
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)

@@ -176,7 +176,8 @@ pub(crate) async fn serve(
 }
 
 /// Sends the acknowledgement and the notifications until every watched
-/// task is terminal (true) or the client went away (false).
+/// task is terminal (true), or the client went away or the server is
+/// shutting down (false).
 async fn watch(
     server: &graph_relay_core::mcp::McpServer,
     caller: &Caller,
@@ -215,6 +216,11 @@ async fn watch(
             watching = still;
             if watching.is_empty() {
                 break;
+            }
+            if server.queue().is_shutting_down() {
+                // The server is stopping: end the stream (without a result)
+                // so the client listens again, elsewhere or later.
+                return false;
             }
             let wake = futures::future::select_all(changed);
             tokio::select! {
