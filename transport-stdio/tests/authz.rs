@@ -25,32 +25,31 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
+    let store = Arc::new(MemoryStore::new());
+    let owner = OwnerId::parse("alice").unwrap();
+    let project = ProjectId::parse("p1").unwrap();
+    // Shared as a desktop's sync would (straight into the store).
+    block_on(store.replace_shared_sessions(
+        &owner,
+        &project,
+        &DeviceId::parse("desktop").unwrap(),
+        &[SessionMeta {
+            graph_session_id: GraphSessionId::parse(GS).unwrap(),
+            name: "Drafts".into(),
+            description: "".into(),
+            slug: "drafts".into(),
+            version: "1".into(),
+            status: "ready".into(),
+        }],
+        SystemClock.now(),
+    ))
+    .unwrap();
     let queue = Queue::new(
-        Arc::new(MemoryStore::new()),
+        store,
         Arc::new(SystemClock),
         Arc::new(RandomIds),
         QueueConfig::default(),
     );
-    let owner = OwnerId::parse("alice").unwrap();
-    let project = ProjectId::parse("p1").unwrap();
-    block_on(queue.sync(
-        &Device::new(DeviceId::parse("desktop").unwrap(), owner.clone()),
-        &SyncRequest {
-            project: project.clone(),
-            sessions: vec![SessionMeta {
-                graph_session_id: GraphSessionId::parse(GS).unwrap(),
-                name: "Drafts".into(),
-                description: "".into(),
-                slug: "drafts".into(),
-                version: "1".into(),
-                status: "ready".into(),
-            }],
-            long_poll: false,
-            restarted: false,
-            running: None,
-        },
-    ))
-    .unwrap();
     // One agent identity with three tokens: what differs is only the scopes.
     let agent = Agent::new(AgentId::parse("assistant").unwrap(), owner, [project]);
     Fixture {

@@ -88,13 +88,10 @@ pub fn desktop() -> Device {
 /// A state over a fresh memory store with `GS` shared to alice's `p1` (and
 /// bob's `p1`); `get_graph_run` may wait up to 20 s.
 pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpState {
-    let queue = Queue::new(
-        Arc::new(MemoryStore::new()),
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        QueueConfig::default(),
-    );
+    let store = Arc::new(MemoryStore::new());
+    // Shared as a desktop's sync would (straight into the store).
     for owner in ["alice", "bob"] {
+<<<<<<< HEAD
         let device = Device::new(
             DeviceId::parse("desktop").unwrap(),
             OwnerId::parse(owner).unwrap(),
@@ -116,10 +113,32 @@ pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpStat
                     restarted: false,
                     running: None,
                 },
+=======
+        store
+            .replace_shared_sessions(
+                &OwnerId::parse(owner).unwrap(),
+                &ProjectId::parse("p1").unwrap(),
+                &DeviceId::parse("desktop").unwrap(),
+                &[SessionMeta {
+                    graph_session_id: GraphSessionId::parse(GS).unwrap(),
+                    name: "Drafts".into(),
+                    description: "".into(),
+                    slug: "drafts".into(),
+                    version: "1".into(),
+                    status: "ready".into(),
+                }],
+                SystemClock.now(),
+>>>>>>> edge
             )
             .await
             .unwrap();
     }
+    let queue = Queue::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
     let catalog = ToolCatalog::builder()
         .wait_seconds(Some(20))
         .build()
