@@ -91,29 +91,6 @@ pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpStat
     let store = Arc::new(MemoryStore::new());
     // Shared as a desktop's sync would (straight into the store).
     for owner in ["alice", "bob"] {
-<<<<<<< HEAD
-        let device = Device::new(
-            DeviceId::parse("desktop").unwrap(),
-            OwnerId::parse(owner).unwrap(),
-        );
-        queue
-            .sync(
-                &device,
-                &SyncRequest {
-                    project: ProjectId::parse("p1").unwrap(),
-                    sessions: vec![SessionMeta {
-                        graph_session_id: GraphSessionId::parse(GS).unwrap(),
-                        name: "Drafts".into(),
-                        description: "".into(),
-                        slug: "drafts".into(),
-                        version: "1".into(),
-                        status: "ready".into(),
-                    }],
-                    long_poll: false,
-                    restarted: false,
-                    running: None,
-                },
-=======
         store
             .replace_shared_sessions(
                 &OwnerId::parse(owner).unwrap(),
@@ -128,7 +105,6 @@ pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpStat
                     status: "ready".into(),
                 }],
                 SystemClock.now(),
->>>>>>> edge
             )
             .await
             .unwrap();
