@@ -856,7 +856,10 @@ impl Queue {
         }
     }
 
-    /// Cancels a run of this agent (see [`CommandRecord::cancel`]) and returns it as it now is.
+    /// Cancels a run of this agent and returns it as it now is: a queued run
+    /// ends `cancelled` at once, a running one is flagged for its desktop (or
+    /// ends `cancelled` at once if its lease lapsed), a closed one is left as
+    /// it is (see [`command`](crate::command)).
     pub async fn cancel_graph_run(
         &self,
         agent: &Agent,
