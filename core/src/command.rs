@@ -162,8 +162,7 @@ pub struct CommandRecord {
     pub revision: u64,
 }
 
-/// The longest progress message, in characters.
-pub const MAX_PROGRESS_MESSAGE: usize = 500;
+pub use crate::limits::MAX_PROGRESS_MESSAGE;
 
 /// What a running Graph last said about how far it got. Progress never
 /// changes a run's status.

@@ -14,10 +14,7 @@ use serde_json::Value;
 
 use crate::ids::ExecutionId;
 
-/// Largest envelope, in UTF-16 code units of its compact JSON, that is posted whole.
-pub const RESULT_LIMIT: usize = 100_000;
-/// Largest error text, in UTF-16 code units.
-pub const ERROR_LIMIT: usize = 2_000;
+pub use crate::limits::{ERROR_LIMIT, RESULT_LIMIT};
 
 /// How a run ended, as the relay reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -52,6 +52,7 @@ pub mod command;
 pub mod envelope;
 pub mod executor;
 pub mod ids;
+pub mod limits;
 pub mod mcp;
 pub mod outbox;
 pub mod principal;

@@ -891,7 +891,11 @@ impl Queue {
         }
         let sessions = self
             .store
-            .shared_sessions(&agent.owner, project, limit.clamp(1, 50) as usize)
+            .shared_sessions(
+                &agent.owner,
+                project,
+                limit.clamp(crate::limits::MIN_LIST_LIMIT, crate::limits::MAX_LIST_LIMIT) as usize,
+            )
             .await?;
         Ok(SessionList {
             project: project.clone(),

@@ -20,6 +20,7 @@
 
 use graph_relay_core::command::CommandRecord;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use graph_relay_core::limits;
 use graph_relay_core::relay::RelayCommand;
 use graph_relay_core::session::SessionMeta;
 use serde::{Deserialize, Serialize};
@@ -228,11 +229,11 @@ pub fn openapi() -> Value {
                     "required": ["graph_session_id", "name", "slug"],
                     "properties": {
                         "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
-                        "name": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "description": {"type": "string", "maxLength": 2000},
-                        "slug": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "version": {"type": "string", "maxLength": 64},
-                        "status": {"type": "string", "maxLength": 64}
+                        "name": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_NAME_CHARS},
+                        "description": {"type": "string", "maxLength": limits::MAX_SESSION_DESCRIPTION_CHARS},
+                        "slug": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_SLUG_CHARS},
+                        "version": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS},
+                        "status": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS}
                     }
                 },
                 "SyncBody": {
@@ -241,7 +242,7 @@ pub fn openapi() -> Value {
                     "required": ["project_id"],
                     "properties": {
                         "project_id": string,
-                        "sessions": {"type": "array", "maxItems": 100, "items": {"$ref": "#/components/schemas/SessionMeta"}},
+                        "sessions": {"type": "array", "maxItems": limits::MAX_SESSIONS_PER_SYNC, "items": {"$ref": "#/components/schemas/SessionMeta"}},
                         "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."},
                         "restarted": {"type": "boolean", "default": false, "description": "True on the first syncs a relay process sends after it started, until one succeeded: the server ends this device's running commands other than running_command_id at once (they died with the previous process)."},
                         "running_command_id": {"type": "string", "format": "uuid", "description": "The command the relay is executing right now; absent when it runs nothing."}
@@ -289,7 +290,7 @@ pub fn openapi() -> Value {
                     "properties": {"cancel_requested": {"type": "boolean"}, "status": status}
                 },
                 "ResultEnvelope": {
-                    "description": "SPEC §7: the full form when its compact JSON is at most 100,000 UTF-16 code units, otherwise the truncated form. `error` is at most 2,000 UTF-16 code units.",
+                    "description": format!("SPEC §7: the full form when its compact JSON is at most {} UTF-16 code units, otherwise the truncated form. `error` is at most {} UTF-16 code units.", group(limits::RESULT_LIMIT), group(limits::ERROR_LIMIT)),
                     "oneOf": [
                         {
                             "type": "object",
@@ -390,4 +391,18 @@ pub fn openapi() -> Value {
             }}
         }
     })
+}
+
+/// `n` with a comma between thousands (100000 → "100,000"), as the
+/// document's prose writes numbers.
+fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
