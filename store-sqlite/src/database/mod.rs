@@ -9,9 +9,9 @@
 //! read never waits for a lock held by a writer (see the crate docs).
 //!
 //! The writer takes every job that is waiting when it wakes up (at most
-//! [`MAX_GROUP`]; under load it lingers for more, see [`linger`]) and runs
+//! `writer::MAX_GROUP`; under load it lingers for more, see `writer::linger`) and runs
 //! them in one `BEGIN IMMEDIATE` transaction (group commit); a job that fails is rolled back alone and the others commit
-//! (see [`run_group`]). Replies are sent only after `COMMIT` returned, so
+//! (see `writer::run_group`). Replies are sent only after `COMMIT` returned, so
 //! "the call returned" always means "the change is committed".
 //!
 //! The writer's group commit is in `writer`, the pool of read connections
@@ -151,7 +151,7 @@ impl Database {
     ///
     /// `job` must depend only on what it captured and on the database: it
     /// may be run a second time, in a fresh transaction, when another job of
-    /// its group failed (see [`run_group`]); only the last run counts.
+    /// its group failed (see `writer::run_group`); only the last run counts.
     pub(crate) async fn write<R, F>(&self, job: F) -> Result<R, DbError>
     where
         F: FnMut(&Connection) -> Result<R, DbError> + Send + 'static,
