@@ -27,6 +27,42 @@ pub struct ServerSection {
     /// Request timeout in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_timeout_secs: Option<u64>,
+    /// Ports accepted in `Host` besides the listening port and that of
+    /// `public_url` (e.g. 443 behind a TLS proxy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_ports: Vec<u16>,
+    /// Most open connections (default 4,096); more are answered 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
+    /// Seconds a client has to send a complete request head (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Seconds an idle kept-alive connection stays open (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
+    /// Most initialize-era sessions in all (default 10,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions: Option<usize>,
+    /// Most initialize-era sessions of one agent (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sessions_per_agent: Option<usize>,
+    /// Seconds an unused session is kept (default 3,600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_idle_timeout_secs: Option<u64>,
+    /// Most open `subscriptions/listen` streams of one agent (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_listen_streams_per_agent: Option<usize>,
+    /// Longest life of one listen stream in seconds (default 600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_listen_lifetime_secs: Option<u64>,
+    /// The lease of a run on a long-polling desktop, in seconds (default
+    /// 60): a run whose desktop says nothing for this long ends `failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_seconds: Option<u64>,
+    /// The lease of a run on a desktop in interval mode, in control
+    /// intervals of 3 s (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_interval_controls: Option<u32>,
 }
 
 /// The whole file.

@@ -28,7 +28,10 @@ use graph_relay_core::prelude::*;
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
 };
-use graph_relay_transport_http::{HttpConfig, HttpState, Principal};
+use graph_relay_transport_http::serve::{RESERVED_FILES, raise_open_file_limit};
+use graph_relay_transport_http::{
+    HttpConfig, HttpState, ListenLimits, Principal, ServeConfig, SessionLimits,
+};
 
 use crate::config::{ConfigFile, ServerSection};
 
@@ -80,6 +83,15 @@ enum Command {
         /// refused unless listening on a loopback address.
         #[arg(long, value_name = "AGENT")]
         insecure_anonymous_agent: Option<String>,
+        /// The lease of a run on a long-polling desktop in seconds (default
+        /// 60, or `[server] lease_seconds`): a run whose desktop says
+        /// nothing for this long ends `failed`.
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        lease_seconds: Option<u64>,
+        /// The lease of a run on a desktop in interval mode, in control
+        /// intervals of 3 s (default 10, or `[server] lease_interval_controls`).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        lease_controls: Option<u32>,
         /// Offer `wait_seconds` (up to this many seconds) on `get_graph_run`,
         /// so clients can wait for a run instead of polling. Off by default,
         /// which keeps the published tool schema exactly. Must stay below the
@@ -253,12 +265,18 @@ fn run(cli: Cli) -> Result<(), CliError> {
             store,
             config,
             insecure_anonymous_agent,
+            lease_seconds,
+            lease_controls,
             max_wait_seconds,
         } => serve(
             listen,
             &store,
             &config,
             insecure_anonymous_agent,
+            Leases {
+                seconds: lease_seconds,
+                controls: lease_controls,
+            },
             max_wait_seconds,
         ),
         Command::Stdio {
@@ -332,12 +350,13 @@ fn open_postgres(
 fn open_any_store(
     args: &StoreArgs,
     runtime: &tokio::runtime::Runtime,
+    queue: QueueConfig,
     max_wait_seconds: Option<u32>,
 ) -> Result<McpServer, CliError> {
     match open_postgres(args, runtime)? {
-        None => mcp_server(open_store(args)?, max_wait_seconds),
+        None => mcp_server(open_store(args)?, queue, max_wait_seconds),
         Some(pg) => {
-            let server = mcp_server(Arc::new(pg.clone()), max_wait_seconds)?;
+            let server = mcp_server(Arc::new(pg.clone()), queue, max_wait_seconds)?;
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.wakeups(server.queue().signals().clone()).install();
@@ -347,13 +366,12 @@ fn open_any_store(
     }
 }
 
-fn mcp_server(store: Arc<dyn Store>, max_wait_seconds: Option<u32>) -> Result<McpServer, CliError> {
-    let queue = Queue::new(
-        store,
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        QueueConfig::default(),
-    );
+fn mcp_server(
+    store: Arc<dyn Store>,
+    config: QueueConfig,
+    max_wait_seconds: Option<u32>,
+) -> Result<McpServer, CliError> {
+    let queue = Queue::new(store, Arc::new(SystemClock), Arc::new(RandomIds), config);
     let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
     info.instructions = Some("run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).".into());
     let catalog = ToolCatalog::builder()
@@ -402,6 +420,7 @@ fn serve(
     store: &StoreArgs,
     config_path: &Path,
     anonymous: Option<String>,
+    leases: Leases,
     max_wait_seconds: Option<u32>,
 ) -> Result<(), CliError> {
     if !config_path.exists() {
@@ -428,24 +447,7 @@ fn serve(
         }
         None => Arc::new(tokens),
     };
-    let defaults = HttpConfig::default();
-    let s = &file.server;
-    let http = HttpConfig {
-        public_url: s.public_url.clone(),
-        authorization_servers: s.authorization_servers.clone(),
-        allowed_hosts: if s.allowed_hosts.is_empty() {
-            defaults.allowed_hosts.clone()
-        } else {
-            s.allowed_hosts.clone()
-        },
-        allowed_origins: s.allowed_origins.clone(),
-        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
-        request_timeout: s
-            .request_timeout_secs
-            .map_or(defaults.request_timeout, Duration::from_secs),
-        sessions: defaults.sessions.clone(),
-        relay: defaults.relay.clone(),
-    };
+    let (mut http, serve_config) = http_settings(&file.server);
     if let Some(wait) = max_wait_seconds
         && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
     {
@@ -454,21 +456,48 @@ fn serve(
             http.request_timeout.as_secs()
         )));
     }
+    check_open_file_limit(serve_config.max_connections);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let state = HttpState::new(
-        open_any_store(store, &runtime, max_wait_seconds)?,
-        auth,
-        http,
-    );
+    let mut queue = QueueConfig::default();
+    if let Some(seconds) = leases.seconds.or(file.server.lease_seconds) {
+        queue.lease_long_poll = Duration::from_secs(seconds);
+    }
+    if let Some(controls) = leases.controls.or(file.server.lease_interval_controls) {
+        queue.lease_interval_controls = controls;
+    }
+    let server = open_any_store(store, &runtime, queue, max_wait_seconds)?;
+    let maintained = server.queue().clone();
+    runtime.spawn(maintain(maintained));
+    let stopping = server.queue().clone();
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let local = listener.local_addr()?;
+        // The Host port check and the published URLs use the bound address.
+        http.listen_addr = Some(local);
+        if local.ip().is_unspecified() && http.public_url.is_none() {
+            tracing::warn!(
+                "listening on every interface without `public_url`: the resource metadata names http://localhost:{}; set [server] public_url to the address clients use",
+                local.port()
+            );
+        }
+        let state = HttpState::new(server, auth, http);
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
-        axum::serve(listener, graph_relay_transport_http::router(state))
-            .with_graceful_shutdown(shutdown_signal())
-            .await?;
+        // On SIGINT/SIGTERM every held request answers at once and waits
+        // and listen streams end (`Queue::shut_down`); then the server
+        // stops accepting and lets what is in flight finish.
+        let shutdown = async move {
+            shutdown_signal().await;
+            stopping.shut_down();
+        };
+        graph_relay_transport_http::serve(
+            listener,
+            graph_relay_transport_http::router(state),
+            serve_config,
+            shutdown,
+        )
+        .await?;
         tracing::info!("graph-relay stopped");
         Ok::<(), std::io::Error>(())
     })?;
@@ -492,6 +521,125 @@ fn answer(
         .map_err(CliError::Usage)?;
     println!("{line}");
     Ok(())
+}
+
+/// The HTTP transport's settings and the serving loop's bounds from the
+/// `[server]` section (defaults for what it leaves out).
+fn http_settings(s: &ServerSection) -> (HttpConfig, ServeConfig) {
+    let defaults = HttpConfig::default();
+    let secs = Duration::from_secs;
+    let http = HttpConfig {
+        public_url: s.public_url.clone(),
+        listen_addr: None,
+        authorization_servers: s.authorization_servers.clone(),
+        allowed_hosts: if s.allowed_hosts.is_empty() {
+            defaults.allowed_hosts.clone()
+        } else {
+            s.allowed_hosts.clone()
+        },
+        allowed_ports: s.allowed_ports.clone(),
+        allowed_origins: s.allowed_origins.clone(),
+        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+        request_timeout: s
+            .request_timeout_secs
+            .map_or(defaults.request_timeout, secs),
+        sessions: SessionLimits {
+            max_sessions: s.max_sessions.unwrap_or(defaults.sessions.max_sessions),
+            max_sessions_per_agent: s
+                .max_sessions_per_agent
+                .unwrap_or(defaults.sessions.max_sessions_per_agent),
+            idle_timeout: s
+                .session_idle_timeout_secs
+                .map_or(defaults.sessions.idle_timeout, secs),
+        },
+        listen: ListenLimits {
+            max_streams_per_agent: s
+                .max_listen_streams_per_agent
+                .unwrap_or(defaults.listen.max_streams_per_agent),
+            max_lifetime: s
+                .max_listen_lifetime_secs
+                .map_or(defaults.listen.max_lifetime, secs),
+        },
+        relay: defaults.relay.clone(),
+    };
+    let serve_defaults = ServeConfig::default();
+    let serve = ServeConfig {
+        max_connections: s.max_connections.unwrap_or(serve_defaults.max_connections),
+        header_read_timeout: s
+            .header_read_timeout_secs
+            .map_or(serve_defaults.header_read_timeout, secs),
+        idle_timeout: s
+            .idle_timeout_secs
+            .map_or(serve_defaults.idle_timeout, secs),
+        ..serve_defaults
+    };
+    (http, serve)
+}
+
+/// Raises the soft open-file limit to the hard one; warns when it stays
+/// below what `max_connections` connections need.
+fn check_open_file_limit(max_connections: usize) {
+    let needed = u64::try_from(max_connections)
+        .unwrap_or(u64::MAX)
+        .saturating_add(RESERVED_FILES);
+    match raise_open_file_limit() {
+        Ok(limit) => {
+            if limit.now > limit.before {
+                tracing::info!(
+                    before = limit.before,
+                    now = limit.now,
+                    "raised the open-file limit"
+                );
+            }
+            if limit.now < needed {
+                tracing::warn!(
+                    limit = limit.now,
+                    needed,
+                    max_connections,
+                    "the open-file limit is below what the connection cap needs; the server may stop accepting before the cap (raise `ulimit -n` or lower [server] max_connections)"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot check the open-file limit"),
+    }
+}
+
+/// The lease settings given on the command line (they win over the file).
+struct Leases {
+    seconds: Option<u64>,
+    controls: Option<u32>,
+}
+
+/// The queue's housekeeping, once a second for the life of the server:
+/// coalesced progress is written, runs whose lease lapsed are closed, and
+/// old keys and runs are pruned. A failing store is logged, at most once a
+/// minute, and tried again.
+async fn maintain(queue: Queue) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    loop {
+        tick.tick().await;
+        if queue.is_shutting_down() {
+            return;
+        }
+        match queue.maintain().await {
+            Ok(report) => {
+                if report.leases > 0 {
+                    tracing::info!(
+                        runs = report.leases,
+                        "closed runs whose desktop stopped reporting (lease lapsed)"
+                    );
+                }
+            }
+            Err(e) => {
+                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                    tracing::warn!(error = %e, "queue maintenance failed; trying again");
+                    last_warning = Some(tokio::time::Instant::now());
+                }
+            }
+        }
+    }
 }
 
 fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(), CliError> {
@@ -632,7 +780,8 @@ fn stdio(
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let server = open_any_store(store, &runtime, None)?;
+    let server = open_any_store(store, &runtime, QueueConfig::default(), None)?;
+    runtime.spawn(maintain(server.queue().clone()));
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)

@@ -193,9 +193,10 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             specs,
             |line| status(&line),
         ));
+        let mut reach = Reachability::default();
         driver
             .run(shared_rx, crate::shutdown_signal(), |event| {
-                if let Some(line) = describe(&event) {
+                if let Some(line) = reach.filter(&event) {
                     status(&line);
                 }
             })
@@ -210,6 +211,48 @@ fn status(line: &str) {
     eprintln!("{line}");
 }
 
+/// Keeps an unreachable server (stopped, restarting, a network outage)
+/// from filling the log: the first failed sync says so once, the passes
+/// that keep failing meanwhile are silent, and the first sync that works
+/// again says so.
+#[derive(Debug, Default)]
+pub struct Reachability {
+    unreachable: bool,
+}
+
+impl Reachability {
+    /// The status line for `event`, if one is worth showing now.
+    pub fn filter(&mut self, event: &DriverEvent) -> Option<String> {
+        match event {
+            DriverEvent::Relay(RelayEvent::SyncFailed {
+                reason,
+                unreachable: true,
+                ..
+            }) => {
+                if self.unreachable {
+                    return None;
+                }
+                self.unreachable = true;
+                return Some(format!(
+                    "server unreachable ({reason}); retrying with backoff, quietly until it answers"
+                ));
+            }
+            DriverEvent::Relay(RelayEvent::PassStarted | RelayEvent::PassFinished { .. })
+                if self.unreachable =>
+            {
+                return None;
+            }
+            DriverEvent::Relay(RelayEvent::Synced { .. }) if self.unreachable => {
+                self.unreachable = false;
+                let line = describe(event)?;
+                return Some(format!("server reachable again; {line}"));
+            }
+            _ => {}
+        }
+        describe(event)
+    }
+}
+
 /// The status line of an event (`None`: not worth a line).
 pub fn describe(event: &DriverEvent) -> Option<String> {
     Some(match event {
@@ -222,7 +265,9 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::Unshared { project } => format!(
                 "sync: project {project} unshared: no Graph is shared there any more, and the server no longer lists any"
             ),
-            RelayEvent::SyncFailed { project, reason } => {
+            RelayEvent::SyncFailed {
+                project, reason, ..
+            } => {
                 format!("sync: project {project} failed: {reason}")
             }
             RelayEvent::Declined { command } => format!(
@@ -293,4 +338,61 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             format!("outbox flushed: {delivered} delivered, {kept} kept")
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graph_relay_core::ids::ProjectId;
+
+    fn relay(event: RelayEvent) -> DriverEvent {
+        DriverEvent::Relay(event)
+    }
+
+    #[test]
+    fn an_unreachable_server_is_said_once_and_its_return_once() {
+        let p1 = ProjectId::parse("p1").expect("id");
+        let down = || {
+            relay(RelayEvent::SyncFailed {
+                project: ProjectId::parse("p1").expect("id"),
+                reason: "network error: connection refused".into(),
+                unreachable: true,
+            })
+        };
+        let mut reach = Reachability::default();
+        let mut lines = Vec::new();
+        for event in [
+            relay(RelayEvent::PassStarted),
+            down(),
+            relay(RelayEvent::PassFinished { next: None }),
+            relay(RelayEvent::PassStarted),
+            down(),
+            relay(RelayEvent::PassFinished { next: None }),
+            relay(RelayEvent::PassStarted),
+            relay(RelayEvent::Synced {
+                project: p1.clone(),
+                commands: 0,
+            }),
+            relay(RelayEvent::PassFinished { next: None }),
+        ] {
+            lines.extend(reach.filter(&event));
+        }
+        assert_eq!(
+            lines,
+            vec![
+                "pass: started".to_owned(),
+                "server unreachable (network error: connection refused); retrying with backoff, quietly until it answers".to_owned(),
+                "server reachable again; sync: project p1: 0 command(s) queued".to_owned(),
+                "pass: finished".to_owned(),
+            ]
+        );
+        // A refusal is not an outage: it is always said.
+        let refused = relay(RelayEvent::SyncFailed {
+            project: p1,
+            reason: "422 too_many_projects".into(),
+            unreachable: false,
+        });
+        assert!(reach.filter(&refused).is_some());
+        assert!(reach.filter(&refused).is_some());
+    }
 }

@@ -8,10 +8,10 @@ use serde_json::{Map, Value};
 use crate::catalog::ToolKind;
 use crate::ids::{CommandId, GraphSessionId, IdempotencyKey, InvalidId, ProjectId};
 
-/// Largest `arguments` object accepted by `run_graph_session`, in bytes of compact JSON.
-pub const MAX_ARGUMENTS_BYTES: usize = 64 * 1024;
 /// `limit` used by `list_graph_sessions` when the agent gives none.
-pub const DEFAULT_LIST_LIMIT: u32 = 50;
+pub use crate::limits::DEFAULT_LIST_LIMIT;
+/// Largest `arguments` object accepted by `run_graph_session`, in bytes of compact JSON.
+pub use crate::limits::MAX_ARGUMENTS_BYTES;
 
 /// Arguments of `run_graph_session`.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,7 +215,11 @@ impl ToolArgs {
                 let f = Fields::new(arguments, &["project_id", "limit"])?;
                 let project_id = ProjectId::parse(f.string("project_id")?)?;
                 let limit = f
-                    .integer("limit", 1, 50)?
+                    .integer(
+                        "limit",
+                        crate::limits::MIN_LIST_LIMIT.into(),
+                        crate::limits::MAX_LIST_LIMIT.into(),
+                    )?
                     .map_or(DEFAULT_LIST_LIMIT, |v| v as u32);
                 Ok(Self::List(ListArgs { project_id, limit }))
             }

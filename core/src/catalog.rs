@@ -8,6 +8,10 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
+use crate::limits::{
+    MAX_IDEMPOTENCY_KEY_CHARS, MAX_LIST_LIMIT, MIN_IDEMPOTENCY_KEY_CHARS, MIN_LIST_LIMIT,
+};
+
 /// Published description of `run_graph_session`.
 pub const RUN_DESCRIPTION: &str = "Queue a Graph run on the owner's online desktop in a connected project. Retrieve progress and result with get_graph_run. The desktop can go offline, and local tool approvals still apply.";
 /// Description of `list_graph_sessions`.
@@ -73,11 +77,9 @@ impl ToolKind {
         }
     }
 
+    /// The published scope, from the one authorization table ([`crate::authz`]).
     const fn default_scope(self) -> &'static str {
-        match self {
-            Self::RunGraphSession | Self::CancelGraphRun => RUN_SCOPE,
-            Self::ListGraphSessions | Self::GetGraphRun => READ_SCOPE,
-        }
+        crate::authz::tool_level(self).default_scope()
     }
 }
 
@@ -174,7 +176,7 @@ impl ToolCatalog {
                     "properties": {
                         "graph_session_id": {"type": "string"},
                         "arguments": {"type": "object"},
-                        "idempotency_key": {"type": "string", "minLength": 8, "maxLength": 128}
+                        "idempotency_key": {"type": "string", "minLength": MIN_IDEMPOTENCY_KEY_CHARS, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS}
                     },
                     "required": ["graph_session_id", "idempotency_key"],
                     "additionalProperties": false
@@ -186,7 +188,7 @@ impl ToolCatalog {
                     "type": "object",
                     "properties": {
                         "project_id": {"type": "string"},
-                        "limit": {"type": "integer", "minimum": 1, "maximum": 50}
+                        "limit": {"type": "integer", "minimum": MIN_LIST_LIMIT, "maximum": MAX_LIST_LIMIT}
                     },
                     "required": ["project_id"],
                     "additionalProperties": false

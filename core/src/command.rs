@@ -1,11 +1,11 @@
 //! The command state machine (SPEC §4).
 //!
 //! A [`CommandRecord`] is one queued Graph run. Its state changes only
-//! through the transition methods below, which are pure: they take the
-//! current record and `now` and return the next record (with its
-//! `revision` bumped) or a refusal. Stores persist the result with a
-//! conditional write on the previous revision; they never decide a
-//! transition themselves.
+//! through the transition methods below, which are pure: given `now` they
+//! change the record in place (bumping its `revision`) or refuse and leave
+//! it as it was. The [`Queue`](crate::queue::Queue) applies them to a fresh
+//! copy and stores persist the result with a conditional write on the
+//! previous revision; they never decide a transition themselves.
 //!
 //! ```text
 //!            start(exec)             complete(exec, env)
@@ -162,8 +162,7 @@ pub struct CommandRecord {
     pub revision: u64,
 }
 
-/// The longest progress message, in characters.
-pub const MAX_PROGRESS_MESSAGE: usize = 500;
+pub use crate::limits::MAX_PROGRESS_MESSAGE;
 
 /// What a running Graph last said about how far it got. Progress never
 /// changes a run's status.
@@ -233,17 +232,6 @@ pub enum ProgressRefused {
     StaleExecution,
 }
 
-/// What `cancel` decided.
-#[derive(Debug, Clone, PartialEq)]
-#[must_use]
-#[allow(clippy::large_enum_variant)] // returned once and moved into the store
-pub enum CancelDecision {
-    /// Write this record: queued → cancelled, or the running flag set.
-    Apply(CommandRecord),
-    /// Nothing to write: already terminal or already flagged.
-    Unchanged,
-}
-
 /// Why `start` was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum StartRefused {
@@ -253,17 +241,6 @@ pub enum StartRefused {
     /// The command is running under another execution id.
     #[error("the command is already running under another execution")]
     OtherExecution,
-}
-
-/// What `start` decided.
-#[derive(Debug, Clone, PartialEq)]
-#[must_use]
-#[allow(clippy::large_enum_variant)] // returned once and moved into the store
-pub enum StartDecision {
-    /// Write this record: queued → running.
-    Apply(CommandRecord),
-    /// Already running under the same execution id: a retried start.
-    AlreadyStarted,
 }
 
 /// Why `complete` was refused. Nothing changes.
@@ -291,28 +268,6 @@ pub enum CompleteRefused {
     /// The command already ended with a different completion (or without one).
     #[error("the command already finished differently")]
     Conflict,
-}
-
-/// What `complete` decided.
-#[derive(Debug, Clone, PartialEq)]
-#[must_use]
-#[allow(clippy::large_enum_variant)] // returned once and moved into the store
-pub enum CompleteDecision {
-    /// Write this record: running → terminal.
-    Apply(CommandRecord),
-    /// The same completion was already applied: acknowledge, change nothing.
-    Duplicate,
-}
-
-/// What `decline` decided.
-#[derive(Debug, Clone, PartialEq)]
-#[must_use]
-#[allow(clippy::large_enum_variant)] // returned once and moved into the store
-pub enum DeclineDecision {
-    /// Write this record: queued → cancelled with [`NO_LONGER_SHARED`].
-    Apply(CommandRecord),
-    /// Already terminal: nothing to do.
-    Unchanged,
 }
 
 /// Why `decline` was refused.
@@ -445,60 +400,6 @@ impl CommandRecord {
         } else {
             std::borrow::Cow::Borrowed(self)
         }
-    }
-
-    /// The agent asks to cancel. Queued: cancelled at once. Running: the flag
-    /// is set for the relay's control poll. Terminal or already flagged: no change.
-    pub fn cancel(&self, now: Timestamp) -> CancelDecision {
-        let mut next = self.clone();
-        if next.cancel_in_place(now) {
-            CancelDecision::Apply(next)
-        } else {
-            CancelDecision::Unchanged
-        }
-    }
-
-    /// The relay starts the command under `execution`.
-    pub fn start(
-        &self,
-        execution: &ExecutionId,
-        now: Timestamp,
-        lease: std::time::Duration,
-    ) -> Result<StartDecision, StartRefused> {
-        let mut next = self.clone();
-        Ok(if next.start_in_place(execution, now, lease)? {
-            StartDecision::Apply(next)
-        } else {
-            StartDecision::AlreadyStarted
-        })
-    }
-
-    /// The relay reports how the execution ended. Fenced by execution id: the
-    /// first completion wins, an identical duplicate is acknowledged, anything
-    /// else is refused. If the agent asked to cancel, the command ends
-    /// `cancelled` whatever the relay reports.
-    pub fn complete(
-        &self,
-        envelope: &ResultEnvelope,
-        now: Timestamp,
-    ) -> Result<CompleteDecision, CompleteRefused> {
-        let mut next = self.clone();
-        Ok(if next.complete_in_place(envelope, now)? {
-            CompleteDecision::Apply(next)
-        } else {
-            CompleteDecision::Duplicate
-        })
-    }
-
-    /// The relay's re-check just before running failed: close as cancelled
-    /// with [`NO_LONGER_SHARED`].
-    pub fn decline(&self, now: Timestamp) -> Result<DeclineDecision, DeclineRefused> {
-        let mut next = self.clone();
-        Ok(if next.decline_in_place(now)? {
-            DeclineDecision::Apply(next)
-        } else {
-            DeclineDecision::Unchanged
-        })
     }
 
     // The transitions proper. Each one changes the record in place and bumps
@@ -868,6 +769,108 @@ fn canonical_string(out: &mut Sha256, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The decisions of a transition as values, for these tests only.
+
+    /// What `cancel` decided.
+    #[derive(Debug, Clone, PartialEq)]
+    #[must_use]
+    #[allow(clippy::large_enum_variant)] // returned once and moved into the store
+    enum CancelDecision {
+        /// Write this record: queued → cancelled, or the running flag set.
+        Apply(CommandRecord),
+        /// Nothing to write: already terminal or already flagged.
+        Unchanged,
+    }
+
+    /// What `start` decided.
+    #[derive(Debug, Clone, PartialEq)]
+    #[must_use]
+    #[allow(clippy::large_enum_variant)] // returned once and moved into the store
+    enum StartDecision {
+        /// Write this record: queued → running.
+        Apply(CommandRecord),
+        /// Already running under the same execution id: a retried start.
+        AlreadyStarted,
+    }
+
+    /// What `complete` decided.
+    #[derive(Debug, Clone, PartialEq)]
+    #[must_use]
+    #[allow(clippy::large_enum_variant)] // returned once and moved into the store
+    enum CompleteDecision {
+        /// Write this record: running → terminal.
+        Apply(CommandRecord),
+        /// The same completion was already applied: acknowledge, change nothing.
+        Duplicate,
+    }
+
+    /// What `decline` decided.
+    #[derive(Debug, Clone, PartialEq)]
+    #[must_use]
+    #[allow(clippy::large_enum_variant)] // returned once and moved into the store
+    enum DeclineDecision {
+        /// Write this record: queued → cancelled with [`NO_LONGER_SHARED`].
+        Apply(CommandRecord),
+        /// Already terminal: nothing to do.
+        Unchanged,
+    }
+
+    impl CommandRecord {
+        /// The agent asks to cancel. Queued: cancelled at once. Running: the flag
+        /// is set for the relay's control poll. Terminal or already flagged: no change.
+        fn cancel(&self, now: Timestamp) -> CancelDecision {
+            let mut next = self.clone();
+            if next.cancel_in_place(now) {
+                CancelDecision::Apply(next)
+            } else {
+                CancelDecision::Unchanged
+            }
+        }
+
+        /// The relay starts the command under `execution`.
+        fn start(
+            &self,
+            execution: &ExecutionId,
+            now: Timestamp,
+            lease: std::time::Duration,
+        ) -> Result<StartDecision, StartRefused> {
+            let mut next = self.clone();
+            Ok(if next.start_in_place(execution, now, lease)? {
+                StartDecision::Apply(next)
+            } else {
+                StartDecision::AlreadyStarted
+            })
+        }
+
+        /// The relay reports how the execution ended. Fenced by execution id: the
+        /// first completion wins, an identical duplicate is acknowledged, anything
+        /// else is refused. If the agent asked to cancel, the command ends
+        /// `cancelled` whatever the relay reports.
+        fn complete(
+            &self,
+            envelope: &ResultEnvelope,
+            now: Timestamp,
+        ) -> Result<CompleteDecision, CompleteRefused> {
+            let mut next = self.clone();
+            Ok(if next.complete_in_place(envelope, now)? {
+                CompleteDecision::Apply(next)
+            } else {
+                CompleteDecision::Duplicate
+            })
+        }
+
+        /// The relay's re-check just before running failed: close as cancelled
+        /// with [`NO_LONGER_SHARED`].
+        fn decline(&self, now: Timestamp) -> Result<DeclineDecision, DeclineRefused> {
+            let mut next = self.clone();
+            Ok(if next.decline_in_place(now)? {
+                DeclineDecision::Apply(next)
+            } else {
+                DeclineDecision::Unchanged
+            })
+        }
+    }
     use crate::envelope::EnvelopeBody;
     use serde_json::json;
 

@@ -14,10 +14,7 @@ use serde_json::Value;
 
 use crate::ids::ExecutionId;
 
-/// Largest envelope, in UTF-16 code units of its compact JSON, that is posted whole.
-pub const RESULT_LIMIT: usize = 100_000;
-/// Largest error text, in UTF-16 code units.
-pub const ERROR_LIMIT: usize = 2_000;
+pub use crate::limits::{ERROR_LIMIT, RESULT_LIMIT};
 
 /// How a run ended, as the relay reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -449,6 +446,31 @@ mod tests {
         assert_eq!(js_json_length(&json!("日本")), 4);
         assert_eq!(js_json_length(&json!("😀")), 4); // one emoji, two UTF-16 units
         assert_eq!(js_json_length(&json!("/")), 3); // `/` is not escaped
+    }
+
+    proptest::proptest! {
+        /// `Number.prototype.toString()` as ryu-js writes it (the ECMAScript
+        /// algorithm) has the length the envelope counts, for every finite
+        /// double: bit patterns cover subnormals, huge and tiny exponents.
+        #[test]
+        fn number_lengths_match_an_ecmascript_formatter(bits in proptest::prelude::any::<u64>()) {
+            let x = f64::from_bits(bits);
+            if x.is_finite() {
+                let mut buffer = ryu_js::Buffer::new();
+                let js = buffer.format_finite(x);
+                proptest::prop_assert_eq!(js_number_length(x), js.len(), "{} prints as {}", x, js);
+            }
+        }
+
+        /// The same for doubles that are whole numbers or short decimals,
+        /// where the shortcuts for integers apply.
+        #[test]
+        fn integer_and_decimal_lengths_match(n in proptest::prelude::any::<i64>(), scale in 0u32..12) {
+            let x = n as f64 / 10f64.powi(scale as i32);
+            let mut buffer = ryu_js::Buffer::new();
+            let js = buffer.format_finite(x);
+            proptest::prop_assert_eq!(js_number_length(x), js.len(), "{} prints as {}", x, js);
+        }
     }
 
     #[test]

@@ -157,7 +157,7 @@ macro_rules! string_id {
 
 /// True for 1–128 characters of `[A-Za-z0-9._:@-]`.
 fn is_name(text: &str) -> bool {
-    (1..=128).contains(&text.len())
+    (1..=crate::limits::MAX_NAME_BYTES).contains(&text.len())
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'-'))
@@ -180,7 +180,9 @@ string_id!(
     IdempotencyKey,
     field = "idempotency_key",
     rule = "must be 8 to 128 characters long",
-    check = |t| (8..=128).contains(&t.chars().count())
+    check = |t| (crate::limits::MIN_IDEMPOTENCY_KEY_CHARS
+        ..=crate::limits::MAX_IDEMPOTENCY_KEY_CHARS)
+        .contains(&t.chars().count())
 );
 
 string_id!(

@@ -17,6 +17,7 @@
 //!
 //! - [`ids`]: identifiers as validated types.
 //! - [`catalog`]: the four tools and their exact `tools/list` wire form.
+//! - [`authz`]: the one table of the scope every MCP method and tool needs.
 //! - [`args`]: tool arguments decoded into typed requests.
 //! - [`command`]: the command state machine as pure transitions.
 //! - [`envelope`]: the 100,000-character result envelope.
@@ -45,11 +46,13 @@
 //! The embedding example with a store is in `graph-relay-store-memory`.
 
 pub mod args;
+pub mod authz;
 pub mod catalog;
 pub mod command;
 pub mod envelope;
 pub mod executor;
 pub mod ids;
+pub mod limits;
 pub mod mcp;
 pub mod outbox;
 pub mod principal;

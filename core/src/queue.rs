@@ -656,6 +656,19 @@ impl Queue {
         &self.signals
     }
 
+    /// The process is shutting down: every held request (a long-poll sync or
+    /// control, a `wait_seconds` call, a listen stream) answers at once with
+    /// what it has, and new ones do not wait ([`Signals::close`]). Writes
+    /// still work, so requests in flight finish.
+    pub fn shut_down(&self) {
+        self.signals.close();
+    }
+
+    /// True once [`Queue::shut_down`] was called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.signals.is_closed()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &QueueConfig {
         &self.config
@@ -824,7 +837,11 @@ impl Queue {
             let changed = self.signals.subscribe(Topic::Command(*id));
             let view = self.get_graph_run(agent, id).await?;
             let now = self.clock.now();
-            if view.command.status.is_terminal() || now >= deadline || slept >= wait {
+            if view.command.status.is_terminal()
+                || now >= deadline
+                || slept >= wait
+                || self.is_shutting_down()
+            {
                 return Ok(view);
             }
             let pause = deadline
@@ -839,7 +856,10 @@ impl Queue {
         }
     }
 
-    /// Cancels a run of this agent (see [`CommandRecord::cancel`]) and returns it as it now is.
+    /// Cancels a run of this agent and returns it as it now is: a queued run
+    /// ends `cancelled` at once, a running one is flagged for its desktop (or
+    /// ends `cancelled` at once if its lease lapsed), a closed one is left as
+    /// it is (see [`command`](crate::command)).
     pub async fn cancel_graph_run(
         &self,
         agent: &Agent,
@@ -871,7 +891,11 @@ impl Queue {
         }
         let sessions = self
             .store
-            .shared_sessions(&agent.owner, project, limit.clamp(1, 50) as usize)
+            .shared_sessions(
+                &agent.owner,
+                project,
+                limit.clamp(crate::limits::MIN_LIST_LIMIT, crate::limits::MAX_LIST_LIMIT) as usize,
+            )
             .await?;
         Ok(SessionList {
             project: project.clone(),

@@ -402,6 +402,9 @@ pub enum RelayEvent {
         project: ProjectId,
         /// Why.
         reason: String,
+        /// No answer came (the server is unreachable or restarting), as
+        /// opposed to a refusal: the relay simply tries again.
+        unreachable: bool,
     },
     /// The re-check failed: the command is closed as cancelled without running.
     Declined {
@@ -960,16 +963,22 @@ impl Relay {
             Err(SyncFailure::Aborted) => {
                 self.held_done = true;
             }
-            Err(SyncFailure::Network(reason)) | Err(SyncFailure::Refused(reason)) => {
-                self.events
-                    .push_back(RelayEvent::SyncFailed { project, reason });
-                self.failures = self.failures.saturating_add(1);
-                // The pass ends here; the next one retries.
-                self.projects.clear();
-                self.held_done = true;
-            }
+            Err(SyncFailure::Network(reason)) => self.sync_failed(project, reason, true),
+            Err(SyncFailure::Refused(reason)) => self.sync_failed(project, reason, false),
         }
         self.drive(now);
+    }
+
+    /// A sync brought nothing: the pass ends here, and the next one retries.
+    fn sync_failed(&mut self, project: ProjectId, reason: String, unreachable: bool) {
+        self.events.push_back(RelayEvent::SyncFailed {
+            project,
+            reason,
+            unreachable,
+        });
+        self.failures = self.failures.saturating_add(1);
+        self.projects.clear();
+        self.held_done = true;
     }
 
     /// The answer to [`Action::Claim`].

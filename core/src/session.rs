@@ -7,8 +7,11 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{DeviceId, GraphSessionId, ProjectId};
 use crate::time::Timestamp;
 
-/// Most sessions one sync may carry for one project.
-pub const MAX_SESSIONS_PER_SYNC: usize = 100;
+pub use crate::limits::MAX_SESSIONS_PER_SYNC;
+use crate::limits::{
+    MAX_SESSION_DESCRIPTION_CHARS, MAX_SESSION_LABEL_CHARS, MAX_SESSION_NAME_CHARS,
+    MAX_SESSION_SLUG_CHARS,
+};
 
 /// The metadata a relay uploads for one shared session. Text fields are
 /// shared (`Arc<str>`): the queue copies session records often.
@@ -52,35 +55,35 @@ impl SessionMeta {
                 "name",
                 &self.name,
                 1,
-                200,
+                MAX_SESSION_NAME_CHARS,
                 "must be 1 to 200 characters without control characters",
             ),
             (
                 "description",
                 &self.description,
                 0,
-                2000,
+                MAX_SESSION_DESCRIPTION_CHARS,
                 "must be at most 2,000 characters",
             ),
             (
                 "slug",
                 &self.slug,
                 1,
-                200,
+                MAX_SESSION_SLUG_CHARS,
                 "must be 1 to 200 characters without control characters",
             ),
             (
                 "version",
                 &self.version,
                 0,
-                64,
+                MAX_SESSION_LABEL_CHARS,
                 "must be at most 64 characters without control characters",
             ),
             (
                 "status",
                 &self.status,
                 0,
-                64,
+                MAX_SESSION_LABEL_CHARS,
                 "must be at most 64 characters without control characters",
             ),
         ];

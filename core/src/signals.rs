@@ -41,6 +41,7 @@ pub trait Forwarder: Send + Sync {
 pub struct Signals {
     waiters: Mutex<HashMap<Topic, Vec<oneshot::Sender<()>>>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Signals {
@@ -63,9 +64,13 @@ impl Signals {
 
     /// Registers interest in `topic`. Subscribe first, then check the store,
     /// then await: a change between the check and the await is not lost.
+    /// After [`Signals::close`] the subscription is ready at once.
     pub fn subscribe(&self, topic: Topic) -> Subscription {
         let (tx, rx) = oneshot::channel();
         let mut waiters = self.lock();
+        if self.is_closed() {
+            return Subscription(rx);
+        }
         let list = waiters.entry(topic).or_default();
         // Drop senders whose waiters gave up (timed out) so idle topics do not grow.
         list.retain(|s| !s.is_canceled());
@@ -104,6 +109,23 @@ impl Signals {
     /// Installs the forwarder that publishes notifications to other processes.
     pub fn set_forwarder(&self, forwarder: Arc<dyn Forwarder>) {
         *self.forwarder.lock().unwrap_or_else(|p| p.into_inner()) = Some(forwarder);
+    }
+
+    /// Wakes every waiter, now and from now on: the process is shutting
+    /// down, and a held request answers with what it has at once instead of
+    /// waiting (see [`Queue::shut_down`](crate::queue::Queue::shut_down)).
+    pub fn close(&self) {
+        let all = {
+            let mut waiters = self.lock();
+            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            std::mem::take(&mut *waiters)
+        };
+        drop(all);
+    }
+
+    /// True once [`Signals::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Number of live waiters (for tests and metrics).
@@ -146,6 +168,20 @@ mod tests {
         assert!((&mut a).now_or_never().is_some());
         assert!((&mut b).now_or_never().is_none());
         assert_eq!(s.waiting(), 1);
+    }
+
+    #[test]
+    fn close_wakes_every_waiter_now_and_later() {
+        let s = Signals::new();
+        let id = CommandId::from_uuid(uuid::Uuid::from_u128(1));
+        let mut before = s.subscribe(Topic::Command(id));
+        assert!((&mut before).now_or_never().is_none());
+        assert!(!s.is_closed());
+        s.close();
+        assert!(s.is_closed());
+        assert!(before.now_or_never().is_some());
+        assert!(s.subscribe(Topic::Command(id)).now_or_never().is_some());
+        assert_eq!(s.waiting(), 0);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Lifecycles per second of the memory, SQLite and Postgres stores, in one run.
 //!
 //! `cargo bench -p graph-relay-store-postgres --bench lifecycles`
-//! (Postgres from `GRAPH_RELAY_POSTGRES_URL`, in a throw-away schema; it is
-//! left out, with a note, when the variable is unset).
+//! (Postgres from `GRAPH_RELAY_POSTGRES_URL` or the local server, in a
+//! throw-away schema; left out, with a note, under `GRAPH_RELAY_SKIP=postgres`).
+//! Run by `cargo test --benches` it only checks that each measurement works.
 //!
 //! A lifecycle is `run_graph_session → sync → start → complete →
 //! get_graph_run` through the core's `Queue`, every step checked. Each store
@@ -19,7 +20,7 @@ use graph_relay_core::store::Store;
 use graph_relay_core::testkit::World;
 use graph_relay_core::testkit::workload::{Desk, desks, lifecycle};
 use graph_relay_store_memory::MemoryStore;
-use graph_relay_store_postgres::testing::{TestSchema, URL_ENV};
+use graph_relay_store_postgres::testing::{TestSchema, url};
 use graph_relay_store_sqlite::SqliteStore;
 
 /// Desktops (one lifecycle each) in flight at once in the concurrent variant.
@@ -58,11 +59,14 @@ async fn measure(store: Arc<dyn Store>, budget: Duration) -> (f64, f64) {
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and
+    // then each measurement runs only briefly, to check that it works.
+    let measuring = std::env::args().any(|a| a == "--bench");
     let budget = Duration::from_secs_f64(
         std::env::var("BENCH_SECONDS")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(2.0),
+            .unwrap_or(if measuring { 2.0 } else { 0.02 }),
     );
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -79,12 +83,11 @@ fn main() {
         let sqlite = SqliteStore::open(dir.path().join("bench.sqlite")).expect("open SQLite");
         rows.push(("sqlite", measure(Arc::new(sqlite), budget).await));
     });
-    let schema = match std::env::var(URL_ENV) {
-        Ok(url) if !url.trim().is_empty() => Some(TestSchema::new(&url)),
-        _ => {
-            eprintln!("postgres left out: {URL_ENV} is not set");
-            None
-        }
+    let schema = if cfg!(graph_relay_skip_postgres) {
+        eprintln!("postgres left out: GRAPH_RELAY_SKIP names postgres");
+        None
+    } else {
+        Some(TestSchema::new(&url()))
     };
     if let Some(schema) = &schema {
         runtime.block_on(async {

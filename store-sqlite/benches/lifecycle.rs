@@ -121,13 +121,23 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
     group.finish();
 }
 
-/// The pristine 1M database, built if missing.
+/// How many commands the big database holds: 1,000,000 under `cargo bench`;
+/// a thousand when `cargo test --benches` only checks that the bench works.
+fn big_count() -> u64 {
+    if std::env::args().any(|a| a == "--bench") {
+        MILLION
+    } else {
+        1_000
+    }
+}
+
+/// The pristine big database (see [`big_count`]), built if missing.
 // The `into` below converts to `arguments` whether it is a map or a shared map.
 #[allow(clippy::useless_conversion)]
 fn million_database() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("graph-relay-store-sqlite-bench");
     std::fs::create_dir_all(&dir).expect("bench cache dir");
-    let path = dir.join(format!("million-v{SCHEMA_VERSION}.sqlite"));
+    let path = dir.join(format!("commands-{}-v{SCHEMA_VERSION}.sqlite", big_count()));
     let done = path.with_extension("done");
     if done.exists() && path.exists() {
         return path;
@@ -148,8 +158,8 @@ fn million_database() -> PathBuf {
         .map(|p| ProjectId::parse(&format!("project-{p}")).expect("project id"))
         .collect();
     let mut n = 0u64;
-    while n < MILLION {
-        let chunk: Vec<CommandRecord> = (n..(n + CHUNK).min(MILLION))
+    while n < big_count() {
+        let chunk: Vec<CommandRecord> = (n..(n + CHUNK).min(big_count()))
             .map(|i| {
                 let mut c = w.sync_template(0);
                 c.id = ids.new_command_id();
@@ -179,7 +189,7 @@ fn million_database() -> PathBuf {
         n += chunk.len() as u64;
         block_on(store.import_commands(chunk)).expect("import a chunk");
     }
-    assert_eq!(block_on(store.command_count()).expect("count"), MILLION);
+    assert_eq!(block_on(store.command_count()).expect("count"), big_count());
     drop(store);
     std::fs::write(&done, b"complete\n").expect("marker");
     eprintln!("built in {:.1} s", started.elapsed().as_secs_f64());
@@ -215,7 +225,7 @@ fn bench_latency(c: &mut Criterion, scratch: &Path) {
     let big = SqliteStore::open(&big_copy).expect("open big");
     // Some of the million, spread over the key space, for get_graph_run.
     let ids = SeededIds::new(0x5eed);
-    let sample: Vec<_> = (0..MILLION)
+    let sample: Vec<_> = (0..big_count())
         .map(|_| ids.new_command_id())
         .step_by(997)
         .collect();

@@ -21,8 +21,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use graph_relay_core::ids::{AgentId, DeviceId, InvalidId, OwnerId, ProjectId};
@@ -58,6 +58,15 @@ pub enum AuthError {
 
 /// Turns bearer tokens into principals. Implement it to plug in another
 /// identity source (token introspection, JWT validation, a database).
+///
+/// # Revocation
+/// A request is authenticated once, but a `subscriptions/listen` stream, a
+/// held `wait_seconds` call and an initialize-era session outlive that
+/// moment. The transport ends them when the token stops being valid: it
+/// waits on [`Authenticator::revocations`] and, whenever that changes, asks
+/// [`Authenticator::still_valid`] about each token it holds (by hash). An
+/// authenticator that keeps the defaults never revokes anything in flight;
+/// new requests are still refused by [`Authenticator::authenticate`].
 #[async_trait]
 pub trait Authenticator: Send + Sync + 'static {
     /// The principal `token` (without the `Bearer ` prefix) belongs to.
@@ -68,6 +77,21 @@ pub trait Authenticator: Send + Sync + 'static {
     /// development set-ups such as the MCP conformance suite.
     async fn anonymous(&self) -> Option<Principal> {
         None
+    }
+
+    /// A signal that changes whenever tokens may have been revoked, removed
+    /// or changed (e.g. the token file was reloaded); `None` (the default)
+    /// when that never happens.
+    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
+    /// Whether the token whose SHA-256 ([`hash_token`]) is `token_sha256`
+    /// still authenticates as exactly `principal` (same identity, same
+    /// scopes). The default, for authenticators that cannot tell, is `true`.
+    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
+        let _ = (token_sha256, principal);
+        true
     }
 }
 
@@ -277,54 +301,115 @@ impl Authenticator for StaticTokens {
             .cloned()
             .ok_or(AuthError::InvalidToken)
     }
+
+    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
+        self.by_hash.get(token_sha256) == Some(principal)
+    }
 }
 
-/// The built-in authenticator: a TOML token file, re-read when it changes
-/// (checked at most once per [`TokenFile::RECHECK`]), so `token revoke` takes
-/// effect on a running server within seconds.
+/// The built-in authenticator: a TOML token file, watched for changes.
+///
+/// A background thread looks at the file every [`TokenFile::RECHECK`] and
+/// reloads it when its modification time, size or inode changed, so
+/// `token revoke` takes effect on a running server at once: new requests
+/// are refused, and [`Authenticator::revocations`] fires so that streams,
+/// held calls and sessions of a revoked token end (within about a second).
+/// A file that changed but cannot be used is reported and the previous
+/// tokens are kept. The thread ends with the last clone of the value.
 #[derive(Debug)]
 pub struct TokenFile {
+    shared: Arc<TokenFileShared>,
+}
+
+#[derive(Debug)]
+struct TokenFileShared {
     path: PathBuf,
     tokens: RwLock<HashMap<String, Principal>>,
-    checked: Mutex<(Instant, Option<SystemTime>)>,
+    /// What the file looked like when last read.
+    seen: Mutex<Option<FileStamp>>,
+    /// Bumped on every reload.
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+/// Modification time, size and (on Unix) inode: a rename or a rewrite changes one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Some(Self {
+            modified: meta.modified().ok(),
+            len: meta.len(),
+            inode,
+        })
+    }
 }
 
 impl TokenFile {
-    /// How often the file's modification time is looked at.
-    pub const RECHECK: Duration = Duration::from_secs(1);
+    /// How often the watcher thread looks at the file.
+    pub const RECHECK: Duration = Duration::from_millis(250);
 
-    /// Loads `path`.
+    /// Loads `path` and starts watching it.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, TokenConfigError> {
         let path = path.into();
+        let stamp = FileStamp::of(&path);
         let tokens = load_token_config(&path)?.principals()?;
-        let mtime = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
-        Ok(Self {
+        let shared = Arc::new(TokenFileShared {
             path,
             tokens: RwLock::new(tokens),
-            checked: Mutex::new((Instant::now(), mtime)),
-        })
+            seen: Mutex::new(stamp),
+            generation: tokio::sync::watch::Sender::new(0),
+        });
+        let weak = Arc::downgrade(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("graph-relay-tokens".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(Self::RECHECK);
+                    let Some(shared) = weak.upgrade() else {
+                        return;
+                    };
+                    shared.refresh();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot watch the token file; changes are read on the next request");
+        }
+        Ok(Self { shared })
     }
 
+    /// How many times the file was reloaded since it was opened.
+    pub fn reloads(&self) -> u64 {
+        *self.shared.generation.borrow()
+    }
+}
+
+impl TokenFileShared {
+    /// Reloads the file if it changed since it was last read.
     fn refresh(&self) {
-        let Ok(mut checked) = self.checked.lock() else {
+        let Ok(mut seen) = self.seen.lock() else {
             return;
         };
-        if checked.0.elapsed() < Self::RECHECK {
+        let stamp = FileStamp::of(&self.path);
+        if stamp == *seen {
             return;
         }
-        checked.0 = Instant::now();
-        let mtime = std::fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .ok();
-        if mtime == checked.1 {
-            return;
-        }
+        *seen = stamp;
         match load_token_config(&self.path).and_then(|c| c.principals()) {
             Ok(tokens) => {
                 if let Ok(mut current) = self.tokens.write() {
                     *current = tokens;
                 }
-                checked.1 = mtime;
+                self.generation.send_modify(|g| *g += 1);
                 tracing::info!(path = %self.path.display(), "token file reloaded");
             }
             Err(e) => {
@@ -332,20 +417,34 @@ impl TokenFile {
             }
         }
     }
+
+    fn lookup(&self, token_sha256: &str) -> Result<Option<Principal>, AuthError> {
+        let tokens = self
+            .tokens
+            .read()
+            .map_err(|_| AuthError::Unavailable("token table poisoned".into()))?;
+        Ok(tokens.get(token_sha256).cloned())
+    }
 }
 
 #[async_trait]
 impl Authenticator for TokenFile {
     async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
-        self.refresh();
-        let tokens = self
+        self.shared
+            .lookup(&hash_token(token))?
+            .ok_or(AuthError::InvalidToken)
+    }
+
+    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.shared.generation.subscribe())
+    }
+
+    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
+        // A poisoned table cannot say; keep what is open.
+        self.shared
             .tokens
             .read()
-            .map_err(|_| AuthError::Unavailable("token table poisoned".into()))?;
-        tokens
-            .get(&hash_token(token))
-            .cloned()
-            .ok_or(AuthError::InvalidToken)
+            .map_or(true, |tokens| tokens.get(token_sha256) == Some(principal))
     }
 }
 

@@ -2,11 +2,14 @@
 //!
 //! MCP over Streamable HTTP for graph-relay, with the OAuth2
 //! resource-server checks in front of it. [`router`] builds an
-//! [`axum::Router`] that integrators mount in their own app or serve alone.
+//! [`axum::Router`] that integrators mount in their own app; [`serve()`] serves
+//! it (or any router) with a connection cap and timeouts.
 //!
 //! ```text
-//!  POST /mcp ─► Host/Origin ─► bearer token (Authenticator) ─► headers & session
-//!            ─► scope of the tool (403 insufficient_scope) ─► core::mcp::McpServer ─► JSON
+//!  connection ─► serve: cap (503), header-read and idle timeouts
+//!  POST /mcp  ─► Host/Origin (403) ─► bearer token (401, Connection: close)   ← headers only
+//!             ─► body ─► headers & session ─► authorization table (403 insufficient_scope)
+//!             ─► core::mcp::McpServer ─► JSON or an SSE stream
 //! ```
 //!
 //! - `POST /mcp`: one JSON-RPC message; a request is answered with
@@ -15,18 +18,29 @@
 //!   initialize-era session.
 //! - Initialize-era clients get an `MCP-Session-Id` with their `initialize`
 //!   result and must send it (and, after 2025-03-26, `MCP-Protocol-Version`)
-//!   afterwards: missing 400, unknown 404. 2026-07-28 requests are stateless
+//!   afterwards: missing 400, unknown 404. A session belongs to the agent
+//!   (owner, name) and the token that created it; sessions are bounded per
+//!   agent and in all ([`SessionLimits`]). 2026-07-28 requests are stateless
 //!   and must carry `MCP-Protocol-Version`, `Mcp-Method` and (for
 //!   `tools/call`) `Mcp-Name` matching the body (400, `-32020` otherwise).
-//! - `GET /.well-known/oauth-protected-resource[/mcp]`: RFC 9728 metadata.
-//! - Every `/mcp` request needs `Authorization: Bearer <agent token>`: 401
-//!   with `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a
-//!   device token is refused there. A `tools/call` whose tool needs a scope
-//!   the token lacks gets 403 `insufficient_scope` naming it, before any
-//!   queue work.
-//! - Hosts and origins are checked (DNS rebinding): by default only
-//!   loopback names; 403 otherwise. Bodies are bounded (413) and requests
-//!   time out (408).
+//! - `GET /.well-known/oauth-protected-resource[/mcp]`: RFC 9728 metadata,
+//!   whose URLs come from [`HttpConfig::public_url`] or the listening
+//!   address, never from the request.
+//! - Every `/mcp` request needs `Authorization: Bearer <agent token>`,
+//!   checked before the body is read: 401 with
+//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a device
+//!   token is refused there. A message the token's scopes do not cover
+//!   (the one table in `graph_relay_core::authz`: tools, `tasks/*`,
+//!   `subscriptions/listen`) gets 403 `insufficient_scope` naming the scope,
+//!   before any queue work.
+//! - Hosts and origins are parsed strictly ([`authority`]) and checked (DNS
+//!   rebinding): by default only loopback names on the listening port; 403
+//!   otherwise. Bodies are bounded (413) and requests time out (408).
+//! - `subscriptions/listen` streams are bounded per agent and in lifetime
+//!   ([`ListenLimits`]).
+//! - When the [`Authenticator`] reports that a token was revoked, its open
+//!   listen streams, held `wait_seconds` calls and sessions end within a
+//!   second ([`HttpState::revoked`]).
 //!
 //! The state ([`HttpState`]) carries the MCP server, the authenticator and
 //! the configuration; the relay API shares it:
@@ -40,14 +54,19 @@
 //!   the driver that runs `core::relay` over it.
 
 pub mod auth;
+pub mod authority;
+mod gate;
 mod listen;
 mod mcp_endpoint;
 pub mod relay_api;
 pub mod relay_client;
 pub mod relay_wire;
+pub mod serve;
 mod sessions;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -59,7 +78,11 @@ use graph_relay_core::mcp::McpServer;
 use serde_json::json;
 
 pub use crate::auth::{AuthError, Authenticator, Principal};
+use crate::authority::{Authority, AuthorityError, Origin};
+pub use crate::gate::Authenticated;
+pub use crate::listen::ListenLimits;
 pub use crate::relay_api::RelayApiConfig;
+pub use crate::serve::{ServeConfig, serve};
 pub use crate::sessions::SessionLimits;
 use crate::sessions::Sessions;
 
@@ -72,12 +95,26 @@ pub const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// Public base URL, e.g. `https://relay.example.com` (no trailing slash).
-    /// `None`: derived from each request's `Host` as `http://<host>`.
+    /// `None`: `http://<listen_addr>` (or `http://localhost` when that is
+    /// unknown too). Never derived from a request's `Host`.
     pub public_url: Option<String>,
+    /// The address the server listens on; `graph-relay serve` sets it from
+    /// the bound listener. Its port is what `Host` must carry (see
+    /// [`HttpConfig::allowed_ports`]) and, without `public_url`, it is the
+    /// base of the URLs the server publishes.
+    pub listen_addr: Option<SocketAddr>,
     /// Authorization servers announced in the resource metadata.
     pub authorization_servers: Vec<String>,
-    /// Host names (without port) accepted in `Host`; `"*"` accepts any.
+    /// Hosts accepted in `Host` (`name`, `1.2.3.4`, `[::1]`, optionally with
+    /// `:port`); `"*"` accepts any well-formed host on any port. Each value
+    /// is parsed strictly ([`authority`]): userinfo, look-alike suffixes and
+    /// malformed values are refused whatever this list says.
     pub allowed_hosts: Vec<String>,
+    /// Ports accepted in `Host` besides the port of `listen_addr` and that
+    /// of `public_url`. A `Host` without a port means 80 or 443. When no
+    /// port is known at all (no `listen_addr`, no `public_url`, this list
+    /// empty, e.g. a router mounted by an embedder), ports are not checked.
+    pub allowed_ports: Vec<u16>,
     /// Origins (`scheme://host[:port]`) accepted in `Origin`; `"*"` accepts any.
     /// Loopback origins (`http(s)://localhost|127.0.0.1|[::1]`, any port) are
     /// always accepted when the host is allowed.
@@ -88,6 +125,8 @@ pub struct HttpConfig {
     pub request_timeout: Duration,
     /// Bounds on initialize-era sessions.
     pub sessions: SessionLimits,
+    /// Bounds on `subscriptions/listen` streams.
+    pub listen: ListenLimits,
     /// The relay API (hold bound of long-poll requests).
     pub relay: RelayApiConfig,
 }
@@ -96,12 +135,15 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             public_url: None,
+            listen_addr: None,
             authorization_servers: Vec::new(),
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "[::1]".into()],
+            allowed_ports: Vec::new(),
             allowed_origins: Vec::new(),
             max_body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(30),
             sessions: SessionLimits::default(),
+            listen: ListenLimits::default(),
             relay: RelayApiConfig::default(),
         }
     }
@@ -118,6 +160,10 @@ struct StateInner {
     auth: Arc<dyn Authenticator>,
     config: HttpConfig,
     sessions: Sessions,
+    listens: listen::Streams,
+    hosts: HostRules,
+    /// Set once the task that ends sessions of revoked tokens runs.
+    watching_revocations: AtomicBool,
 }
 
 impl std::fmt::Debug for HttpState {
@@ -128,16 +174,96 @@ impl std::fmt::Debug for HttpState {
     }
 }
 
+/// [`HttpConfig`]'s host, port and origin lists, parsed once.
+struct HostRules {
+    any_host: bool,
+    hosts: Vec<Authority>,
+    /// The ports `Host` may carry: `allowed_ports`, the listening port and
+    /// that of `public_url`. Empty: not checked.
+    ports: Vec<u16>,
+    any_origin: bool,
+    origins: Vec<Origin>,
+}
+
+impl HostRules {
+    fn new(config: &HttpConfig) -> Self {
+        let hosts = config
+            .allowed_hosts
+            .iter()
+            .filter(|h| *h != "*")
+            .filter_map(|h| match Authority::parse(h) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!(host = %h, error = %e, "ignoring a malformed entry of allowed_hosts");
+                    None
+                }
+            })
+            .collect();
+        let origins = config
+            .allowed_origins
+            .iter()
+            .filter(|o| *o != "*")
+            .filter_map(|o| match Origin::parse(o) {
+                Ok(a) => Some(a),
+                Err(e) => {
+                    tracing::warn!(origin = %o, error = %e, "ignoring a malformed entry of allowed_origins");
+                    None
+                }
+            })
+            .collect();
+        let mut ports = config.allowed_ports.clone();
+        ports.extend(config.listen_addr.map(|a| a.port()));
+        if let Some(url) = &config.public_url {
+            match Origin::of_url(url) {
+                Ok(origin) => ports.push(origin.port()),
+                Err(e) => tracing::warn!(%url, error = %e, "public_url is not an http(s) URL"),
+            }
+        }
+        Self {
+            any_host: config.allowed_hosts.iter().any(|h| h == "*"),
+            hosts,
+            ports,
+            any_origin: config.allowed_origins.iter().any(|o| o == "*"),
+            origins,
+        }
+    }
+}
+
+/// Why a `Host` or `Origin` was refused (403).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostRefusal {
+    /// No `Host` header.
+    #[error("the request has no Host header")]
+    MissingHost,
+    /// A `Host` that is not `host[:port]` by RFC 3986.
+    #[error("the Host header is malformed: {0}")]
+    MalformedHost(AuthorityError),
+    /// A well-formed host this server does not serve.
+    #[error("the Host header names a host this server does not serve")]
+    UnknownHost,
+    /// A served host on a port this server does not listen on.
+    #[error("the Host header names a port this server does not listen on")]
+    WrongPort,
+    /// An `Origin` that is not allowed (or not an origin at all).
+    #[error("the Origin of this request is not allowed")]
+    Origin,
+}
+
 impl HttpState {
     /// State for an MCP server behind `auth`, configured by `config`.
     pub fn new(mcp: McpServer, auth: Arc<dyn Authenticator>, config: HttpConfig) -> Self {
         let sessions = Sessions::new(config.sessions.clone());
+        let listens = listen::Streams::new(config.listen.clone());
+        let hosts = HostRules::new(&config);
         Self {
             inner: Arc::new(StateInner {
                 mcp,
                 auth,
                 config,
                 sessions,
+                listens,
+                hosts,
+                watching_revocations: AtomicBool::new(false),
             }),
         }
     }
@@ -162,59 +288,97 @@ impl HttpState {
         self.inner.sessions.len()
     }
 
-    /// The public base URL for a request with `headers`.
-    pub fn base_url(&self, headers: &HeaderMap) -> String {
-        match &self.inner.config.public_url {
-            Some(url) => url.trim_end_matches('/').to_owned(),
-            None => {
-                let host = headers
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .unwrap_or("localhost");
-                format!("http://{host}")
+    /// Bytes of client data the live sessions keep (their `clientInfo`),
+    /// at most `max_sessions` × `MAX_INITIALIZE_FIELD_BYTES`.
+    pub fn session_bytes(&self) -> usize {
+        self.inner.sessions.retained_bytes()
+    }
+
+    /// Number of open `subscriptions/listen` streams.
+    pub fn listen_count(&self) -> usize {
+        self.inner.listens.total()
+    }
+
+    /// The public base URL: `public_url`, else `http://<listen_addr>`, else
+    /// `http://localhost`. Never taken from a request.
+    pub fn base_url(&self) -> String {
+        let config = &self.inner.config;
+        if let Some(url) = &config.public_url {
+            return url.trim_end_matches('/').to_owned();
+        }
+        match config.listen_addr {
+            Some(addr) => {
+                let host = match addr.ip() {
+                    ip if ip.is_unspecified() => "localhost".to_owned(),
+                    IpAddr::V4(ip) => ip.to_string(),
+                    IpAddr::V6(ip) => format!("[{ip}]"),
+                };
+                format!("http://{host}:{}", addr.port())
             }
+            None => "http://localhost".to_owned(),
         }
     }
 
     /// The URL of the resource metadata, as put in `WWW-Authenticate`.
-    pub fn metadata_url(&self, headers: &HeaderMap) -> String {
-        format!("{}{PRM_PATH}{MCP_PATH}", self.base_url(headers))
+    pub fn metadata_url(&self) -> String {
+        format!("{}{PRM_PATH}{MCP_PATH}", self.base_url())
     }
 
-    /// Checks `Host` and `Origin` (DNS-rebinding protection). Route groups
-    /// call it first; `Err` is the 403 to return.
+    /// Checks `Host` and `Origin` (DNS-rebinding protection). Every route
+    /// passes it before its handler; `Err` is the 403 to return.
     #[allow(clippy::result_large_err)]
     pub fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Response> {
-        let config = &self.inner.config;
+        self.host_refusal(headers).map_err(|refusal| {
+            let code = match refusal {
+                HostRefusal::Origin => "forbidden_origin",
+                _ => "forbidden_host",
+            };
+            forbidden(code, &refusal.to_string())
+        })
+    }
+
+    /// The Host/Origin rule (see [`HttpConfig::allowed_hosts`]).
+    pub fn host_refusal(&self, headers: &HeaderMap) -> Result<(), HostRefusal> {
+        let rules = &self.inner.hosts;
         let host = headers
             .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(host_name);
-        let host_ok = config.allowed_hosts.iter().any(|h| h == "*")
-            || host.is_some_and(|h| {
-                config
-                    .allowed_hosts
-                    .iter()
-                    .any(|a| a.eq_ignore_ascii_case(h))
-            });
-        if !host_ok {
-            return Err(forbidden(
-                "forbidden_host",
-                "the Host header names a host this server does not serve",
-            ));
+            .ok_or(HostRefusal::MissingHost)?
+            .to_str()
+            .map_err(|_| {
+                HostRefusal::MalformedHost(AuthorityError::BadCharacter(
+                    char::REPLACEMENT_CHARACTER,
+                ))
+            })?;
+        let host = Authority::parse(host).map_err(HostRefusal::MalformedHost)?;
+        if !rules.any_host {
+            let same_host = || rules.hosts.iter().filter(|a| a.host == host.host);
+            let pinned = same_host().any(|a| a.port.is_some() && a.port == host.port);
+            if !pinned {
+                if !same_host().any(|a| a.port.is_none()) {
+                    return Err(HostRefusal::UnknownHost);
+                }
+                let port_ok = rules.ports.is_empty()
+                    || match host.port {
+                        Some(port) => rules.ports.contains(&port),
+                        // No port: the scheme's default.
+                        None => rules.ports.iter().any(|p| matches!(p, 80 | 443)),
+                    };
+                if !port_ok {
+                    return Err(HostRefusal::WrongPort);
+                }
+            }
         }
         if let Some(origin) = headers.get(header::ORIGIN) {
-            let origin = origin.to_str().unwrap_or_default();
-            let allowed = config
-                .allowed_origins
-                .iter()
-                .any(|o| o == "*" || o == origin)
-                || is_loopback_origin(origin);
+            let parsed = origin
+                .to_str()
+                .ok()
+                .and_then(|text| Origin::parse(text).ok());
+            let allowed = rules.any_origin
+                || parsed.as_ref().is_some_and(|p| {
+                    p.authority.host.is_loopback() || rules.origins.iter().any(|a| a.same_as(p))
+                });
             if !allowed {
-                return Err(forbidden(
-                    "forbidden_origin",
-                    "the Origin of this request is not allowed",
-                ));
+                return Err(HostRefusal::Origin);
             }
         }
         Ok(())
@@ -223,11 +387,19 @@ impl HttpState {
     /// Authenticates the bearer token of a request. `Err` is the 401 (or
     /// 503) to return, with the `WWW-Authenticate` challenge.
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Response> {
+        self.authenticate_request(headers)
+            .await
+            .map(|who| who.principal)
+    }
+
+    /// [`HttpState::authenticate`], keeping the token's hash (what
+    /// revocation is checked against).
+    pub async fn authenticate_request(
+        &self,
+        headers: &HeaderMap,
+    ) -> Result<Authenticated, Response> {
         let challenge = |error: Option<(&str, &str)>| {
-            let mut value = format!(
-                "Bearer resource_metadata=\"{}\"",
-                self.metadata_url(headers)
-            );
+            let mut value = format!("Bearer resource_metadata=\"{}\"", self.metadata_url());
             let body = match error {
                 Some((code, description)) => {
                     value.push_str(&format!(
@@ -247,7 +419,10 @@ impl HttpState {
         };
         let Some(value) = headers.get(header::AUTHORIZATION) else {
             return match self.inner.auth.anonymous().await {
-                Some(principal) => Ok(principal),
+                Some(principal) => Ok(Authenticated {
+                    principal,
+                    token_sha256: None,
+                }),
                 None => Err(challenge(None)),
             };
         };
@@ -266,7 +441,10 @@ impl HttpState {
             ))));
         };
         match self.inner.auth.authenticate(token).await {
-            Ok(principal) => Ok(principal),
+            Ok(principal) => Ok(Authenticated {
+                principal,
+                token_sha256: Some(auth::hash_token(token)),
+            }),
             Err(AuthError::InvalidToken) => Err(challenge(Some((
                 "invalid_token",
                 "the token is unknown, revoked or malformed",
@@ -281,32 +459,66 @@ impl HttpState {
             }
         }
     }
-}
 
-/// `host[:port]` → `host` (IPv6 literals keep their brackets).
-fn host_name(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.find(']').map_or(host, |i| &host[..=i]);
+    /// Resolves once the token behind `who` is revoked, removed or changed
+    /// (see [`Authenticator::revocations`]); never for an anonymous caller
+    /// or an authenticator that cannot revoke.
+    pub async fn revoked(&self, who: &Authenticated) {
+        let auth = &self.inner.auth;
+        let (Some(hash), Some(mut changes)) = (&who.token_sha256, auth.revocations()) else {
+            return std::future::pending().await;
+        };
+        loop {
+            if !auth.still_valid(hash, &who.principal).await {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
-    host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
 
-fn is_loopback_origin(origin: &str) -> bool {
-    let Some(rest) = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-    else {
-        return false;
-    };
-    matches!(host_name(rest), "localhost" | "127.0.0.1" | "[::1]") && !rest.contains('/')
+    /// Starts (once, on the current tokio runtime) the task that ends the
+    /// sessions of revoked tokens as soon as the authenticator reports a
+    /// change. The gate calls it on the first authenticated request.
+    fn watch_revocations(&self) {
+        if self.inner.watching_revocations.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(mut changes) = self.inner.auth.revocations() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.inner.watching_revocations.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        runtime.spawn(async move {
+            while changes.changed().await.is_ok() {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let ended = inner.sessions.end_revoked(inner.auth.as_ref()).await;
+                if ended > 0 {
+                    tracing::info!(ended, "ended the sessions of revoked tokens");
+                }
+            }
+        });
+    }
 }
 
 fn forbidden(code: &str, description: &str) -> Response {
-    (
+    let mut response = (
         StatusCode::FORBIDDEN,
         axum::Json(json!({"error": code, "error_description": description})),
     )
-        .into_response()
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// The tokio timer as the core's [`Sleeper`](graph_relay_core::time::Sleeper),
@@ -322,12 +534,18 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 
 /// The router: `/mcp`, the resource metadata and the relay API, with body
 /// limit and timeout.
+///
+/// Every route first passes the Host/Origin check; `POST`/`DELETE /mcp`
+/// and the relay routes then pass the bearer-token check, both from the
+/// headers alone, before any byte of the body is read (a refusal closes
+/// the connection).
 pub fn router(state: HttpState) -> Router {
+    use axum::middleware::from_fn_with_state;
     use axum::routing::post;
     let limit = state.config().max_body_bytes;
     let timeout = state.config().request_timeout;
     let prefix = relay_wire::RELAY_PREFIX;
-    Router::new()
+    let relay = Router::new()
         .route(&format!("{prefix}/sync"), post(relay_api::sync))
         .route(
             &format!("{prefix}/commands/{{command_id}}/start"),
@@ -349,15 +567,19 @@ pub fn router(state: HttpState) -> Router {
             &format!("{prefix}/commands/{{command_id}}/progress"),
             post(relay_api::progress),
         )
+        .route_layer(from_fn_with_state(state.clone(), gate::bearer));
+    let mcp = axum::routing::get(mcp_endpoint::get).merge(
+        post(mcp_endpoint::post)
+            .delete(mcp_endpoint::delete)
+            .layer(from_fn_with_state(state.clone(), gate::agent)),
+    );
+    Router::new()
+        .merge(relay)
         .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
-        .route(
-            MCP_PATH,
-            axum::routing::post(mcp_endpoint::post)
-                .get(mcp_endpoint::get)
-                .delete(mcp_endpoint::delete),
-        )
+        .route(MCP_PATH, mcp)
         .route(PRM_PATH, get(resource_metadata))
         .route(&format!("{PRM_PATH}{MCP_PATH}"), get(resource_metadata))
+        .layer(from_fn_with_state(state.clone(), gate::host_and_origin))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -366,15 +588,12 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state)
 }
 
-/// RFC 9728 protected resource metadata for `/mcp`.
+/// RFC 9728 protected resource metadata for `/mcp`. Its URLs come from
+/// the configuration, never from the request.
 async fn resource_metadata(
     axum::extract::State(state): axum::extract::State<HttpState>,
-    headers: HeaderMap,
 ) -> Response {
-    if let Err(response) = state.check_host_and_origin(&headers) {
-        return response;
-    }
-    let base = state.base_url(&headers);
+    let base = state.base_url();
     let mut scopes: Vec<&str> = state
         .mcp()
         .catalog()
@@ -397,21 +616,4 @@ async fn resource_metadata(
         "resource_name": state.mcp().info().name,
     }))
     .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_names_and_loopback_origins() {
-        assert_eq!(host_name("127.0.0.1:8787"), "127.0.0.1");
-        assert_eq!(host_name("[::1]:80"), "[::1]");
-        assert_eq!(host_name("example.com"), "example.com");
-        assert!(is_loopback_origin("http://localhost:3000"));
-        assert!(is_loopback_origin("https://[::1]"));
-        assert!(!is_loopback_origin("http://evil.example.com"));
-        assert!(!is_loopback_origin("http://localhost.evil.com"));
-        assert!(!is_loopback_origin("null"));
-    }
 }

@@ -9,37 +9,184 @@
 //! another process on a shared store. Once every watched task is terminal the
 //! stream ends with the request's result; a client that goes away ends it too.
 //! A comment line every 15 s keeps idle proxies from closing it.
+//!
+//! # Bounds
+//! - One agent (owner, name) holds at most
+//!   [`ListenLimits::max_streams_per_agent`] streams; one more is refused
+//!   with HTTP 429 and the JSON-RPC error `-32004` naming the limit.
+//! - A stream lasts at most [`ListenLimits::max_lifetime`]; then it ends
+//!   with its result like a finished one, and the client listens again.
+//! - A stream whose token is revoked ends within about a second, without
+//!   its result and without any later notification.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::ids::CommandId;
-use graph_relay_core::mcp::{Caller, Incoming, Outgoing};
+use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, Outgoing};
 use graph_relay_core::signals::Topic;
 use serde_json::{Value, json};
 
-use crate::HttpState;
+use crate::sessions::AgentKey;
+use crate::{Authenticated, HttpState};
 
 /// How often an idle stream sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// How often the watched tasks are re-read without a signal.
 const RECHECK: Duration = Duration::from_secs(1);
 
+/// Default of [`ListenLimits::max_streams_per_agent`].
+pub const DEFAULT_MAX_LISTEN_STREAMS_PER_AGENT: usize = 16;
+/// Default of [`ListenLimits::max_lifetime`]: ten minutes.
+pub const DEFAULT_MAX_LISTEN_LIFETIME: Duration = Duration::from_secs(600);
+
+/// Bounds on `subscriptions/listen` streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenLimits {
+    /// Most open streams of one agent (owner, name); default 16.
+    pub max_streams_per_agent: usize,
+    /// Longest life of one stream; default 10 minutes. It then ends with
+    /// its result and the client listens again.
+    pub max_lifetime: Duration,
+}
+
+impl Default for ListenLimits {
+    fn default() -> Self {
+        Self {
+            max_streams_per_agent: DEFAULT_MAX_LISTEN_STREAMS_PER_AGENT,
+            max_lifetime: DEFAULT_MAX_LISTEN_LIFETIME,
+        }
+    }
+}
+
+/// The open streams, counted per agent.
+pub(crate) struct Streams {
+    limits: ListenLimits,
+    open: Arc<Mutex<HashMap<AgentKey, usize>>>,
+}
+
+/// One open stream; dropping it gives its place back.
+struct StreamSlot {
+    open: Arc<Mutex<HashMap<AgentKey, usize>>>,
+    agent: AgentKey,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        if let Ok(mut open) = self.open.lock()
+            && let Some(n) = open.get_mut(&self.agent)
+        {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.agent);
+            }
+        }
+    }
+}
+
+impl Streams {
+    pub(crate) fn new(limits: ListenLimits) -> Self {
+        Self {
+            limits,
+            open: Arc::default(),
+        }
+    }
+
+    /// All open streams.
+    pub(crate) fn total(&self) -> usize {
+        self.open.lock().map(|o| o.values().sum()).unwrap_or(0)
+    }
+
+    /// A place for one more stream of `agent`, unless it holds the maximum.
+    fn try_open(&self, agent: AgentKey) -> Option<StreamSlot> {
+        let mut open = self.open.lock().ok()?;
+        let n = open.entry(agent.clone()).or_insert(0);
+        if *n >= self.limits.max_streams_per_agent {
+            return None;
+        }
+        *n += 1;
+        Some(StreamSlot {
+            open: self.open.clone(),
+            agent,
+        })
+    }
+}
+
 /// Answers a `subscriptions/listen`: a JSON-RPC error, or the SSE stream.
-pub(crate) async fn serve(state: &HttpState, caller: Caller, incoming: Incoming) -> Response {
+pub(crate) async fn serve(
+    state: &HttpState,
+    who: Authenticated,
+    caller: Caller,
+    incoming: Incoming,
+) -> Response {
     let server = state.mcp().clone();
+    let limits = &state.inner.config.listen;
+    let agent = (caller.agent.owner.clone(), caller.agent.id.clone());
+    let Some(slot) = state.inner.listens.try_open(agent) else {
+        let limit = limits.max_streams_per_agent;
+        let reply = Outgoing::error(
+            incoming.id().cloned(),
+            ErrorCode::LimitExceeded,
+            format!(
+                "Too many listen streams: this agent already has {limit} open, the most this server allows; close one or wait for one to end"
+            ),
+            Some(json!({"limit": limit, "name": "max_listen_streams_per_agent"})),
+        );
+        return crate::mcp_endpoint::json_reply(&reply);
+    };
     let listen = match server.listen(&caller, &incoming).await {
         Ok(listen) => listen,
         Err(reply) => return crate::mcp_endpoint::json_reply(&reply),
     };
+    let lifetime = limits.max_lifetime;
+    let watcher = state.clone();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
     tokio::spawn(async move {
+        let _slot = slot;
+        let request_id = listen.request_id.clone();
+        let stream = watch(&server, &caller, listen, &tx);
+        let done = tokio::select! {
+            ended = stream => ended,
+            () = watcher.revoked(&who) => {
+                tracing::info!(agent = %caller.agent.id, "listen stream ended: its token was revoked");
+                return;
+            }
+            () = tokio::time::sleep(lifetime) => true,
+        };
+        if done {
+            let done = Outgoing::result(request_id, json!({"resultType": "complete"}));
+            let _ = tx.send(Ok(event(done.message()))).await;
+        }
+    });
+    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// Sends the acknowledgement and the notifications until every watched
+/// task is terminal (true), or the client went away or the server is
+/// shutting down (false).
+async fn watch(
+    server: &graph_relay_core::mcp::McpServer,
+    caller: &Caller,
+    listen: graph_relay_core::mcp::TaskListen,
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>,
+) -> bool {
+    {
         if tx.send(Ok(event(&listen.acknowledged))).await.is_err() {
-            return;
+            return false;
         }
         let mut last: HashMap<CommandId, Value> = HashMap::new();
         let mut watching = listen.task_ids.clone();
@@ -52,12 +199,12 @@ pub(crate) async fn serve(state: &HttpState, caller: Caller, incoming: Incoming)
                 .collect();
             let mut still = Vec::with_capacity(watching.len());
             for id in &watching {
-                let Some((message, terminal)) = server.task_notification(&caller, id).await else {
+                let Some((message, terminal)) = server.task_notification(caller, id).await else {
                     continue;
                 };
                 if last.get(id) != Some(&message) {
                     if tx.send(Ok(event(&message))).await.is_err() {
-                        return;
+                        return false;
                     }
                     idle = tokio::time::Instant::now();
                     last.insert(*id, message);
@@ -70,11 +217,16 @@ pub(crate) async fn serve(state: &HttpState, caller: Caller, incoming: Incoming)
             if watching.is_empty() {
                 break;
             }
+            if server.queue().is_shutting_down() {
+                // The server is stopping: end the stream (without a result)
+                // so the client listens again, elsewhere or later.
+                return false;
+            }
             let wake = futures::future::select_all(changed);
             tokio::select! {
                 _ = wake => {}
                 _ = tokio::time::sleep(RECHECK) => {}
-                _ = tx.closed() => return,
+                _ = tx.closed() => return false,
             }
             if idle.elapsed() >= KEEP_ALIVE {
                 if tx
@@ -82,24 +234,13 @@ pub(crate) async fn serve(state: &HttpState, caller: Caller, incoming: Incoming)
                     .await
                     .is_err()
                 {
-                    return;
+                    return false;
                 }
                 idle = tokio::time::Instant::now();
             }
         }
-        let done = Outgoing::result(listen.request_id, json!({"resultType": "complete"}));
-        let _ = tx.send(Ok(event(done.message()))).await;
-    });
-    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+        true
+    }
 }
 
 /// One SSE `message` event carrying a JSON-RPC message.

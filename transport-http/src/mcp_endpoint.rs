@@ -1,15 +1,18 @@
 //! The `/mcp` handlers.
 
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, McpSession, Outgoing, ProtocolVersion};
+use graph_relay_core::mcp::{
+    Caller, ErrorCode, Incoming, McpSession, Outgoing, ProtocolVersion, ScopeDenied,
+};
 use serde_json::json;
 
-use crate::HttpState;
 use crate::auth::Principal;
-use crate::sessions::Lookup;
+use crate::sessions::{Lookup, SessionOwner};
+use crate::{Authenticated, HttpState};
 
 /// `MCP-Session-Id`.
 pub(crate) static SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -46,38 +49,52 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> 
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// Authenticates an agent for `/mcp`: device tokens are refused.
-async fn agent(state: &HttpState, headers: &HeaderMap) -> Result<Caller, Response> {
-    state.check_host_and_origin(headers)?;
-    match state.authenticate(headers).await? {
-        Principal::Agent(caller) => Ok(caller),
-        Principal::Device(_) => {
-            let value = format!(
-                "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"a device token cannot be used on /mcp\"",
-                state.metadata_url(headers)
-            );
-            let mut response = (
-                StatusCode::UNAUTHORIZED,
-                axum::Json(json!({"error": "invalid_token", "error_description": "this is a device (relay) token; /mcp needs an agent token"})),
-            )
-                .into_response();
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
-            }
-            Err(response)
-        }
+/// The agent the gate authenticated (it refuses device tokens on `/mcp`).
+#[allow(clippy::result_large_err)]
+fn agent(who: &Authenticated) -> Result<Caller, Response> {
+    match &who.principal {
+        Principal::Agent(caller) => Ok(caller.clone()),
+        Principal::Device(_) => Err(StatusCode::UNAUTHORIZED.into_response()),
     }
 }
 
-fn insufficient_scope(state: &HttpState, headers: &HeaderMap, tool: &str, scope: &str) -> Response {
-    let description = format!("{tool} requires the scope {scope}");
+/// Who may use the sessions `who` creates: the agent (owner, name) and its token.
+fn session_owner(who: &Authenticated, caller: &Caller) -> SessionOwner {
+    SessionOwner {
+        agent: (caller.agent.owner.clone(), caller.agent.id.clone()),
+        token_sha256: who.token_sha256.clone(),
+    }
+}
+
+/// The one `insufficient_scope` answer of HTTP: 403 with a `WWW-Authenticate`
+/// challenge naming the scope the authorization table requires.
+fn insufficient_scope(state: &HttpState, denied: &ScopeDenied) -> Response {
+    let ScopeDenied { subject, scope } = denied;
+    let description = format!("{subject} requires the scope {scope}");
     let value = format!(
         "Bearer error=\"insufficient_scope\", scope=\"{scope}\", resource_metadata=\"{}\", error_description=\"{description}\"",
-        state.metadata_url(headers)
+        state.metadata_url()
     );
     let mut response = (
         StatusCode::FORBIDDEN,
         axum::Json(json!({"error": "insufficient_scope", "scope": scope, "error_description": description})),
+    )
+        .into_response();
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    response
+}
+
+/// 401 for a held request whose token was revoked while it waited.
+fn revoked_while_held(state: &HttpState) -> Response {
+    let value = format!(
+        "Bearer resource_metadata=\"{}\", error=\"invalid_token\", error_description=\"the token was revoked\"",
+        state.metadata_url()
+    );
+    let mut response = (
+        StatusCode::UNAUTHORIZED,
+        axum::Json(json!({"error": "invalid_token", "error_description": "the token was revoked while this request was held"})),
     )
         .into_response();
     if let Ok(v) = HeaderValue::from_str(&value) {
@@ -163,25 +180,36 @@ fn check_modern_headers(headers: &HeaderMap, incoming: &Incoming) -> Result<(), 
     Ok(())
 }
 
+/// The token behind a held request was revoked; the request was abandoned.
+struct Revoked;
+
 /// Runs the core on its own task (a panic answers -32603 instead of taking
 /// the connection down). Handling is async end to end: a `wait_seconds`
 /// call parks on the queue's signals and the tokio timer, holding no thread.
+/// If the caller's token is revoked meanwhile, the work is abandoned.
 async fn run_core(
     state: &HttpState,
+    who: &Authenticated,
     caller: Caller,
     mut session: McpSession,
     incoming: Incoming,
-) -> (McpSession, Option<Outgoing>) {
+) -> Result<(McpSession, Option<Outgoing>), Revoked> {
     let server = state.mcp().clone();
     let id = incoming.id().cloned();
-    let joined = tokio::spawn(async move {
+    let mut task = tokio::spawn(async move {
         let reply = server
             .handle_incoming(&mut session, &caller, incoming)
             .await;
         (session, reply)
-    })
-    .await;
-    match joined {
+    });
+    let joined = tokio::select! {
+        joined = &mut task => joined,
+        () = state.revoked(who) => {
+            task.abort();
+            return Err(Revoked);
+        }
+    };
+    Ok(match joined {
         Ok(done) => done,
         Err(e) => {
             tracing::error!(error = %e, "MCP handling panicked");
@@ -195,16 +223,17 @@ async fn run_core(
                 )),
             )
         }
-    }
+    })
 }
 
-/// `POST /mcp`.
+/// `POST /mcp`. The gate authenticated the agent before the body was read.
 pub(crate) async fn post(
     State(state): State<HttpState>,
+    Extension(who): Extension<Authenticated>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let caller = match agent(&state, &headers).await {
+    let caller = match agent(&who) {
         Ok(c) => c,
         Err(response) => return response,
     };
@@ -242,29 +271,55 @@ pub(crate) async fn post(
         Ok(incoming) => incoming,
         Err(reply) => return json_reply(&reply),
     };
-    let server = state.mcp();
+    // The authorization table, before any work.
+    if let Err(denied) = state.mcp().authorize(&incoming, &caller) {
+        return insufficient_scope(&state, &denied);
+    }
     let session_header = header_str(&headers, &SESSION_ID);
+    let owner = session_owner(&who, &caller);
 
     // 1. A new initialize-era session.
     if incoming.is_initialize() {
-        let agent_id = caller.agent.id.clone();
-        let (session, reply) = run_core(&state, caller, McpSession::new(), incoming).await;
+        let principal = who.principal.clone();
+        let Ok((session, reply)) =
+            run_core(&state, &who, caller, McpSession::new(), incoming).await
+        else {
+            return revoked_while_held(&state);
+        };
         let Some(reply) = reply else {
             return StatusCode::ACCEPTED.into_response();
         };
-        let mut response = json_reply(&reply);
-        if session.negotiated_version().is_some() && reply.error_code().is_none() {
-            let id = state.inner.sessions.create(&agent_id, session);
-            if let Ok(v) = HeaderValue::from_str(&id) {
-                response.headers_mut().insert(SESSION_ID.clone(), v);
-            }
+        if session.negotiated_version().is_none() || reply.error_code().is_some() {
+            return json_reply(&reply);
         }
-        return response;
+        return match state.inner.sessions.create(owner, principal, session) {
+            Ok(id) => {
+                let mut response = json_reply(&reply);
+                if let Ok(v) = HeaderValue::from_str(&id) {
+                    response.headers_mut().insert(SESSION_ID.clone(), v);
+                }
+                response
+            }
+            Err(full) => {
+                let refusal = Outgoing::error(
+                    reply.message().get("id").cloned(),
+                    ErrorCode::LimitExceeded,
+                    format!("Service unavailable: {full}"),
+                    Some(json!({"limit": full.limit, "name": "max_sessions"})),
+                )
+                .with_status(503);
+                let mut response = json_reply(&refusal);
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+                response
+            }
+        };
     }
 
     // 2. Inside an initialize-era session.
     if let Some(session_id) = session_header {
-        let session = match state.inner.sessions.get(session_id, &caller.agent.id) {
+        let session = match state.inner.sessions.get(session_id, &owner) {
             Lookup::Found(s) => s,
             Lookup::NotFound => {
                 return plain_error(
@@ -290,14 +345,10 @@ pub(crate) async fn post(
                 ),
             );
         }
-        if let (Some(tool), Some(scope)) = (
-            incoming.tool_name(),
-            server.missing_scope(&incoming, &caller),
-        ) {
-            return insufficient_scope(&state, &headers, tool, scope);
-        }
-        let (session, reply) = run_core(&state, caller, session, incoming).await;
-        state.inner.sessions.put(session_id, session);
+        let Ok((session, reply)) = run_core(&state, &who, caller, session, incoming).await else {
+            return revoked_while_held(&state);
+        };
+        state.inner.sessions.put(session_id, &owner, session);
         return match reply {
             Some(reply) => json_reply(&reply),
             None => StatusCode::ACCEPTED.into_response(),
@@ -315,30 +366,22 @@ pub(crate) async fn post(
             return response;
         }
         if incoming.method() == Some("subscriptions/listen") {
-            return crate::listen::serve(&state, caller, incoming).await;
+            return crate::listen::serve(&state, who, caller, incoming).await;
         }
-        if let (Some(tool), Some(scope)) = (
-            incoming.tool_name(),
-            server.missing_scope(&incoming, &caller),
-        ) {
-            return insufficient_scope(&state, &headers, tool, scope);
-        }
-        return match run_core(&state, caller, McpSession::new(), incoming)
-            .await
-            .1
-        {
-            Some(reply) => json_reply(&reply),
-            None => StatusCode::ACCEPTED.into_response(),
+        return match run_core(&state, &who, caller, McpSession::new(), incoming).await {
+            Ok((_, Some(reply))) => json_reply(&reply),
+            Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
+            Err(Revoked) => revoked_while_held(&state),
         };
     }
 
     // 5. An initialize-era request without its session: ping is allowed, the rest is refused.
-    if incoming.method() == Some("ping")
-        && let Some(reply) = run_core(&state, caller, McpSession::new(), incoming)
-            .await
-            .1
-    {
-        return json_reply(&reply);
+    if incoming.method() == Some("ping") {
+        return match run_core(&state, &who, caller, McpSession::new(), incoming).await {
+            Ok((_, Some(reply))) => json_reply(&reply),
+            Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
+            Err(Revoked) => revoked_while_held(&state),
+        };
     }
     plain_error(
         StatusCode::BAD_REQUEST,
@@ -359,8 +402,12 @@ pub(crate) async fn get() -> Response {
 }
 
 /// `DELETE /mcp`: ends an initialize-era session.
-pub(crate) async fn delete(State(state): State<HttpState>, headers: HeaderMap) -> Response {
-    let caller = match agent(&state, &headers).await {
+pub(crate) async fn delete(
+    State(state): State<HttpState>,
+    Extension(who): Extension<Authenticated>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match agent(&who) {
         Ok(c) => c,
         Err(response) => return response,
     };
@@ -371,7 +418,12 @@ pub(crate) async fn delete(State(state): State<HttpState>, headers: HeaderMap) -
             ErrorCode::InvalidRequest,
             "Bad Request: DELETE needs MCP-Session-Id".into(),
         ),
-        Some(id) if state.inner.sessions.remove(id, &caller.agent.id) => {
+        Some(id)
+            if state
+                .inner
+                .sessions
+                .remove(id, &session_owner(&who, &caller)) =>
+        {
             StatusCode::NO_CONTENT.into_response()
         }
         Some(_) => plain_error(

@@ -21,6 +21,7 @@
 
 use graph_relay_core::command::CommandRecord;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use graph_relay_core::limits;
 use graph_relay_core::relay::RelayCommand;
 use graph_relay_core::session::SessionMeta;
 use serde::{Deserialize, Serialize};
@@ -175,7 +176,8 @@ pub struct ReportReply {
 }
 
 /// `POST /commands/{id}/progress`: how far the running Graph got. Both
-/// `message` (at most 500 characters) and `percent` (0 to 100) are optional.
+/// `message` (at most [`MAX_PROGRESS_MESSAGE`](graph_relay_core::limits::MAX_PROGRESS_MESSAGE)
+/// characters) and `percent` (0 to 100) are optional.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProgressBody {
@@ -256,11 +258,11 @@ pub fn openapi() -> Value {
                     "required": ["graph_session_id", "name", "slug"],
                     "properties": {
                         "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
-                        "name": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "description": {"type": "string", "maxLength": 2000},
-                        "slug": {"type": "string", "minLength": 1, "maxLength": 200},
-                        "version": {"type": "string", "maxLength": 64},
-                        "status": {"type": "string", "maxLength": 64}
+                        "name": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_NAME_CHARS},
+                        "description": {"type": "string", "maxLength": limits::MAX_SESSION_DESCRIPTION_CHARS},
+                        "slug": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_SLUG_CHARS},
+                        "version": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS},
+                        "status": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS}
                     }
                 },
                 "SyncBody": {
@@ -269,7 +271,7 @@ pub fn openapi() -> Value {
                     "required": ["project_id"],
                     "properties": {
                         "project_id": string,
-                        "sessions": {"type": "array", "maxItems": 100, "items": {"$ref": "#/components/schemas/SessionMeta"}},
+                        "sessions": {"type": "array", "maxItems": limits::MAX_SESSIONS_PER_SYNC, "items": {"$ref": "#/components/schemas/SessionMeta"}},
                         "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."},
                         "restarted": {"type": "boolean", "default": false, "description": "True on the first syncs a relay process sends after it started, until one succeeded: the server ends this device's running commands other than running_command_id at once (they died with the previous process)."},
                         "running_command_id": {"type": "string", "format": "uuid", "description": "The command the relay is executing right now; absent when it runs nothing."}
@@ -317,7 +319,7 @@ pub fn openapi() -> Value {
                     "properties": {"cancel_requested": {"type": "boolean"}, "status": status}
                 },
                 "ResultEnvelope": {
-                    "description": "SPEC §7: the full form when its compact JSON is at most 100,000 UTF-16 code units, otherwise the truncated form. `error` is at most 2,000 UTF-16 code units.",
+                    "description": format!("SPEC §7: the full form when its compact JSON is at most {} UTF-16 code units, otherwise the truncated form. `error` is at most {} UTF-16 code units.", group(limits::RESULT_LIMIT), group(limits::ERROR_LIMIT)),
                     "oneOf": [
                         {
                             "type": "object",
@@ -356,7 +358,7 @@ pub fn openapi() -> Value {
                     "required": ["execution_id"],
                     "properties": {
                         "execution_id": string,
-                        "message": {"type": "string", "maxLength": 500, "description": "At most 500 characters."},
+                        "message": {"type": "string", "maxLength": limits::MAX_PROGRESS_MESSAGE, "description": format!("At most {} characters.", limits::MAX_PROGRESS_MESSAGE)},
                         "percent": {"type": "number", "minimum": 0, "maximum": 100}
                     }
                 },
@@ -438,7 +440,7 @@ pub fn openapi() -> Value {
                     ("200", ok("ProgressReply", "Taken (recorded, coalesced or unchanged).")),
                     ("404", err("Unknown, or not assigned to this device (not retryable).")),
                     ("409", err("The command is not running (still queued, or closed) or runs under another execution (progress_refused). Not retryable: send no more progress for this execution.")),
-                    ("422", err("The message is longer than 500 characters or the percent is not a number from 0 to 100 (invalid_progress). Not retryable.")),
+                    ("422", err(&format!("The message is longer than {} characters or the percent is not a number from 0 to 100 (invalid_progress). Not retryable.", limits::MAX_PROGRESS_MESSAGE))),
                 ])
             }},
             "/external-assistants/graph-relays/openapi.json": {"get": {
@@ -448,4 +450,18 @@ pub fn openapi() -> Value {
             }}
         }
     })
+}
+
+/// `n` with a comma between thousands (100000 → "100,000"), as the
+/// document's prose writes numbers.
+fn group(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }

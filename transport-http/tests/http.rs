@@ -27,8 +27,15 @@ struct Harness {
     store: Arc<MemoryStore>,
 }
 
+/// The address the harness's server pretends to listen on.
+const LISTEN: &str = "127.0.0.1:8787";
+
 async fn harness() -> Harness {
-    harness_with(HttpConfig::default()).await
+    harness_with(HttpConfig {
+        listen_addr: Some(LISTEN.parse().unwrap()),
+        ..HttpConfig::default()
+    })
+    .await
 }
 
 async fn harness_with(config: HttpConfig) -> Harness {
@@ -311,7 +318,7 @@ async fn sessions_are_required_bound_and_deletable() {
     let delete = h
         .send(
             Request::delete("/mcp")
-                .header("host", "localhost")
+                .header("host", "localhost:8787")
                 .header("authorization", format!("Bearer {FULL}"))
                 .header("mcp-session-id", &session)
                 .body(Body::empty())
@@ -330,7 +337,7 @@ async fn sessions_are_required_bound_and_deletable() {
     let get = h
         .send(
             Request::get("/mcp")
-                .header("host", "localhost")
+                .header("host", "localhost:8787")
                 .body(Body::empty())
                 .unwrap(),
         )
@@ -642,7 +649,8 @@ async fn protected_resource_metadata_is_served() {
             )
             .await;
         assert_eq!(reply.status, StatusCode::OK);
-        assert_eq!(reply.body["resource"], "http://localhost:8787/mcp");
+        // From the listening address, not from the request's Host.
+        assert_eq!(reply.body["resource"], "http://127.0.0.1:8787/mcp");
         assert_eq!(
             reply.body["scopes_supported"],
             json!(["osfoundry:read", "osfoundry:run"])
@@ -674,11 +682,20 @@ async fn raw_http(addr: std::net::SocketAddr, request: String) -> (u16, String) 
 
 #[tokio::test]
 async fn over_a_real_socket() {
-    let h = harness().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let h = harness_with(HttpConfig {
+        listen_addr: Some(addr),
+        ..HttpConfig::default()
+    })
+    .await;
     let app = router(h.state.clone());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let server = tokio::spawn(graph_relay_transport_http::serve(
+        listener,
+        app,
+        graph_relay_transport_http::ServeConfig::default(),
+        std::future::pending(),
+    ));
     let body = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}}).to_string();
     let post = |host: String, token: &str, body: &str| {
         format!(

@@ -15,6 +15,11 @@
 //! `-32600` error (id `null`), and the server goes on at the next line.
 //! End of input ends [`serve`] cleanly.
 //!
+//! The configured scopes are enforced by the core's authorization table
+//! (`graph_relay_core::authz`), as on HTTP: a method or tool the scopes do
+//! not cover is answered with the JSON-RPC error `-32003` whose message and
+//! `data.scope` name the missing scope.
+//!
 //! The loop is synchronous (plain blocking IO, each message handled with
 //! `futures::executor::block_on`), which suits one client on one pipe and
 //! needs no async runtime.

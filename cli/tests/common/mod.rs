@@ -98,6 +98,25 @@ impl Proc {
         self.lines.lock().expect("lines").clone()
     }
 
+    /// SIGTERM, then waits for the exit; returns how long the exit took and
+    /// every stderr line.
+    pub fn terminate(mut self) -> (Duration, Vec<String>) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        let sent = Instant::now();
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = sent + self.deadline;
+        while self.child.try_wait().expect("try_wait").is_none() {
+            assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (sent.elapsed(), self.lines.lock().expect("lines").clone())
+    }
+
+    /// Every stderr line so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
+    }
+
     pub fn sigkill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -36,6 +36,12 @@ pub enum ErrorCode {
     MissingRequiredCapability,
     /// -32022 (2026-07-28): the requested protocol version is not supported.
     UnsupportedProtocolVersion,
+    /// -32003 (graph-relay): the token lacks a scope the authorization table
+    /// ([`crate::authz`]) requires; `data` names it. HTTP 403.
+    InsufficientScope,
+    /// -32004 (graph-relay): a bound of the server is reached (sessions,
+    /// listen streams); the message names the limit and `data.limit` gives it.
+    LimitExceeded,
 }
 
 impl ErrorCode {
@@ -50,6 +56,8 @@ impl ErrorCode {
             Self::HeaderMismatch => -32020,
             Self::MissingRequiredCapability => -32021,
             Self::UnsupportedProtocolVersion => -32022,
+            Self::InsufficientScope => -32003,
+            Self::LimitExceeded => -32004,
         }
     }
 }
@@ -279,7 +287,8 @@ impl Outgoing {
 
     /// An error response; `id` is `null` when the request's id is unknown.
     /// The HTTP status defaults by code: 400 for parse, invalid-request,
-    /// header-mismatch and unsupported-version errors, 500 for internal
+    /// header-mismatch and unsupported-version errors, 403 for
+    /// insufficient scope, 429 for a reached limit, 500 for internal
     /// errors, 200 otherwise (see [`Outgoing::with_status`]).
     pub fn error(
         id: Option<RequestId>,
@@ -298,6 +307,8 @@ impl Outgoing {
             | ErrorCode::MissingRequiredCapability
             | ErrorCode::UnsupportedProtocolVersion => 400,
             ErrorCode::InternalError => 500,
+            ErrorCode::InsufficientScope => 403,
+            ErrorCode::LimitExceeded => 429,
             ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,
         };
         Self {

@@ -8,6 +8,20 @@
 //!  bytes ─► Incoming::parse ─► (transport checks: headers, scopes) ─► McpServer::handle_incoming ─► Outgoing
 //! ```
 //!
+//! # Authorization
+//! Every method needs what the one table in [`crate::authz`] says, and
+//! [`McpServer::handle_incoming`] checks it before anything else: a method
+//! missing from the table is not answered at all (`-32601`), and a caller
+//! without the scope gets `-32003` naming it ([`ScopeDenied`]). Transports
+//! call [`McpServer::authorize`] first to refuse with their own status (HTTP
+//! 403 `insufficient_scope`) before any work.
+//!
+//! # Bounds
+//! `initialize`'s `clientInfo` and `capabilities` may each be at most
+//! [`MAX_INITIALIZE_FIELD_BYTES`] serialized (`-32602` beyond); a session
+//! keeps `clientInfo` as compact JSON text, so what it retains is bounded
+//! by that constant ([`McpSession::retained_bytes`]).
+//!
 //! # Revisions
 //! - **Initialize era** (2025-03-26, 2025-06-18, 2025-11-25): `initialize`
 //!   negotiates a version for the session (a supported request is echoed,
@@ -33,6 +47,7 @@
 //! 2025-11-25 specifies, so the model can correct itself.
 
 mod jsonrpc;
+mod limits;
 mod tasks;
 mod tools;
 mod version;
@@ -46,8 +61,11 @@ pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
 };
+pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
+use crate::authz::Method;
+pub use crate::authz::ScopeDenied;
 use crate::catalog::ToolCatalog;
 use crate::principal::Agent;
 use crate::queue::Queue;
@@ -100,11 +118,6 @@ impl Caller {
             scopes: scopes.into_iter().map(Into::into).collect(),
         }
     }
-
-    /// True when every scope in `required` is granted.
-    pub fn has_all(&self, required: &[String]) -> bool {
-        required.iter().all(|s| self.scopes.contains(s))
-    }
 }
 
 /// Per-connection state of the initialize era. A 2026-07-28 client needs
@@ -113,7 +126,8 @@ impl Caller {
 pub struct McpSession {
     version: Option<ProtocolVersion>,
     initialized: bool,
-    client_info: Option<Value>,
+    /// `clientInfo` as compact JSON (at most [`MAX_INITIALIZE_FIELD_BYTES`]).
+    client_info: Option<Box<str>>,
 }
 
 impl McpSession {
@@ -133,8 +147,14 @@ impl McpSession {
     }
 
     /// The `clientInfo` sent with `initialize`.
-    pub fn client_info(&self) -> Option<&Value> {
-        self.client_info.as_ref()
+    pub fn client_info(&self) -> Option<Value> {
+        serde_json::from_str(self.client_info.as_deref()?).ok()
+    }
+
+    /// Bytes of client data the session keeps (its `clientInfo` as compact
+    /// JSON), at most [`MAX_INITIALIZE_FIELD_BYTES`].
+    pub fn retained_bytes(&self) -> usize {
+        self.client_info.as_deref().map_or(0, str::len)
     }
 }
 
@@ -236,13 +256,17 @@ impl McpServer {
         &self.inner.info
     }
 
-    /// The scopes `incoming` needs: those of the tool a `tools/call` names
-    /// (from the catalog's `securitySchemes`). `None` for every other
-    /// message and for an unknown tool (which fails later with `-32602`).
-    /// Cheap: transports call it to refuse with 403 before any work.
+    /// The scopes `incoming` needs under the authorization table
+    /// ([`crate::authz`]) and this server's catalog. `None` when it needs
+    /// none: open methods, notifications, responses, methods this server
+    /// does not answer, and `tools/call` of an unknown tool (which fails
+    /// later with `-32602`).
     pub fn required_scopes(&self, incoming: &Incoming) -> Option<&[String]> {
-        let name = incoming.tool_name()?;
-        Some(self.inner.catalog.find(name)?.scopes.as_slice())
+        let method = Method::parse(incoming.method()?)?;
+        let scopes = method
+            .access()
+            .scopes(&self.inner.catalog, incoming.tool_name());
+        (!scopes.is_empty()).then_some(scopes)
     }
 
     /// The first scope `incoming` needs that `caller` lacks, if any.
@@ -251,6 +275,25 @@ impl McpServer {
             .iter()
             .find(|s| !caller.scopes.contains(*s))
             .map(String::as_str)
+    }
+
+    /// The authorization check every message passes: `Err` names what was
+    /// refused (the tool for `tools/call`, else the method) and the first
+    /// missing scope. Cheap and free of IO: transports call it before any
+    /// work and render the refusal as their `insufficient_scope` answer;
+    /// [`McpServer::handle_incoming`] calls it too.
+    pub fn authorize(&self, incoming: &Incoming, caller: &Caller) -> Result<(), ScopeDenied> {
+        let Some(scope) = self.missing_scope(incoming, caller) else {
+            return Ok(());
+        };
+        let subject = incoming
+            .tool_name()
+            .or_else(|| incoming.method())
+            .unwrap_or_default();
+        Err(ScopeDenied {
+            subject: subject.to_owned(),
+            scope: scope.to_owned(),
+        })
     }
 
     /// Parses and handles one message. `None` when nothing is to be sent
@@ -282,6 +325,9 @@ impl McpServer {
         incoming: &Incoming,
     ) -> Result<TaskListen, Outgoing> {
         let id = incoming.id().cloned().unwrap_or(Value::Null);
+        if let Err(denied) = self.authorize(incoming, caller) {
+            return Err(denied.to_outgoing(Some(id)));
+        }
         match self.era(&McpSession::new(), incoming) {
             Ok(Era::Modern) => tasks::listen(self, caller, incoming, &id).await,
             Ok(Era::Legacy(_)) => Err(Outgoing::error(
@@ -312,11 +358,12 @@ impl McpServer {
         caller: &Caller,
         incoming: Incoming,
     ) -> Option<Outgoing> {
-        let method = incoming.method().unwrap_or_default().to_owned();
+        let method_name = incoming.method().unwrap_or_default().to_owned();
         let id = match incoming.kind() {
             IncomingKind::Response => return None,
             IncomingKind::Notification => {
-                if method == "notifications/initialized" && session.version.is_some() {
+                // Notifications need no scope (see `crate::authz`).
+                if method_name == "notifications/initialized" && session.version.is_some() {
                     session.initialized = true;
                 }
                 // Other notifications (cancelled, progress, roots) need no action:
@@ -325,25 +372,32 @@ impl McpServer {
             }
             IncomingKind::Request { id } => id.clone(),
         };
+        // The authorization table decides first; a method it does not list
+        // is never dispatched.
+        let method = Method::parse(&method_name).filter(|m| *m != Method::Notification);
+        if let Err(denied) = self.authorize(&incoming, caller) {
+            return Some(denied.to_outgoing(Some(id)));
+        }
         let era = match self.era(session, &incoming) {
             Ok(era) => era,
             Err(reply) => return Some(reply),
         };
-        let result = match (method.as_str(), era) {
-            ("initialize", _) => self.initialize(session, &id, &incoming),
-            ("ping", Era::Legacy(_)) => Ok(json!({})),
-            ("server/discover", Era::Modern) => Ok(self.discover()),
-            ("tools/list", _) => Ok(self.tools_list(era)),
-            ("subscriptions/listen", Era::Modern) => Err(Outgoing::error(
+        let result = match (method, era) {
+            (Some(Method::Initialize), _) => self.initialize(session, &id, &incoming),
+            (Some(Method::Ping), Era::Legacy(_)) => Ok(json!({})),
+            (Some(Method::ServerDiscover), Era::Modern) => Ok(self.discover()),
+            (Some(Method::ToolsList), _) => Ok(self.tools_list(era)),
+            (Some(Method::SubscriptionsListen), Era::Modern) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
                 "Method not found: `subscriptions/listen` needs a streaming transport (Streamable HTTP with text/event-stream)".to_owned(),
                 None,
             )),
-            ("tasks/get" | "tasks/cancel" | "tasks/update", Era::Modern) => {
-                tasks::handle(self, caller, &incoming, &id).await
-            }
-            ("tools/call", _) => tools::call(
+            (
+                Some(Method::TasksGet | Method::TasksCancel | Method::TasksUpdate),
+                Era::Modern,
+            ) => tasks::handle(self, caller, &incoming, &id).await,
+            (Some(Method::ToolsCall), _) => tools::call(
                 self,
                 caller,
                 &incoming,
@@ -355,14 +409,14 @@ impl McpServer {
             (_, Era::Modern) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
-                format!("Method not found: `{method}` does not exist in protocol 2026-07-28"),
+                format!("Method not found: `{method_name}` does not exist in protocol 2026-07-28"),
                 None,
             )
             .with_status(404)),
             (_, Era::Legacy(_)) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
-                format!("Method not found: `{method}`"),
+                format!("Method not found: `{method_name}`"),
                 None,
             )),
         };
@@ -493,9 +547,29 @@ impl McpServer {
         let version = ProtocolVersion::parse(requested)
             .filter(|v| !v.is_modern())
             .unwrap_or(ProtocolVersion::LATEST_LEGACY);
+        // Bounded before anything is kept: a session holds at most this much.
+        let mut client_info = None;
+        for field in ["clientInfo", "capabilities"] {
+            let Some(value) = incoming.params().get(field) else {
+                continue;
+            };
+            if compact_json_len_within(value, MAX_INITIALIZE_FIELD_BYTES).is_none() {
+                return Err(Outgoing::error(
+                    Some(id.clone()),
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "Invalid params: `{field}` is larger than {MAX_INITIALIZE_FIELD_BYTES} bytes (16 KiB) as JSON, the most this server accepts in `initialize`"
+                    ),
+                    Some(json!({"field": field, "limit": MAX_INITIALIZE_FIELD_BYTES})),
+                ));
+            }
+            if field == "clientInfo" {
+                client_info = Some(value.to_string().into_boxed_str());
+            }
+        }
         session.version = Some(version);
         session.initialized = false;
-        session.client_info = incoming.params().get("clientInfo").cloned();
+        session.client_info = client_info;
         let mut result = json!({
             "protocolVersion": version.as_str(),
             "capabilities": {"tools": {"listChanged": false}},

@@ -775,9 +775,10 @@ fn missing_scope_is_known_before_the_queue_and_refused_by_the_core_too() {
     );
     assert_eq!(f.server.missing_scope(&incoming, &f.alice), None);
     let reply = f.call_legacy(&f.reader, "run_graph_session", run_args("key-0001"));
-    assert_eq!(reply["result"]["isError"], true);
+    assert_eq!(reply["error"]["code"], -32003, "{reply}");
+    assert_eq!(reply["error"]["data"]["scope"], "osfoundry:run");
     assert!(
-        reply["result"]["content"][0]["text"]
+        reply["error"]["message"]
             .as_str()
             .unwrap()
             .contains("osfoundry:run")

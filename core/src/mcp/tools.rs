@@ -90,12 +90,7 @@ async fn run(
     let spec = catalog
         .find(name)
         .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
-    if let Some(missing) = spec.scopes.iter().find(|s| !caller.scopes.contains(*s)) {
-        return Err(CallError::tool(format!(
-            "insufficient_scope: {} requires the scope `{missing}`, which this agent's token does not grant",
-            spec.name
-        )));
-    }
+    // Scopes were checked against the authorization table before dispatch.
     let args = ToolArgs::decode(
         spec.kind,
         incoming.params().get("arguments"),

@@ -1,6 +1,6 @@
 //! A reference model for random sequences of agent and relay operations.
 //!
-//! [`check`] applies [`Op`]s to the real [`Queue`] over any store and asserts,
+//! [`check`] applies [`Op`]s to the real [`Queue`](crate::queue::Queue) over any store and asserts,
 //! after every step, what must always hold: terminal states never change, at
 //! most one command per (owner, agent, key), no agent ever sees another's
 //! command, no device acts on a command not assigned to it, a completion

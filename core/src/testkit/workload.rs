@@ -2,7 +2,7 @@
 //!
 //! One *lifecycle* is what a Graph run costs the server from ticket to
 //! result: `run_graph_session → sync → start → complete → get_graph_run`
-//! through the real [`Queue`], with every input (key, arguments, execution
+//! through the real [`Queue`](crate::queue::Queue), with every input (key, arguments, execution
 //! id, result envelope) built fresh inside the lifecycle.
 //!
 //! [`Workload::steady`] runs it the way a long-lived server does: the
