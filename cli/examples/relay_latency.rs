@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
 use graph_relay_core::envelope::FinishStatus;
-use graph_relay_core::executor::{CancelSignal, Executor};
+use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::mcp::{McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
 use graph_relay_core::relay::{ExecutionOutcome, Job, Relay, RelayConfig, SharedSet};
@@ -46,7 +46,12 @@ struct ProbeExecutor {
 
 #[async_trait]
 impl Executor for ProbeExecutor {
-    async fn execute(&self, job: Job, cancel: CancelSignal) -> ExecutionOutcome {
+    async fn execute(
+        &self,
+        job: Job,
+        cancel: CancelSignal,
+        _progress: ProgressSink,
+    ) -> ExecutionOutcome {
         let _ = self.started.send((job.command.id, Instant::now()));
         if job.command.arguments.get("wait").is_some() {
             cancel.await;

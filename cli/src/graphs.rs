@@ -16,7 +16,14 @@
 //! working_dir = "/home/me/graphs"                       # optional; relative to this file's folder
 //! timeout_seconds = 600                                 # optional; default 3600
 //! env = { MODEL = "local" }                             # optional
+//! approval = "always"                                   # optional; "never" by default
+//! approval_timeout_seconds = 600                        # optional; default 600
+//! approval_command = ["./ask.sh"]                       # optional; exit 0 approves
 //! ```
+//!
+//! A Graph with `approval = "always"` waits, before each run, for the
+//! owner's approval on the desktop (see [`crate::approval`]); the server
+//! never sees this setting.
 //!
 //! A program given as a relative path (`./draft.sh`, `bin/draft`) is
 //! resolved against the folder of this file, like `working_dir`, whatever
@@ -39,6 +46,19 @@ use serde::Deserialize;
 
 /// Default run time limit of a Graph.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Default wait for the owner's approval.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Longest wait for the owner's approval that may be configured (24 h).
+pub const MAX_APPROVAL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Whether a Graph's runs wait for the owner's approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ApprovalForm {
+    #[default]
+    Never,
+    Always,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +88,10 @@ struct GraphForm {
     timeout_seconds: Option<u64>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    #[serde(default)]
+    approval: ApprovalForm,
+    approval_timeout_seconds: Option<u64>,
+    approval_command: Option<Vec<String>>,
 }
 
 fn ready() -> String {
@@ -86,6 +110,18 @@ pub struct GraphSpec {
     pub timeout: Duration,
     /// Extra environment variables.
     pub env: BTreeMap<String, String>,
+    /// Whether and how each run waits for the owner's approval.
+    pub approval: Option<ApprovalSpec>,
+}
+
+/// How a Graph's runs wait for the owner's approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalSpec {
+    /// How long a run waits before it fails.
+    pub timeout: Duration,
+    /// A hook asked for each run (argv; exit 0 approves, anything else
+    /// declines), its program already resolved like `command`'s.
+    pub command: Option<Vec<String>>,
 }
 
 /// The parsed file: what is shared, and how to run each Graph.
@@ -180,6 +216,47 @@ impl Graphs {
                 let project = ProjectId::parse(p).map_err(|e| invalid(&g.id, e.to_string()))?;
                 graphs.shared.share(project, meta.clone());
             }
+            let approval = match g.approval {
+                ApprovalForm::Never => {
+                    if g.approval_command.is_some() || g.approval_timeout_seconds.is_some() {
+                        return Err(invalid(
+                            &g.id,
+                            "`approval_command` and `approval_timeout_seconds` need `approval = \"always\"`".into(),
+                        ));
+                    }
+                    None
+                }
+                ApprovalForm::Always => {
+                    let timeout = g
+                        .approval_timeout_seconds
+                        .map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
+                    if timeout.is_zero() || timeout > MAX_APPROVAL_TIMEOUT {
+                        return Err(invalid(
+                            &g.id,
+                            format!(
+                                "`approval_timeout_seconds` must be from 1 to {}",
+                                MAX_APPROVAL_TIMEOUT.as_secs()
+                            ),
+                        ));
+                    }
+                    let command = match g.approval_command {
+                        None => None,
+                        Some(mut argv) => {
+                            if argv.first().is_none_or(|p| p.is_empty()) {
+                                return Err(invalid(
+                                    &g.id,
+                                    "`approval_command` needs at least a program".into(),
+                                ));
+                            }
+                            argv[0] = resolve_program(&base, &argv[0])
+                                .map_err(|problem| invalid(&g.id, problem))?;
+                            Some(argv)
+                        }
+                    };
+                    graphs.shared.require_approval(id.clone(), timeout);
+                    Some(ApprovalSpec { timeout, command })
+                }
+            };
             graphs.specs.insert(
                 id,
                 GraphSpec {
@@ -189,6 +266,7 @@ impl Graphs {
                         .timeout_seconds
                         .map_or(DEFAULT_TIMEOUT, Duration::from_secs),
                     env: g.env,
+                    approval,
                 },
             );
         }
@@ -347,6 +425,53 @@ env = {{ A = "b" }}
             program("conf/graphs.toml", "./echo.sh")[0],
             cwd.join("conf/echo.sh").to_str().unwrap()
         );
+    }
+
+    #[test]
+    fn approval_is_read_per_graph_with_its_timeout_and_hook() {
+        let gs = GraphSessionId::parse(GS).unwrap();
+        let graph = |extra: &str| {
+            format!(
+                "[[graph]]\nid = \"{GS}\"\nname = \"a\"\nslug = \"a\"\nprojects = [\"p1\"]\ncommand = [\"x\"]\n{extra}"
+            )
+        };
+        let path = Path::new("/etc/relay/graphs.toml");
+        let never = Graphs::parse(path, &graph("")).unwrap();
+        assert_eq!(never.specs[&gs].approval, None);
+        assert_eq!(never.shared.approval(&gs), None);
+        let always = Graphs::parse(path, &graph("approval = \"always\"\n")).unwrap();
+        assert_eq!(
+            always.specs[&gs].approval,
+            Some(ApprovalSpec {
+                timeout: DEFAULT_APPROVAL_TIMEOUT,
+                command: None
+            })
+        );
+        assert_eq!(always.shared.approval(&gs), Some(DEFAULT_APPROVAL_TIMEOUT));
+        let hooked = Graphs::parse(
+            path,
+            &graph(
+                "approval = \"always\"\napproval_timeout_seconds = 30\napproval_command = [\"./ask.sh\", \"--quiet\"]\n",
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            hooked.specs[&gs].approval,
+            Some(ApprovalSpec {
+                timeout: Duration::from_secs(30),
+                command: Some(vec!["/etc/relay/ask.sh".into(), "--quiet".into()])
+            })
+        );
+        for bad in [
+            "approval = \"sometimes\"\n",
+            "approval = \"always\"\napproval_timeout_seconds = 0\n",
+            "approval = \"always\"\napproval_timeout_seconds = 86401\n",
+            "approval = \"always\"\napproval_command = []\n",
+            "approval_command = [\"./ask.sh\"]\n",
+            "approval_timeout_seconds = 5\n",
+        ] {
+            assert!(Graphs::parse(path, &graph(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! the token commands that maintain `graph-relay.toml` (hashes only); and
 //! the simulator of the published experiments (`sim`).
 
+mod approval;
 mod config;
 mod graphs;
 mod orphans;
@@ -115,9 +116,12 @@ enum Command {
     /// Run the desktop relay: pull queued runs from a server and run the
     /// Graphs declared in a graphs file.
     Worker(worker::WorkerArgs),
-    /// Rerun the published experiments on a virtual clock.
+    /// Rerun the published experiments (and a desktop that dies mid-run) on
+    /// a virtual clock.
     Sim {
-        /// Experiments to run (all when none is given).
+        /// Experiments to run (all when none is given): pickup,
+        /// five-at-once, polling, cancellation, idempotency, offline,
+        /// result-size, second-agent, desktop-dies.
         experiments: Vec<String>,
         /// Seed of the run.
         #[arg(long, default_value_t = graph_relay_sim::DEFAULT_SEED)]

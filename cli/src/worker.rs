@@ -25,6 +25,7 @@ use graph_relay_transport_http::relay_client::{
     RelayTransport,
 };
 
+use crate::approval::HookApprover;
 use crate::graphs::{self, Graphs};
 use crate::process_executor::ProcessExecutor;
 
@@ -96,6 +97,14 @@ pub enum WorkerError {
 /// Runs the worker until SIGINT/SIGTERM.
 pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     let graphs = Graphs::load(&args.graphs)?;
+    for (id, spec) in &graphs.specs {
+        if spec.approval.as_ref().is_some_and(|a| a.command.is_none()) {
+            status(&format!(
+                "graphs: graph {id} needs the owner's approval but has no approval_command: its runs wait {} s for an approval that this worker cannot ask for, then fail",
+                spec.approval.as_ref().map_or(0, |a| a.timeout.as_secs())
+            ));
+        }
+    }
     let token = std::fs::read_to_string(&args.token_file)
         .map_err(|source| WorkerError::Token {
             path: args.token_file.clone(),
@@ -122,6 +131,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
     let executor = Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
+    let approver = Arc::new(HookApprover::new(specs.clone()));
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
         mode: match args.mode {
@@ -141,7 +151,8 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         DriverOptions {
             shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
         },
-    );
+    )
+    .with_approver(approver);
     let (shared_tx, shared_rx) = tokio::sync::watch::channel(graphs.shared);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -253,6 +264,28 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             }
             RelayEvent::CancelSent { command } => {
                 format!("cancelling {command}: the agent asked to stop it")
+            }
+            RelayEvent::ApprovalRequested { command, until } => format!(
+                "waiting for the owner's approval of {command} (until {})",
+                until.to_rfc3339()
+            ),
+            RelayEvent::Approved { command } => format!("approved {command} on the desktop"),
+            RelayEvent::ApprovalDenied { command, reason } => match reason {
+                Some(reason) => format!("declined {command} on the desktop: {reason}"),
+                None => format!("declined {command} on the desktop"),
+            },
+            RelayEvent::ApprovalTimedOut { command } => {
+                format!("not approved in time: {command} did not run")
+            }
+            RelayEvent::ClosedByServer { command, status } => format!(
+                "stopping {command}: the server closed the run as {} (its lease lapsed or the desktop restarted); its result will not be reported",
+                status.as_str()
+            ),
+            RelayEvent::Abandoned { command } => {
+                format!("stopped {command}: the server had closed the run; nothing reported")
+            }
+            RelayEvent::ProgressRefused { command, reason } => {
+                format!("progress of {command} refused; sending no more: {reason}")
             }
             RelayEvent::Finished {
                 command,

@@ -5,24 +5,109 @@
 //! a driver turns them into a call to [`Executor::execute`] and a signal on
 //! the [`CancelSignal`] it passed in. The `graph-relay` binary ships a process
 //! executor (one OS process per run); the simulator uses a synthetic one.
+//!
+//! While it runs, an execution may say how far it got through the
+//! [`ProgressSink`] it was handed; the driver feeds each [`ProgressReport`]
+//! to [`Relay::handle_progress`](crate::relay::Relay::handle_progress),
+//! which posts the latest one at most once a second.
+//!
+//! An [`Approver`] asks the owner whether a run may start, for Graphs that
+//! need local approval ([`Action::AskApproval`](crate::relay::Action::AskApproval)).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use futures::channel::oneshot;
 use futures::future::{FutureExt, Shared};
 
-use crate::relay::{ExecutionOutcome, Job};
+use crate::command::{InvalidProgress, Progress};
+use crate::relay::{ApprovalDecision, ExecutionOutcome, Job};
+use crate::time::Timestamp;
 
 /// Runs jobs. Implementations must return once the job ended, including
 /// after a cancellation (typically with status `cancelled`).
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Runs `job` to its end. When `cancel` resolves the executor must stop
-    /// the execution (and everything it started) and return.
-    async fn execute(&self, job: Job, cancel: CancelSignal) -> ExecutionOutcome;
+    /// the execution (and everything it started) and return. Progress goes
+    /// to `progress` (reporting none is fine).
+    async fn execute(
+        &self,
+        job: Job,
+        cancel: CancelSignal,
+        progress: ProgressSink,
+    ) -> ExecutionOutcome;
+}
+
+/// Asks the owner whether a run may start: a prompt, a hook, a console.
+#[async_trait]
+pub trait Approver: Send + Sync {
+    /// Asks about `job` and returns the owner's decision. The relay stops
+    /// waiting at `until`, or earlier when the run is cancelled; the driver
+    /// then drops this future, and an implementation must withdraw its
+    /// question (close the prompt, stop the hook) when dropped.
+    async fn ask(&self, job: Job, until: Timestamp) -> ApprovalDecision;
+}
+
+/// An approver that never answers: a run that needs approval waits until
+/// its wait ends, and fails then. For a desktop with no way to ask.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoApprover;
+
+#[async_trait]
+impl Approver for NoApprover {
+    async fn ask(&self, _job: Job, _until: Timestamp) -> ApprovalDecision {
+        std::future::pending().await
+    }
+}
+
+/// What a running Graph says about how far it got. Both parts are optional.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProgressReport {
+    /// A short text for people, at most
+    /// [`MAX_PROGRESS_MESSAGE`](crate::command::MAX_PROGRESS_MESSAGE) characters.
+    pub message: Option<String>,
+    /// How far, from 0 to 100.
+    pub percent: Option<f64>,
+}
+
+impl ProgressReport {
+    /// Checks the rules the server applies (message length, percentage in
+    /// 0–100), so that a report the server would refuse is never sent.
+    pub fn check(&self) -> Result<(), InvalidProgress> {
+        Progress::new(self.message.clone(), self.percent, Timestamp(0)).map(drop)
+    }
+}
+
+/// Where an execution reports progress. Cheap to clone; reporting never
+/// blocks and never fails (a report nobody reads is dropped).
+#[derive(Clone)]
+pub struct ProgressSink(Arc<dyn Fn(ProgressReport) + Send + Sync>);
+
+impl ProgressSink {
+    /// A sink that hands every report to `deliver`, which must not block.
+    pub fn new(deliver: impl Fn(ProgressReport) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(deliver))
+    }
+
+    /// A sink that drops every report.
+    pub fn discard() -> Self {
+        Self::new(|_| {})
+    }
+
+    /// Reports `report`.
+    pub fn report(&self, report: ProgressReport) {
+        (self.0)(report);
+    }
+}
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
 }
 
 /// Resolves when the relay asked to stop the execution. Cloneable.
@@ -80,6 +165,43 @@ mod tests {
         handle.cancel();
         assert!(signal.is_cancelled());
         assert!(s2.now_or_never().is_some());
+    }
+
+    #[test]
+    fn a_progress_report_keeps_the_servers_rules() {
+        let ok = ProgressReport {
+            message: Some("step 2 of 5".into()),
+            percent: Some(40.0),
+        };
+        assert_eq!(ok.check(), Ok(()));
+        let long = ProgressReport {
+            message: Some("x".repeat(crate::command::MAX_PROGRESS_MESSAGE + 1)),
+            percent: None,
+        };
+        assert!(matches!(
+            long.check(),
+            Err(InvalidProgress::MessageTooLong(_))
+        ));
+        for bad in [-1.0, 100.5, f64::NAN] {
+            let report = ProgressReport {
+                message: None,
+                percent: Some(bad),
+            };
+            assert!(matches!(report.check(), Err(InvalidProgress::Percent(_))));
+        }
+    }
+
+    #[test]
+    fn a_sink_hands_every_report_on() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let sink = ProgressSink::new(move |r| into.lock().unwrap().push(r));
+        sink.clone().report(ProgressReport {
+            percent: Some(1.0),
+            ..Default::default()
+        });
+        ProgressSink::discard().report(ProgressReport::default());
+        assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
     #[test]

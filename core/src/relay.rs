@@ -31,17 +31,65 @@
 //!   the agent cancels. Network failures back off with jitter.
 //!
 //! # Restarts and withdrawn projects
-//! - Until one sync succeeds, every sync of a relay made by [`Relay::new`]
-//!   says so ([`Action::Sync`]'s `restarted`), with the command it executes
-//!   (`running`): the server then ends at once what the device's previous
-//!   process left `running`. The outbox is re-sent before the first sync of
-//!   each pass, so a result recorded before a crash reaches the server first.
+//! - A relay made by [`Relay::new`] announces that it restarted
+//!   ([`Action::Sync`]'s `restarted`), with the command it executes
+//!   (`running`), until one sync carrying the announcement succeeded: the
+//!   server then ends at once what the device's previous process left
+//!   `running`. The announcement waits for an empty outbox: the outbox is
+//!   re-sent before the first sync of each pass, and while a report of it
+//!   is still undelivered (say the server answers 503) the pass syncs
+//!   without the announcement, so a result recorded before a crash always
+//!   reaches the server before the server closes its run. If the report can
+//!   never be delivered, the run's lease lapses on the server, the report is
+//!   then refused for good (`run_closed`, dropped) and the announcement follows.
 //! - The relay remembers every project it has synced ([`Action::RememberProject`],
 //!   written before the sync is sent; hand the remembered ones back with
 //!   [`Relay::remember_synced`] after a restart). A remembered project that is no
 //!   longer enabled is synced with an empty list, which removes its shares on the
 //!   server, until one such sync succeeded; then it is forgotten
 //!   ([`Action::ForgetProject`]). Commands such a sync hands out fail the re-check.
+//!
+//! # Runs the server closed
+//! The server holds a lease on every running command that the control
+//! requests renew. When a control answer says the command is no longer
+//! running (its lease lapsed while the desktop was unreachable, or it was
+//! closed after a restart), the relay stops the execution once
+//! ([`Action::CancelExecution`]), polls no more, and reports nothing when it
+//! ends ([`RelayEvent::ClosedByServer`], [`RelayEvent::Abandoned`]): the
+//! server would refuse the report for good. A report that reaches the
+//! server after the close anyway is refused with `retryable: false` and
+//! dropped, like any final refusal.
+//!
+//! # Progress
+//! The executor's progress reports ([`Relay::handle_progress`]) are
+//! coalesced per run: the latest one is posted ([`Action::PostProgress`])
+//! at most once per [`RelayConfig::progress_interval`], one post at a time,
+//! without the outbox (only the latest report matters, and a lost one is
+//! replaced by the next). Reports stop when the run's execution ends or
+//! the server refused one for good.
+//!
+//! # Local approval
+//! A Graph may need the owner's approval before each run
+//! ([`SharedSet::require_approval`]; the server never sees that setting).
+//! Its command is claimed as usual, so the server shows it `running`; the
+//! relay then asks the owner ([`Action::AskApproval`]), posts the progress
+//! [`WAITING_FOR_APPROVAL`], and keeps polling control (which renews the
+//! lease and notices a cancel). Then:
+//! - approved ([`Relay::handle_approval`]): the consent re-check runs again;
+//!   if it holds, the command is claimed again under the same execution
+//!   (the server may have closed it during a long wait, say its lease lapsed
+//!   while the desktop was unreachable; then nothing runs), and the Graph
+//!   starts;
+//! - denied: the run ends `failed` with [`DECLINED_ON_THE_DESKTOP`] and the
+//!   owner's reason, if any;
+//! - no answer before the deadline: the prompt is withdrawn
+//!   ([`Action::WithdrawApproval`]) and the run ends `failed`, saying so;
+//! - the agent cancels: the prompt is withdrawn and the run ends `cancelled`;
+//! - the server closes the run: the prompt is withdrawn, nothing is reported;
+//! - the worker stops ([`Relay::handle_shutdown`]): the prompt is withdrawn
+//!   and the run ends `failed`, saying so.
+//!
+//! Nothing runs before it is approved.
 //!
 //! # Refusals
 //! Whether a refused request is tried again is the server's word: its
@@ -54,9 +102,12 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use crate::command::{CommandStatus, InvalidProgress};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::outbox::{OutboxItem, RelayReport};
+use crate::queue::ControlAnswer;
 use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
 use crate::time::{Timestamp, splitmix64};
 
@@ -86,6 +137,8 @@ pub struct RelayConfig {
     pub backoff_max: Duration,
     /// Seed of the jitter and of execution ids, for reproducible runs.
     pub seed: u64,
+    /// Shortest time between two progress posts of one run (1 s).
+    pub progress_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -97,14 +150,17 @@ impl Default for RelayConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             seed: 0x6772_6170_6872_656c,
+            progress_interval: Duration::from_secs(1),
         }
     }
 }
 
-/// The sessions the owner shared, per enabled project (the desktop's consent).
+/// The sessions the owner shared, per enabled project (the desktop's
+/// consent), and the sessions whose runs need the owner's approval first.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SharedSet {
     projects: BTreeMap<ProjectId, BTreeMap<GraphSessionId, SessionMeta>>,
+    approvals: BTreeMap<GraphSessionId, Duration>,
 }
 
 impl SharedSet {
@@ -144,6 +200,17 @@ impl SharedSet {
             .unwrap_or_default()
     }
 
+    /// Every run of `session` waits for the owner's approval on the desktop,
+    /// for at most `timeout`.
+    pub fn require_approval(&mut self, session: GraphSessionId, timeout: Duration) {
+        self.approvals.insert(session, timeout);
+    }
+
+    /// How long a run of `session` waits for the owner's approval, if it needs it.
+    pub fn approval(&self, session: &GraphSessionId) -> Option<Duration> {
+        self.approvals.get(session).copied()
+    }
+
     /// The consent re-check: the project is still enabled, the session still
     /// shared to it, and its slug unchanged (an empty expected slug skips that part).
     pub fn still_shared(&self, project: &ProjectId, session: &GraphSessionId, slug: &str) -> bool {
@@ -152,6 +219,27 @@ impl SharedSet {
             .and_then(|m| m.get(session))
             .is_some_and(|meta| slug.is_empty() || &*meta.slug == slug)
     }
+}
+
+/// The progress a run shows while it waits for the owner's approval.
+pub const WAITING_FOR_APPROVAL: &str = "Waiting for the owner's approval on the desktop";
+/// How the error of a run the owner declined begins (the owner's reason follows).
+pub const DECLINED_ON_THE_DESKTOP: &str = "Declined on the desktop";
+/// The progress a run shows once the owner approved it (until the Graph reports).
+pub const APPROVED_ON_THE_DESKTOP: &str = "Approved on the desktop; the Graph is starting";
+/// How the error of a run nobody approved in time begins.
+pub const NOT_APPROVED_IN_TIME: &str = "Not approved on the desktop in time";
+/// How the error of a run given up because the worker stopped begins.
+pub const WORKER_STOPPED_BEFORE_APPROVAL: &str =
+    "The desktop's worker stopped before the owner approved the run";
+
+/// The owner's answer to [`Action::AskApproval`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// Run it.
+    Approved,
+    /// Do not run it; the owner's reason, if given.
+    Denied(Option<String>),
 }
 
 /// A command handed to the relay by a sync.
@@ -209,8 +297,9 @@ pub enum Action {
         sessions: Vec<SessionMeta>,
         /// Ask the server to hold the request until work arrives.
         long_poll: bool,
-        /// True until one sync of this relay succeeded: this process has just
-        /// started, and the server may end the device's other running commands.
+        /// This process has just started, and the server may end the device's
+        /// other running commands: true from [`Relay::new`] until one sync
+        /// saying so succeeded, except while the outbox still holds reports.
         restarted: bool,
         /// The command the relay executes right now, if any.
         running: Option<CommandId>,
@@ -235,17 +324,44 @@ pub enum Action {
     },
     /// Start the job on the executor; report its end with [`Relay::handle_execution_finished`].
     Execute(Job),
-    /// Ask whether the agent cancelled; answer with [`Relay::handle_control_response`].
+    /// Ask whether the agent cancelled (and renew the run's lease); answer
+    /// with [`Relay::handle_control_response`].
     Control {
         /// The running command.
         command: CommandId,
         /// Ask the server to hold the request until cancellation (or its bound).
         long_poll: bool,
     },
-    /// Ask the engine to stop the execution. Sent at most once per command.
+    /// Ask the owner whether the job may run, until `until` (a prompt, a
+    /// hook); answer with [`Relay::handle_approval`]. Nothing runs before.
+    AskApproval {
+        /// The run waiting for approval.
+        job: Job,
+        /// When the relay gives up waiting.
+        until: Timestamp,
+    },
+    /// The question of [`Action::AskApproval`] is moot (timed out, cancelled,
+    /// closed): withdraw the prompt. No answer.
+    WithdrawApproval {
+        /// The command.
+        command: CommandId,
+    },
+    /// Ask the engine to stop the execution (the agent cancelled, or the
+    /// server closed the run). Sent at most once per command.
     CancelExecution {
         /// The running command.
         command: CommandId,
+    },
+    /// Send the run's latest progress; answer with
+    /// [`Relay::handle_progress_posted`]. Not stored: a lost report is
+    /// replaced by the next one.
+    PostProgress {
+        /// The running command.
+        command: CommandId,
+        /// The execution it runs under.
+        execution: ExecutionId,
+        /// What the Graph said last.
+        report: ProgressReport,
     },
     /// Write the item durably; answer with [`Relay::handle_report_stored`].
     StoreReport(OutboxItem),
@@ -317,10 +433,57 @@ pub enum RelayEvent {
         /// Its execution id.
         execution: ExecutionId,
     },
+    /// The run waits for the owner's approval.
+    ApprovalRequested {
+        /// The command.
+        command: CommandId,
+        /// Until when.
+        until: Timestamp,
+    },
+    /// The owner approved the run.
+    Approved {
+        /// The command.
+        command: CommandId,
+    },
+    /// The owner declined the run; it ends `failed`.
+    ApprovalDenied {
+        /// The command.
+        command: CommandId,
+        /// The owner's reason, if given.
+        reason: Option<String>,
+    },
+    /// Nobody approved the run in time; it ends `failed`.
+    ApprovalTimedOut {
+        /// The command.
+        command: CommandId,
+    },
     /// The agent cancelled; the engine was asked to stop.
     CancelSent {
         /// The command.
         command: CommandId,
+    },
+    /// The server closed the run while it was executing here (its lease
+    /// lapsed, or it was closed after a restart): the engine was asked to
+    /// stop, and nothing will be reported.
+    ClosedByServer {
+        /// The command.
+        command: CommandId,
+        /// How the server closed it.
+        status: CommandStatus,
+    },
+    /// The execution of a run the server had closed ended; its result is
+    /// not reported (the server would refuse it for good).
+    Abandoned {
+        /// The command.
+        command: CommandId,
+    },
+    /// The server refused a progress report for good (the run is no longer
+    /// running under this execution); no more progress is sent for the run.
+    ProgressRefused {
+        /// The command.
+        command: CommandId,
+        /// The server's reason.
+        reason: String,
     },
     /// The execution ended.
     Finished {
@@ -462,7 +625,13 @@ enum Awaiting {
     Nothing,
     OutboxLoad,
     OutboxPost(CommandId),
-    Sync { project: ProjectId, held: bool },
+    Sync {
+        project: ProjectId,
+        held: bool,
+        announced: bool,
+        /// The sync carries no session: it ends the project's shares.
+        empty: bool,
+    },
     Claim(CommandId),
     Execution(CommandId),
     Store(CommandId),
@@ -479,6 +648,28 @@ struct Current {
     control_in_flight: bool,
     next_control_at: Option<Timestamp>,
     report: Option<OutboxItem>,
+    /// A control answer said the server closed the run (with this status).
+    closed_by_server: Option<CommandStatus>,
+    /// Waiting for the owner's approval until then.
+    approval_until: Option<Timestamp>,
+    /// How long the wait for approval was.
+    approval_wait: Duration,
+    /// The owner approved the run: it starts once the server confirms the
+    /// claim again.
+    approved: bool,
+    progress: ProgressState,
+}
+
+/// The progress of the current run on its way to the server.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct ProgressState {
+    /// The latest report not posted yet.
+    pending: Option<ProgressReport>,
+    /// When the last post was sent.
+    last_post: Option<Timestamp>,
+    in_flight: bool,
+    /// The server refused a report for good: send no more.
+    refused: bool,
 }
 
 impl Current {
@@ -496,7 +687,26 @@ impl Current {
             control_in_flight: false,
             next_control_at: None,
             report: None,
+            closed_by_server: None,
+            approval_until: None,
+            approval_wait: Duration::ZERO,
+            approved: false,
+            progress: ProgressState::default(),
         }
+    }
+
+    /// True from the claim's grant (approval included) until the execution ended.
+    fn claimed_and_open(&self) -> bool {
+        self.executing || self.approval_until.is_some()
+    }
+
+    /// True while the run waits for approval or executes, and its progress
+    /// may be posted.
+    fn takes_progress(&self) -> bool {
+        self.claimed_and_open()
+            && self.report.is_none()
+            && self.closed_by_server.is_none()
+            && !self.progress.refused
     }
 }
 
@@ -517,9 +727,14 @@ pub struct Relay {
     work_in_pass: usize,
     held_done: bool,
     failures: u32,
-    unconfirmed: Option<(RelayCommand, ExecutionId)>,
-    /// Until one sync succeeded: this process has just started.
+    /// A claim without an answer: the command, its execution, and whether
+    /// the owner had approved it already.
+    unconfirmed: Option<(RelayCommand, ExecutionId, bool)>,
+    /// Until one sync announcing it succeeded: this process has just started.
     restarted: bool,
+    /// The outbox re-send of this pass left nothing behind (the restart
+    /// announcement waits for it).
+    outbox_clear: bool,
     /// Projects the server may hold shares of this relay in (remembered
     /// before their first sync; forgotten after an empty sync succeeded).
     synced: BTreeSet<ProjectId>,
@@ -550,6 +765,7 @@ impl Relay {
             failures: 0,
             unconfirmed: None,
             restarted: true,
+            outbox_clear: false,
             synced: BTreeSet::new(),
             rng,
             actions: VecDeque::new(),
@@ -575,7 +791,8 @@ impl Relay {
         self.synced.iter()
     }
 
-    /// True until one sync succeeded: the syncs announce a restart.
+    /// True until one sync announcing the restart succeeded (the
+    /// announcement itself waits for an empty outbox).
     pub fn announces_restart(&self) -> bool {
         self.restarted
     }
@@ -625,14 +842,42 @@ impl Relay {
         {
             consider(t);
         }
+        if let Some(c) = &self.current
+            && let (Some(t), Awaiting::Execution(_)) = (c.approval_until, &self.awaiting)
+        {
+            consider(t);
+        }
+        if let Some(c) = &self.current
+            && c.takes_progress()
+            && c.progress.pending.is_some()
+            && !c.progress.in_flight
+            && let Some(last) = c.progress.last_post
+        {
+            consider(last.plus(self.config.progress_interval));
+        }
         deadline
     }
 
     // ----- inputs -----------------------------------------------------------
 
-    /// Timers: a pass tick, a back-off, a control poll.
+    /// Timers: a pass tick, a back-off, a control poll, a progress post, the
+    /// end of a wait for approval.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
+            && c.approval_until.is_some_and(|t| t <= now)
+        {
+            let command = *command;
+            let waited = c.approval_wait.as_secs();
+            self.actions.push_back(Action::WithdrawApproval { command });
+            self.events
+                .push_back(RelayEvent::ApprovalTimedOut { command });
+            let error = format!(
+                "{NOT_APPROVED_IN_TIME}: nobody approved the run on the owner's desktop within {waited} s, so the Graph did not run."
+            );
+            self.finish_unstarted(command, FinishStatus::Failed, error, now);
+        }
         self.maybe_send_control(now);
+        self.maybe_send_progress(now);
         self.drive(now);
     }
 
@@ -665,6 +910,7 @@ impl Relay {
         if self.awaiting == Awaiting::OutboxLoad {
             self.awaiting = Awaiting::Nothing;
             self.retry_queue = items.into();
+            self.outbox_clear = true;
         }
         self.drive(now);
     }
@@ -675,8 +921,12 @@ impl Relay {
         result: Result<Vec<RelayCommand>, SyncFailure>,
         now: Timestamp,
     ) {
-        let Awaiting::Sync { project, held } =
-            std::mem::replace(&mut self.awaiting, Awaiting::Nothing)
+        let Awaiting::Sync {
+            project,
+            held,
+            announced,
+            empty,
+        } = std::mem::replace(&mut self.awaiting, Awaiting::Nothing)
         else {
             return;
         };
@@ -686,15 +936,19 @@ impl Relay {
         match result {
             Ok(commands) => {
                 self.failures = 0;
-                self.restarted = false;
+                if announced {
+                    self.restarted = false;
+                }
                 self.events.push_back(RelayEvent::Synced {
                     project: project.clone(),
                     commands: commands.len(),
                 });
                 // An empty sync of a project no longer enabled succeeded: the
                 // server holds no shares of ours there now. (If the project was
-                // enabled again meanwhile, it stays remembered.)
-                if !self.is_enabled(&project) && self.synced.remove(&project) {
+                // enabled again meanwhile, it stays remembered; if it was
+                // withdrawn while a sync with sessions was in flight, the
+                // server holds those, and the next pass empties them.)
+                if empty && !self.is_enabled(&project) && self.synced.remove(&project) {
                     self.actions
                         .push_back(Action::ForgetProject(project.clone()));
                     self.events.push_back(RelayEvent::Unshared {
@@ -753,23 +1007,17 @@ impl Relay {
                     self.drive(now);
                     return;
                 }
-                if let Some(current) = self.current.as_mut() {
-                    let job = current.job.clone();
-                    self.events.push_back(RelayEvent::Started {
-                        command,
-                        execution: job.execution.clone(),
-                    });
-                    self.actions.push_back(Action::Execute(job));
-                    current.executing = true;
-                    self.awaiting = Awaiting::Execution(command);
-                    match self.config.mode {
-                        RelayMode::Interval => {
-                            current.next_control_at = Some(now.plus(self.config.control_interval))
-                        }
-                        RelayMode::LongPoll => current.next_control_at = Some(now),
-                    }
+                let approval = self
+                    .current
+                    .as_ref()
+                    .filter(|c| !c.approved)
+                    .and_then(|c| self.shared.approval(&c.job.command.graph_session_id));
+                match approval {
+                    Some(wait) => self.ask_approval(command, wait, now),
+                    None => self.start_execution(command, now),
                 }
                 self.maybe_send_control(now);
+                self.maybe_send_progress(now);
             }
             ClaimOutcome::Refused(reason) => {
                 self.events
@@ -785,7 +1033,8 @@ impl Relay {
                 self.events
                     .push_back(RelayEvent::ClaimUnconfirmed { command, reason });
                 if let Some(current) = self.current.take() {
-                    self.unconfirmed = Some((current.job.command, current.job.execution));
+                    self.unconfirmed =
+                        Some((current.job.command, current.job.execution, current.approved));
                 }
                 self.failures = self.failures.saturating_add(1);
                 self.projects.clear();
@@ -796,11 +1045,13 @@ impl Relay {
         self.drive(now);
     }
 
-    /// The answer to [`Action::Control`].
+    /// The answer to [`Action::Control`]: the server's [`ControlAnswer`], or
+    /// why there is none. A terminal status means the server closed the run:
+    /// the execution is stopped and nothing is reported.
     pub fn handle_control_response(
         &mut self,
         command: CommandId,
-        result: Result<bool, String>,
+        result: Result<ControlAnswer, String>,
         now: Timestamp,
     ) {
         // Only the execution running now listens to control answers: a late
@@ -820,8 +1071,46 @@ impl Relay {
         if current.report.is_some() {
             return;
         }
+        let waiting = current.approval_until.is_some();
         match result {
-            Ok(true) => {
+            Ok(answer) if waiting && answer.status.is_terminal() => {
+                // Closed while it waited for approval: nothing ran, nothing to report.
+                self.actions.push_back(Action::WithdrawApproval { command });
+                self.events.push_back(RelayEvent::ClosedByServer {
+                    command,
+                    status: answer.status,
+                });
+                self.current = None;
+                self.awaiting = Awaiting::Nothing;
+            }
+            Ok(answer) if waiting && answer.cancel_requested => {
+                self.actions.push_back(Action::WithdrawApproval { command });
+                self.events.push_back(RelayEvent::CancelSent { command });
+                current.cancel_sent = true;
+                self.finish_unstarted(
+                    command,
+                    FinishStatus::Cancelled,
+                    "Cancelled by the agent while the run waited for the owner's approval; the Graph did not run.".to_owned(),
+                    now,
+                );
+                return;
+            }
+            Ok(answer) if answer.status.is_terminal() => {
+                current.next_control_at = None;
+                if current.closed_by_server.is_none() {
+                    current.closed_by_server = Some(answer.status);
+                    current.progress.pending = None;
+                    self.events.push_back(RelayEvent::ClosedByServer {
+                        command,
+                        status: answer.status,
+                    });
+                    if !current.cancel_sent {
+                        current.cancel_sent = true;
+                        self.actions.push_back(Action::CancelExecution { command });
+                    }
+                }
+            }
+            Ok(answer) if answer.cancel_requested => {
                 if !current.cancel_sent {
                     current.cancel_sent = true;
                     self.actions.push_back(Action::CancelExecution { command });
@@ -829,7 +1118,7 @@ impl Relay {
                 }
                 current.next_control_at = None;
             }
-            Ok(false) => {
+            Ok(_) => {
                 current.next_control_at = Some(match self.config.mode {
                     RelayMode::Interval => now.plus(self.config.control_interval),
                     RelayMode::LongPoll => now,
@@ -854,6 +1143,15 @@ impl Relay {
         let Some(current) = self.current.as_mut() else {
             return;
         };
+        current.progress.pending = None;
+        if current.closed_by_server.is_some() {
+            // The server closed the run: it would refuse this report for good.
+            self.events.push_back(RelayEvent::Abandoned { command });
+            self.current = None;
+            self.awaiting = Awaiting::Nothing;
+            self.drive(now);
+            return;
+        }
         // Once the relay has asked the engine to stop, the run is recorded as
         // cancelled even if the Graph finished between the flag and the stop.
         let status = if current.cancel_sent {
@@ -861,33 +1159,105 @@ impl Relay {
         } else {
             outcome.status.unwrap_or(FinishStatus::Completed)
         };
-        let envelope = ResultEnvelope::build(
-            current.job.execution.clone(),
-            status,
-            EnvelopeBody {
-                result: outcome.result,
-                total_tokens: outcome.total_tokens,
-                reported_cost: outcome.reported_cost,
-                error: outcome.error,
-            },
-        );
-        self.events.push_back(RelayEvent::Finished {
-            command,
-            status,
-            truncated: envelope.is_truncated(),
-        });
-        let item = OutboxItem {
-            command,
-            report: RelayReport::Completion { envelope },
-            stored_at: now,
-            attempts: 0,
+        let body = EnvelopeBody {
+            result: outcome.result,
+            total_tokens: outcome.total_tokens,
+            reported_cost: outcome.reported_cost,
+            error: outcome.error,
         };
-        current.report = Some(item.clone());
-        current.next_control_at = None;
-        current.executing = false;
-        self.awaiting = Awaiting::Store(command);
-        self.actions.push_back(Action::StoreReport(item));
-        self.drive(now);
+        self.record_completion(command, status, body, now);
+    }
+
+    /// The owner's answer to [`Action::AskApproval`]. Approved: the consent
+    /// re-check runs (failing, the run ends `cancelled` with the re-check's
+    /// message), then the claim is confirmed ([`Action::Claim`] again, same
+    /// execution) and the Graph starts when it is granted. Denied: the run ends `failed` with
+    /// [`DECLINED_ON_THE_DESKTOP`] and the reason. An answer to a question
+    /// that is no longer asked (timed out, cancelled) changes nothing.
+    pub fn handle_approval(
+        &mut self,
+        command: CommandId,
+        decision: ApprovalDecision,
+        now: Timestamp,
+    ) {
+        if self.awaiting != Awaiting::Execution(command) {
+            return;
+        }
+        let Some(current) = self.current.as_mut().filter(|c| {
+            c.job.command.id == command
+                && c.approval_until.is_some()
+                && c.report.is_none()
+                && c.closed_by_server.is_none()
+        }) else {
+            return;
+        };
+        current.approval_until = None;
+        match decision {
+            ApprovalDecision::Approved => {
+                self.events.push_back(RelayEvent::Approved { command });
+                // The consent re-check, right before the start.
+                if let Some(current) = self.current.take_if(|c| {
+                    !self.shared.still_shared(
+                        &c.job.command.project,
+                        &c.job.command.graph_session_id,
+                        &c.job.command.slug,
+                    )
+                }) {
+                    self.close_withdrawn(current, now);
+                    self.drive(now);
+                    return;
+                }
+                if let Some(current) = self.current.as_mut() {
+                    // Replaces "waiting for approval" once the Graph starts.
+                    current.progress.pending = Some(ProgressReport {
+                        message: Some(APPROVED_ON_THE_DESKTOP.to_owned()),
+                        percent: None,
+                    });
+                    // The wait may have been long: the server may have closed
+                    // the run meanwhile (its lease lapsed while the desktop was
+                    // unreachable). Claiming it again under the same execution
+                    // confirms it is still ours (and renews its lease) before
+                    // anything runs.
+                    current.approved = true;
+                    current.next_control_at = None;
+                    // A control answer in flight is ignored while the claim
+                    // is; polling starts afresh with the execution.
+                    current.control_in_flight = false;
+                    self.awaiting = Awaiting::Claim(command);
+                    self.actions.push_back(Action::Claim {
+                        command,
+                        execution: current.job.execution.clone(),
+                    });
+                }
+            }
+            ApprovalDecision::Denied(reason) => {
+                let reason = reason
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty());
+                let error = match &reason {
+                    Some(r) => format!("{DECLINED_ON_THE_DESKTOP}: {r}"),
+                    None => DECLINED_ON_THE_DESKTOP.to_owned(),
+                };
+                self.events
+                    .push_back(RelayEvent::ApprovalDenied { command, reason });
+                self.finish_unstarted(command, FinishStatus::Failed, error, now);
+            }
+        }
+    }
+
+    /// The driver is stopping. A run waiting for approval is given up: the
+    /// prompt is withdrawn and the run ends `failed` with
+    /// [`WORKER_STOPPED_BEFORE_APPROVAL`]. (A run that executes is stopped
+    /// by the driver through its executor.)
+    pub fn handle_shutdown(&mut self, now: Timestamp) {
+        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
+            && c.approval_until.is_some()
+        {
+            let command = *command;
+            self.actions.push_back(Action::WithdrawApproval { command });
+            let error = format!("{WORKER_STOPPED_BEFORE_APPROVAL}; the Graph did not run.");
+            self.finish_unstarted(command, FinishStatus::Failed, error, now);
+        }
     }
 
     /// The outbox write asked by [`Action::StoreReport`] finished. The report
@@ -937,6 +1307,9 @@ impl Relay {
                 self.events
                     .push_back(RelayEvent::DeliveryFailed { command, reason });
                 self.actions.push_back(Action::RecordAttempt(command));
+                if from_pass_start {
+                    self.outbox_clear = false;
+                }
             }
         }
         if !from_pass_start {
@@ -945,7 +1318,185 @@ impl Relay {
         self.drive(now);
     }
 
+    /// The executor reports the progress of `command`'s execution
+    /// `execution`. Kept as the run's latest report and posted at once, or
+    /// when [`RelayConfig::progress_interval`] has passed since the last post
+    /// and that post was answered. A report of an execution that is not
+    /// running (it ended, or the server closed it) is dropped. An invalid
+    /// report is refused and changes nothing.
+    pub fn handle_progress(
+        &mut self,
+        command: CommandId,
+        execution: &ExecutionId,
+        report: ProgressReport,
+        now: Timestamp,
+    ) -> Result<(), InvalidProgress> {
+        report.check()?;
+        if let Some(current) = self.current.as_mut().filter(|c| {
+            c.job.command.id == command && c.job.execution == *execution && c.takes_progress()
+        }) {
+            current.progress.pending = Some(report);
+            self.maybe_send_progress(now);
+        }
+        Ok(())
+    }
+
+    /// The answer to [`Action::PostProgress`]. A final refusal (the run is
+    /// no longer running under this execution) stops progress for the run;
+    /// any other failure only loses that report.
+    pub fn handle_progress_posted(
+        &mut self,
+        command: CommandId,
+        outcome: PostOutcome,
+        now: Timestamp,
+    ) {
+        let Some(current) = self
+            .current
+            .as_mut()
+            .filter(|c| c.job.command.id == command && c.progress.in_flight)
+        else {
+            return;
+        };
+        current.progress.in_flight = false;
+        if let PostOutcome::Rejected(reason) = outcome {
+            current.progress.refused = true;
+            current.progress.pending = None;
+            self.events
+                .push_back(RelayEvent::ProgressRefused { command, reason });
+        }
+        self.maybe_send_progress(now);
+    }
+
     // ----- the pass ---------------------------------------------------------
+
+    /// Starts the claimed command's execution (its approval, if it needed
+    /// one, was given, and the re-check holds).
+    fn start_execution(&mut self, command: CommandId, now: Timestamp) {
+        let interval = self.config.control_interval;
+        let mode = self.config.mode;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        let job = current.job.clone();
+        self.events.push_back(RelayEvent::Started {
+            command,
+            execution: job.execution.clone(),
+        });
+        self.actions.push_back(Action::Execute(job));
+        current.executing = true;
+        self.awaiting = Awaiting::Execution(command);
+        current.next_control_at = Some(match mode {
+            RelayMode::Interval => now.plus(interval),
+            RelayMode::LongPoll => now,
+        });
+    }
+
+    /// Asks the owner to approve the claimed command, for at most `wait`;
+    /// meanwhile its progress says so and control is polled as for a run.
+    fn ask_approval(&mut self, command: CommandId, wait: Duration, now: Timestamp) {
+        let interval = self.config.control_interval;
+        let mode = self.config.mode;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        let until = now.plus(wait);
+        current.approval_until = Some(until);
+        current.approval_wait = wait;
+        current.progress.pending = Some(ProgressReport {
+            message: Some(WAITING_FOR_APPROVAL.to_owned()),
+            percent: None,
+        });
+        self.awaiting = Awaiting::Execution(command);
+        current.next_control_at = Some(match mode {
+            RelayMode::Interval => now.plus(interval),
+            RelayMode::LongPoll => now,
+        });
+        self.events
+            .push_back(RelayEvent::ApprovalRequested { command, until });
+        self.actions.push_back(Action::AskApproval {
+            job: current.job.clone(),
+            until,
+        });
+    }
+
+    /// Ends a claimed run that never executed (declined, not approved in
+    /// time, cancelled while waiting): its completion goes through the outbox.
+    fn finish_unstarted(
+        &mut self,
+        command: CommandId,
+        status: FinishStatus,
+        error: String,
+        now: Timestamp,
+    ) {
+        if let Some(current) = self.current.as_mut() {
+            current.approval_until = None;
+        }
+        let body = EnvelopeBody {
+            error: Some(error),
+            ..EnvelopeBody::default()
+        };
+        self.record_completion(command, status, body, now);
+    }
+
+    /// Stores the current run's completion, then posts it.
+    fn record_completion(
+        &mut self,
+        command: CommandId,
+        status: FinishStatus,
+        body: EnvelopeBody,
+        now: Timestamp,
+    ) {
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        current.progress.pending = None;
+        let envelope = ResultEnvelope::build(current.job.execution.clone(), status, body);
+        self.events.push_back(RelayEvent::Finished {
+            command,
+            status,
+            truncated: envelope.is_truncated(),
+        });
+        let item = OutboxItem {
+            command,
+            report: RelayReport::Completion { envelope },
+            stored_at: now,
+            attempts: 0,
+        };
+        current.report = Some(item.clone());
+        current.next_control_at = None;
+        current.executing = false;
+        self.awaiting = Awaiting::Store(command);
+        self.actions.push_back(Action::StoreReport(item));
+        self.drive(now);
+    }
+
+    /// Posts the current run's pending progress if its interval has passed
+    /// and no post is in flight.
+    fn maybe_send_progress(&mut self, now: Timestamp) {
+        let interval = self.config.progress_interval;
+        let Some(current) = self.current.as_mut() else {
+            return;
+        };
+        if !current.takes_progress()
+            || current.progress.in_flight
+            || current
+                .progress
+                .last_post
+                .is_some_and(|t| now < t.plus(interval))
+        {
+            return;
+        }
+        let Some(report) = current.progress.pending.take() else {
+            return;
+        };
+        current.progress.in_flight = true;
+        current.progress.last_post = Some(now);
+        self.actions.push_back(Action::PostProgress {
+            command: current.job.command.id,
+            execution: current.job.execution.clone(),
+            report,
+        });
+    }
 
     fn declined_item(&self, command: CommandId, now: Timestamp) -> Option<OutboxItem> {
         Some(OutboxItem {
@@ -1078,9 +1629,10 @@ impl Relay {
                 return;
             }
             // 2. A claim whose answer was lost, first and under the same execution id.
-            if let Some((command, execution)) = self.unconfirmed.take() {
+            if let Some((command, execution, approved)) = self.unconfirmed.take() {
                 let id = command.id;
-                let current = Current::new(command, execution.clone());
+                let mut current = Current::new(command, execution.clone());
+                current.approved = approved;
                 if self.shared.still_shared(
                     &current.job.command.project,
                     &current.job.command.graph_session_id,
@@ -1186,24 +1738,29 @@ impl Relay {
         }
         let sessions = self.shared.sessions(&project);
         let running = self.executing();
+        // A restart is announced only once the outbox is empty, so that a
+        // result recorded before the crash reaches the server first.
+        let announced = self.restarted && self.outbox_clear;
         self.awaiting = Awaiting::Sync {
             project: project.clone(),
             held,
+            announced,
+            empty: sessions.is_empty(),
         };
         self.actions.push_back(Action::Sync {
             project,
             sessions,
             long_poll: held,
-            restarted: self.restarted,
+            restarted: announced,
             running,
         });
     }
 
-    /// The command whose execution runs now (started and not yet finished).
+    /// The command claimed and not finished: waiting for approval, or executing.
     fn executing(&self) -> Option<CommandId> {
         self.current
             .as_ref()
-            .filter(|c| c.executing)
+            .filter(|c| c.claimed_and_open())
             .map(|c| c.job.command.id)
     }
 
@@ -1267,6 +1824,22 @@ mod tests {
             graph_session_id: session(n, slug).graph_session_id,
             arguments: Map::new(),
             slug: slug.into(),
+        }
+    }
+
+    /// A control answer: keep running.
+    fn go_on() -> ControlAnswer {
+        ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Running,
+        }
+    }
+
+    /// A control answer: the agent asked to cancel.
+    fn cancel_asked() -> ControlAnswer {
+        ControlAnswer {
+            cancel_requested: true,
+            status: CommandStatus::Running,
         }
     }
 
@@ -1343,7 +1916,7 @@ mod tests {
                     ),
                     "{action:?}"
                 );
-                r.handle_control_response(command(1, 1, "a").id, Ok(false), secs(t));
+                r.handle_control_response(command(1, 1, "a").id, Ok(go_on()), secs(t));
             }
         }
         r.handle_execution_finished(command(1, 1, "a").id, ExecutionOutcome::default(), secs(50));
@@ -1378,7 +1951,7 @@ mod tests {
                 long_poll: false
             }]
         );
-        r.handle_control_response(c.id, Ok(true), secs(3));
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
         assert_eq!(
             drain(&mut r),
             vec![Action::CancelExecution { command: c.id }]
@@ -1561,7 +2134,7 @@ mod tests {
             ),
             "{a:?}"
         );
-        r.handle_control_response(c.id, Ok(false), secs(29));
+        r.handle_control_response(c.id, Ok(go_on()), secs(29));
         assert_eq!(
             drain(&mut r),
             vec![Action::Control {
@@ -1722,7 +2295,7 @@ mod tests {
         let c = command(1, 1, "a");
         pass_with(&mut r, secs(0), vec![c.clone()]);
         // A stale "cancel requested" for this command arrives while it is being claimed.
-        r.handle_control_response(c.id, Ok(true), secs(1));
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(1));
         assert!(drain(&mut r).is_empty());
         r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
         assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
@@ -1857,6 +2430,40 @@ mod tests {
     }
 
     #[test]
+    fn a_project_withdrawn_while_a_sync_sharing_into_it_is_in_flight_is_emptied_before_it_is_forgotten()
+     {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(0));
+        assert!(matches!(
+            drain_all(&mut r).as_slice(),
+            [Action::RememberProject(_), Action::Sync { sessions, .. }] if !sessions.is_empty()
+        ));
+        // The owner withdraws the project while that sync is in flight; the
+        // server takes the sync, so it holds the session's share.
+        r.handle_shared_set(SharedSet::new(), secs(1));
+        r.handle_sync_response(Ok(vec![]), secs(1));
+        assert!(
+            !drain_all(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::ForgetProject(_))),
+            "not forgotten: the server still holds its shares"
+        );
+        assert!(r.synced_projects().eq([&project()]));
+        // The next pass empties it, and only then forgets it.
+        r.handle_timeout(secs(20));
+        drain_all(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert!(matches!(
+            drain_all(&mut r).as_slice(),
+            [Action::Sync { sessions, .. }] if sessions.is_empty()
+        ));
+        r.handle_sync_response(Ok(vec![]), secs(20));
+        assert_eq!(drain_all(&mut r), vec![Action::ForgetProject(project())]);
+    }
+
+    #[test]
     fn a_project_enabled_again_while_its_empty_sync_is_in_flight_stays_remembered() {
         let mut r = Relay::new(interval(), SharedSet::new(), secs(0));
         r.remember_synced([project()]);
@@ -1935,6 +2542,579 @@ mod tests {
                 SyncFailure::Network(r.reason.clone())
             );
         }
+    }
+
+    /// An interval relay executing `command(1, 1, "a")` since `secs(0)`,
+    /// with `command(2, 1, "a")` queued behind it.
+    fn executing_relay() -> (Relay, RelayCommand) {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone(), command(2, 1, "a")]);
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(0));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
+        (r, c)
+    }
+
+    fn execution_of(r: &Relay) -> ExecutionId {
+        r.current.as_ref().expect("executing").job.execution.clone()
+    }
+
+    fn report(message: &str, percent: f64) -> ProgressReport {
+        ProgressReport {
+            message: Some(message.into()),
+            percent: Some(percent),
+        }
+    }
+
+    fn at_ms(ms: u64) -> Timestamp {
+        T0.plus(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_restart_is_announced_only_once_the_outbox_is_empty() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        let old = OutboxItem {
+            command: command(9, 1, "a").id,
+            report: RelayReport::Declined,
+            stored_at: T0,
+            attempts: 0,
+        };
+        // Pass 1: the report from before the crash is not delivered (503):
+        // the pass syncs, but without the announcement.
+        r.handle_timeout(secs(0));
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![old.clone()], secs(0));
+        assert_eq!(drain(&mut r), vec![Action::PostReport(old.clone())]);
+        r.handle_report_posted(old.command, PostOutcome::Retry("503".into()), secs(0));
+        let a = drain(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [
+                    Action::RecordAttempt(_),
+                    Action::Sync {
+                        restarted: false,
+                        ..
+                    }
+                ]
+            ),
+            "{a:?}"
+        );
+        r.handle_sync_response(Ok(vec![]), secs(0));
+        assert!(r.announces_restart(), "the announcement is only held back");
+        // Pass 2: the server refuses it for good (its run was closed when the
+        // lease lapsed): dropped, the outbox is empty, the restart is announced.
+        r.handle_timeout(secs(20));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![old.clone()], secs(20));
+        drain(&mut r);
+        r.handle_report_posted(
+            old.command,
+            PostOutcome::Rejected("409 run_closed: discarded".into()),
+            secs(20),
+        );
+        let a = drain(&mut r);
+        assert!(
+            matches!(
+                a.as_slice(),
+                [Action::RemoveReport(c), Action::Sync { restarted: true, running: None, .. }]
+                    if *c == old.command
+            ),
+            "{a:?}"
+        );
+        r.handle_sync_response(Ok(vec![]), secs(20));
+        assert!(!r.announces_restart());
+        // Pass 3: nothing left to re-send, nothing to announce.
+        r.handle_timeout(secs(40));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], secs(40));
+        assert!(matches!(
+            drain(&mut r).as_slice(),
+            [Action::Sync {
+                restarted: false,
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_run_the_server_closed_is_stopped_once_and_nothing_is_reported() {
+        let (mut r, c) = executing_relay();
+        r.handle_timeout(secs(3));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+        // The lease lapsed while the desktop was unreachable.
+        let closed = ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Failed,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(40));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        assert!(std::iter::from_fn(|| r.poll_event()).any(|e| e
+            == RelayEvent::ClosedByServer {
+                command: c.id,
+                status: CommandStatus::Failed
+            }));
+        // No more control requests, no second stop, no progress.
+        r.handle_timeout(secs(60));
+        let execution = execution_of(&r);
+        assert_eq!(
+            r.handle_progress(c.id, &execution, report("late", 90.0), secs(60)),
+            Ok(())
+        );
+        assert!(drain(&mut r).is_empty());
+        // The engine stopped: no report is stored or posted, and the pass
+        // goes on with the next command.
+        r.handle_execution_finished(
+            c.id,
+            ExecutionOutcome {
+                status: Some(FinishStatus::Cancelled),
+                ..Default::default()
+            },
+            secs(61),
+        );
+        let a = drain(&mut r);
+        assert!(
+            matches!(a.as_slice(), [Action::Claim { command, .. }] if *command == command_id(2)),
+            "{a:?}"
+        );
+        assert!(
+            std::iter::from_fn(|| r.poll_event())
+                .any(|e| e == RelayEvent::Abandoned { command: c.id })
+        );
+    }
+
+    fn command_id(n: u128) -> CommandId {
+        command(n, 1, "a").id
+    }
+
+    #[test]
+    fn a_closed_answer_after_a_cancel_stops_nothing_twice() {
+        let (mut r, c) = executing_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        // A late answer (e.g. held on another server) says the run is closed.
+        let closed = ControlAnswer {
+            cancel_requested: true,
+            status: CommandStatus::Cancelled,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(4));
+        assert!(drain(&mut r).is_empty(), "one stop only");
+    }
+
+    #[test]
+    fn progress_is_posted_at_once_then_the_latest_at_most_once_a_second() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("step 1", 20.0), at_ms(100))
+            .unwrap();
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("step 1", 20.0)
+            }]
+        );
+        // Three more within the second: kept, only the latest.
+        for (ms, n) in [(200, 2), (500, 3), (900, 4)] {
+            r.handle_progress(
+                c.id,
+                &execution,
+                report(&format!("step {n}"), f64::from(n) * 20.0),
+                at_ms(ms),
+            )
+            .unwrap();
+        }
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(300));
+        assert!(drain(&mut r).is_empty());
+        assert_eq!(r.poll_timeout(), Some(at_ms(1100)));
+        r.handle_timeout(at_ms(1099));
+        assert!(drain(&mut r).is_empty());
+        r.handle_timeout(at_ms(1100));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("step 4", 80.0)
+            }]
+        );
+        // Nothing pending: no timer for progress.
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(1200));
+        assert_eq!(r.poll_timeout(), Some(secs(3)), "only the control poll");
+    }
+
+    #[test]
+    fn a_progress_post_in_flight_holds_the_next_one_and_a_failure_loses_only_that_report() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(1500))
+            .unwrap();
+        r.handle_timeout(at_ms(2000));
+        assert!(
+            drain(&mut r).is_empty(),
+            "the first post is still in flight"
+        );
+        r.handle_progress_posted(c.id, PostOutcome::Retry("timeout".into()), at_ms(2500));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::PostProgress {
+                command: c.id,
+                execution: execution.clone(),
+                report: report("b", 2.0)
+            }]
+        );
+    }
+
+    #[test]
+    fn progress_stops_when_the_run_ends_or_the_server_refuses_it() {
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress_posted(
+            c.id,
+            PostOutcome::Rejected("409 progress_refused: not running".into()),
+            at_ms(100),
+        );
+        assert!(
+            std::iter::from_fn(|| r.poll_event()).any(
+                |e| matches!(e, RelayEvent::ProgressRefused { command, .. } if command == c.id)
+            )
+        );
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(2000))
+            .unwrap();
+        r.handle_timeout(at_ms(3000));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::PostProgress { .. })),
+            "no progress after a final refusal"
+        );
+
+        let (mut r, c) = executing_relay();
+        let execution = execution_of(&r);
+        r.handle_progress(c.id, &execution, report("a", 1.0), at_ms(0))
+            .unwrap();
+        r.handle_progress(c.id, &execution, report("b", 2.0), at_ms(10))
+            .unwrap();
+        drain(&mut r);
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(20));
+        r.handle_execution_finished(c.id, ExecutionOutcome::default(), at_ms(30));
+        r.handle_timeout(at_ms(5000));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|a| matches!(a, Action::PostProgress { .. })),
+            "the pending report is dropped when the run ends"
+        );
+    }
+
+    #[test]
+    fn progress_of_another_execution_is_dropped_and_an_invalid_report_refused() {
+        let (mut r, c) = executing_relay();
+        let stale = ExecutionId::parse("exec-stale").unwrap();
+        r.handle_progress(c.id, &stale, report("a", 1.0), at_ms(0))
+            .unwrap();
+        r.handle_progress(command_id(7), &stale, report("a", 1.0), at_ms(0))
+            .unwrap();
+        assert!(drain(&mut r).is_empty());
+        let execution = execution_of(&r);
+        assert!(matches!(
+            r.handle_progress(c.id, &execution, report("a", 101.0), at_ms(0)),
+            Err(InvalidProgress::Percent(_))
+        ));
+        assert!(drain(&mut r).is_empty());
+    }
+
+    /// An interval relay whose `command(1, 1, "a")` (session 1 needs
+    /// approval, 600 s) was just claimed at `secs(0)`; `command(2, 1, "a")`
+    /// is queued behind it. Returns the actions of the grant.
+    fn waiting_relay() -> (Relay, RelayCommand, Vec<Action>) {
+        let mut set = shared(&[(1, "a")]);
+        set.require_approval(session(1, "a").graph_session_id, Duration::from_secs(600));
+        let mut r = Relay::new(interval(), set, secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone(), command(2, 1, "a")]);
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(0));
+        let a = drain(&mut r);
+        (r, c, a)
+    }
+
+    fn stored_completion(a: &[Action]) -> Option<&ResultEnvelope> {
+        a.iter().find_map(|x| match x {
+            Action::StoreReport(OutboxItem {
+                report: RelayReport::Completion { envelope },
+                ..
+            }) => Some(envelope),
+            _ => None,
+        })
+    }
+
+    fn error_of(envelope: &ResultEnvelope) -> Option<&str> {
+        envelope.body.as_ref().and_then(|b| b.error.as_deref())
+    }
+
+    #[test]
+    fn a_run_needing_approval_is_claimed_asked_and_runs_only_once_approved() {
+        let (mut r, c, a) = waiting_relay();
+        let execution = execution_of(&r);
+        assert_eq!(
+            a,
+            vec![
+                Action::AskApproval {
+                    job: Job {
+                        command: c.clone(),
+                        execution: execution.clone(),
+                        channel: c.id.channel(),
+                    },
+                    until: secs(600),
+                },
+                Action::PostProgress {
+                    command: c.id,
+                    execution: execution.clone(),
+                    report: ProgressReport {
+                        message: Some(WAITING_FOR_APPROVAL.into()),
+                        percent: None
+                    }
+                },
+            ]
+        );
+        r.handle_progress_posted(c.id, PostOutcome::Acknowledged, secs(0));
+        // While it waits: control polls (the lease, a cancel), a sync names it.
+        r.handle_timeout(secs(3));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::Control {
+                command: c.id,
+                long_poll: false
+            }]
+        );
+        r.handle_control_response(c.id, Ok(go_on()), secs(3));
+        assert_eq!(r.executing(), Some(c.id));
+        assert_eq!(r.poll_timeout(), Some(secs(6)));
+        r.handle_timeout(secs(6));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(5));
+        // The server confirms the run is still ours before anything runs.
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::Claim {
+                command: c.id,
+                execution: execution.clone()
+            }]
+        );
+        // The control answer that was in flight is ignored meanwhile.
+        r.handle_control_response(c.id, Ok(go_on()), secs(5));
+        assert!(drain(&mut r).is_empty());
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(5));
+        let a = drain(&mut r);
+        assert!(
+            matches!(&a[..], [Action::Execute(job), Action::PostProgress { report, .. }]
+                if job.command.id == c.id
+                    && report.message.as_deref() == Some(APPROVED_ON_THE_DESKTOP)),
+            "{a:?}"
+        );
+        // Control polling goes on for the execution.
+        r.handle_timeout(secs(8));
+        assert!(
+            drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Control { .. })),
+            "control resumes"
+        );
+    }
+
+    #[test]
+    fn an_approved_run_the_server_closed_during_the_wait_never_starts() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(200));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Claim { .. }]));
+        // Its lease lapsed while the desktop was unreachable.
+        r.handle_claim_response(
+            c.id,
+            ClaimOutcome::Refused("409 start_refused: the command is already failed".into()),
+            secs(200),
+        );
+        let a = drain(&mut r);
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Execute(_) | Action::StoreReport(_))),
+            "{a:?}"
+        );
+        assert!(
+            matches!(a.as_slice(), [Action::Claim { command, .. }] if *command == command_id(2)),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn an_approval_survives_a_confirming_claim_without_an_answer() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(5));
+        drain(&mut r);
+        r.handle_claim_response(c.id, ClaimOutcome::Network("timeout".into()), secs(5));
+        drain(&mut r);
+        r.handle_timeout(secs(20));
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], secs(20));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Claim { .. }]));
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(20));
+        let a = drain(&mut r);
+        assert!(
+            matches!(a.first(), Some(Action::Execute(job)) if job.command.id == c.id),
+            "not asked again: {a:?}"
+        );
+    }
+
+    #[test]
+    fn a_denied_run_fails_with_the_owners_reason_and_never_runs() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(
+            c.id,
+            ApprovalDecision::Denied(Some("  not on my budget ".into())),
+            secs(10),
+        );
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        assert_eq!(
+            error_of(envelope),
+            Some("Declined on the desktop: not on my budget")
+        );
+        // Without a reason: the bare text.
+        let (mut r, c, _) = waiting_relay();
+        r.handle_approval(c.id, ApprovalDecision::Denied(None), secs(10));
+        let a = drain(&mut r);
+        assert_eq!(
+            error_of(stored_completion(&a).unwrap()),
+            Some(DECLINED_ON_THE_DESKTOP)
+        );
+    }
+
+    #[test]
+    fn an_approval_that_does_not_come_in_time_fails_the_run_and_withdraws_the_prompt() {
+        let (mut r, c, _) = waiting_relay();
+        // Control keeps the lease alive meanwhile.
+        for t in (3..600).step_by(3) {
+            r.handle_timeout(secs(t));
+            for action in drain(&mut r) {
+                if let Action::Control { .. } = action {
+                    r.handle_control_response(c.id, Ok(go_on()), secs(t));
+                }
+            }
+        }
+        r.handle_timeout(secs(600));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        let error = error_of(envelope).unwrap();
+        assert!(
+            error.starts_with(NOT_APPROVED_IN_TIME) && error.contains("600 s"),
+            "{error}"
+        );
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))));
+        // A late approval changes nothing.
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(601));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn a_cancel_while_waiting_withdraws_the_prompt_and_ends_cancelled() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Execute(_) | Action::CancelExecution { .. })),
+            "{a:?}"
+        );
+        assert_eq!(
+            stored_completion(&a).map(|e| e.status),
+            Some(FinishStatus::Cancelled)
+        );
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(4));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn consent_withdrawn_while_waiting_is_checked_again_right_before_the_start() {
+        let (mut r, c, _) = waiting_relay();
+        let mut set = shared(&[]);
+        set.require_approval(session(1, "a").graph_session_id, Duration::from_secs(600));
+        r.handle_shared_set(set, secs(5));
+        drain(&mut r);
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(6));
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert_eq!(error_of(envelope), Some(crate::command::NO_LONGER_SHARED));
+    }
+
+    #[test]
+    fn a_run_the_server_closed_while_waiting_withdraws_the_prompt_and_reports_nothing() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        let closed = ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Failed,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(40));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        assert!(stored_completion(&a).is_none(), "{a:?}");
+        assert!(
+            matches!(&a[1..], [Action::Claim { command, .. }] if *command == command_id(2)),
+            "the pass goes on: {a:?}"
+        );
+    }
+
+    #[test]
+    fn a_worker_stopping_while_a_run_waits_gives_it_up_with_a_clear_reason() {
+        let (mut r, c, _) = waiting_relay();
+        r.handle_shutdown(secs(7));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        assert!(
+            error_of(envelope)
+                .unwrap()
+                .starts_with(WORKER_STOPPED_BEFORE_APPROVAL)
+        );
+        // Without a run waiting, nothing happens.
+        let (mut r, _) = executing_relay();
+        r.handle_shutdown(secs(1));
+        assert!(drain(&mut r).is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! | [`tool_args`] | a JSON document | decoding never panics; accepted arguments obey the schema |
 //! | [`queue_ops`] | `Arbitrary` agent and relay operations | the reference model of `graph_relay_core::testkit::model` |
 //! | [`envelope`] | arbitrary Unicode | never over 100,000; truncated exactly when the full form does not fit; error cuts keep whole characters |
-//! | [`relay_events`] | arbitrary event orders and failures | never two commands at once; no outbox item dropped without a 2xx or a final refusal; every claim follows a re-check that holds at that moment |
+//! | [`relay_events`] | arbitrary event orders and failures against a model server with leases, restarts and un-sharing | never two commands at once; no outbox item dropped without a 2xx or a final refusal; every claim follows a re-check that holds at that moment; a restart is announced only once the reports from before it are delivered; a run the server closed is stopped once and never reported; progress is only the running execution's latest, one post at a time and at most one per second; the server never holds shares in a project the desktop forgot; nothing that needs the owner's approval runs unless approved, and only a question still open is withdrawn |
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -26,15 +26,16 @@ use graph_relay_core::envelope::{
     ERROR_LIMIT, EnvelopeBody, FinishStatus, RESULT_LIMIT, ResultEnvelope, js_json_length,
     utf16_len,
 };
+use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::RelayReport;
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig,
-    RelayMode, SharedSet, SyncFailure,
+    APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome,
+    Relay, RelayCommand, RelayConfig, RelayMode, SharedSet, SyncFailure, WAITING_FOR_APPROVAL,
 };
 use graph_relay_core::session::SessionMeta;
-use graph_relay_core::testkit::{World, meta, model, p1};
+use graph_relay_core::testkit::{World, meta, model, p1, p2};
 use graph_relay_core::time::Timestamp;
 use graph_relay_store_memory::MemoryStore;
 use serde_json::{Value, json};
@@ -247,16 +248,39 @@ enum Step {
     Finish(u8),
     Stored,
     AnswerPost(u8),
-    Loaded(Vec<(u8, bool)>),
+    Loaded,
     Share(u8),
+    /// The desktop process dies and a new one starts on the same outbox
+    /// (one time in 16: a restart wipes out everything in flight).
+    Restart(u8),
+    /// The agent cancels the command running on the server.
+    AgentCancels,
+    /// The executor reports progress (a percentage; over 100 is invalid).
+    Progress(u8),
+    AnswerProgress(u8),
+    /// The owner answers the question about the run waiting for approval
+    /// (even: approve; odd: deny).
+    Approve(u8),
 }
 
 fn session(n: u8) -> SessionMeta {
     meta(u32::from(n % 4) + 1)
 }
 
-fn shared_set(bits: u8) -> SharedSet {
+/// The desktop's consent: `p1` with sessions 0–3 (bits 0–3) unless bit 7 is
+/// set; `p2` with session `bits >> 4 & 3` when bit 6 is set. Clearing a
+/// project's bit withdraws the whole project. Sessions whose bit is set in
+/// `approvals` need the owner's approval (for 60 s).
+fn shared_set(bits: u8, approvals: u8) -> SharedSet {
     let mut set = SharedSet::new();
+    for n in 0..4u8 {
+        if approvals & (1 << n) != 0 {
+            set.require_approval(
+                GraphSessionId::clone(&session(n).graph_session_id),
+                Duration::from_secs(60),
+            );
+        }
+    }
     if bits & 0x80 == 0 {
         set.enable(p1());
         for n in 0..4u8 {
@@ -265,6 +289,9 @@ fn shared_set(bits: u8) -> SharedSet {
             }
         }
     }
+    if bits & 0x40 != 0 {
+        set.share(p2(), session((bits >> 4) & 3));
+    }
     set
 }
 
@@ -272,7 +299,111 @@ fn command_id(n: u8) -> CommandId {
     CommandId::from_uuid(uuid::Uuid::from_u128(u128::from(n % 8) + 1))
 }
 
-/// Drives the relay state machine with arbitrary answers in arbitrary order.
+/// Why the model server closed a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closed {
+    /// A completion or decline of the relay was taken.
+    Reported,
+    /// Cancelled while queued, or closed by the server's own re-check.
+    BeforeStart,
+    /// Its lease lapsed.
+    Lapsed,
+    /// Its desktop announced a restart.
+    Restarted,
+}
+
+/// A command as the model server holds it.
+#[derive(Debug, Clone, PartialEq)]
+enum ServerState {
+    Queued,
+    Running {
+        execution: ExecutionId,
+        lease_until: Timestamp,
+        cancel: bool,
+    },
+    Closed(Closed),
+}
+
+/// The server of the relay, reduced to what the relay's answers depend on:
+/// leases on running commands (granted by a claim, renewed by a control
+/// request, lapsing into a close), the restart announcement, and the shares
+/// a sync replaces (a sync that no longer shares a session closes its
+/// queued commands).
+struct ModelServer {
+    lease: Duration,
+    commands: HashMap<CommandId, ServerState>,
+    /// The last version of each command a sync handed out.
+    offered: HashMap<CommandId, RelayCommand>,
+    /// Projects the server holds shares of this desktop in.
+    shares: BTreeSet<ProjectId>,
+}
+
+impl ModelServer {
+    /// The command as it stands at `now`: a lapsed lease closes it.
+    fn state(&mut self, id: &CommandId, now: Timestamp) -> Option<ServerState> {
+        let state = self.commands.get_mut(id)?;
+        if let ServerState::Running { lease_until, .. } = state
+            && *lease_until <= now
+        {
+            *state = ServerState::Closed(Closed::Lapsed);
+        }
+        Some(state.clone())
+    }
+
+    fn close_running_after_restart(&mut self, running: Option<CommandId>, now: Timestamp) {
+        let ids: Vec<CommandId> = self.commands.keys().copied().collect();
+        for id in ids {
+            if Some(id) != running
+                && matches!(self.state(&id, now), Some(ServerState::Running { .. }))
+            {
+                self.commands
+                    .insert(id, ServerState::Closed(Closed::Restarted));
+            }
+        }
+    }
+}
+
+/// What the harness remembers of one relay process and of the desktop's disk.
+#[derive(Default)]
+struct Desktop {
+    /// The durable outbox: each item with the process (epoch) that stored it.
+    outbox: HashMap<CommandId, (u64, graph_relay_core::outbox::OutboxItem)>,
+    /// Projects recorded as synced (durable).
+    remembered: BTreeSet<ProjectId>,
+}
+
+/// Requests of the current process awaiting an answer.
+#[derive(Default)]
+struct InFlight {
+    sync: Option<(ProjectId, Vec<SessionMeta>, bool, Option<CommandId>)>,
+    claim: Option<(CommandId, ExecutionId)>,
+    controls: Vec<CommandId>,
+    store: Option<CommandId>,
+    posts: Vec<graph_relay_core::outbox::OutboxItem>,
+    load: bool,
+    progress: Vec<(CommandId, ExecutionId)>,
+}
+
+/// What the current process was told or did, for the invariants.
+#[derive(Default)]
+struct Seen {
+    running: Option<(CommandId, ExecutionId)>,
+    /// The run waiting for the owner's approval.
+    asking: Option<(CommandId, ExecutionId)>,
+    /// Runs the owner approved and that have not started yet.
+    approved: BTreeSet<CommandId>,
+    /// A control answer said the server closed these runs.
+    told_closed: BTreeSet<CommandId>,
+    cancels: BTreeSet<CommandId>,
+    /// Reports the server refused for good.
+    refused: Vec<graph_relay_core::outbox::OutboxItem>,
+    may_remove: HashMap<CommandId, bool>,
+    latest_progress: HashMap<CommandId, ProgressReport>,
+    last_progress_post: HashMap<CommandId, Timestamp>,
+}
+
+/// Drives the relay state machine with arbitrary answers in arbitrary order
+/// against a model server with leases, restarts and un-sharing.
 pub fn relay_events(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(interval) = bool::arbitrary(&mut u) else {
@@ -281,80 +412,193 @@ pub fn relay_events(data: &[u8]) {
     let Ok(bits) = u8::arbitrary(&mut u) else {
         return;
     };
-    let mode = if interval {
-        RelayMode::Interval
-    } else {
-        RelayMode::LongPoll
+    let Ok(left_over) = Vec::<(u8, bool)>::arbitrary(&mut u) else {
+        return;
+    };
+    let Ok(approvals) = u8::arbitrary(&mut u) else {
+        return;
+    };
+    let config = RelayConfig {
+        mode: if interval {
+            RelayMode::Interval
+        } else {
+            RelayMode::LongPoll
+        },
+        ..RelayConfig::default()
     };
     let t0 = Timestamp(1_767_225_600_000);
     let mut now = t0;
-    let mut relay = Relay::new(
-        RelayConfig {
-            mode,
-            ..RelayConfig::default()
+    let mut shared = shared_set(bits, approvals);
+    let mut server = ModelServer {
+        lease: if interval {
+            Duration::from_secs(30)
+        } else {
+            Duration::from_secs(60)
         },
-        shared_set(bits),
-        t0,
-    );
+        commands: HashMap::new(),
+        offered: HashMap::new(),
+        shares: BTreeSet::new(),
+    };
+    // Reports a crashed earlier process left in the outbox (epoch 0), for
+    // commands that ran then: the server holds them running, leases granted.
+    let mut desktop = Desktop::default();
+    for (n, declined) in left_over.into_iter().take(4) {
+        let command = CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(n)));
+        let execution = ExecutionId::parse("exec-old").expect("valid");
+        server.commands.insert(
+            command,
+            if declined {
+                ServerState::Queued
+            } else {
+                ServerState::Running {
+                    execution: execution.clone(),
+                    lease_until: t0.plus(server.lease),
+                    cancel: false,
+                }
+            },
+        );
+        let report = if declined {
+            RelayReport::Declined
+        } else {
+            RelayReport::Completion {
+                envelope: ResultEnvelope::build(
+                    execution,
+                    FinishStatus::Completed,
+                    EnvelopeBody::default(),
+                ),
+            }
+        };
+        let item = graph_relay_core::outbox::OutboxItem {
+            command,
+            report,
+            stored_at: t0,
+            attempts: 0,
+        };
+        desktop.outbox.insert(command, (0, item));
+    }
+    let mut epoch = 1u64;
+    let mut relay = Relay::new(config.clone(), shared.clone(), t0);
+    let mut flight = InFlight::default();
+    let mut seen = Seen::default();
     relay.handle_timeout(now);
-
-    let mut pending_sync: Option<ProjectId> = None;
-    let mut pending_claim: Option<CommandId> = None;
-    let mut pending_controls: Vec<CommandId> = Vec::new();
-    let mut pending_store: Option<CommandId> = None;
-    let mut pending_posts: Vec<(CommandId, bool)> = Vec::new();
-    let mut pending_load = false;
-    let mut running: Option<CommandId> = None;
-    // Commands the server closed for good (a decline or completion it took):
-    // it never hands them out again, and the relay must never claim them.
-    let mut closed: BTreeSet<CommandId> = BTreeSet::new();
-    // The last version of each command a sync handed out.
-    let mut offered: HashMap<CommandId, RelayCommand> = HashMap::new();
-    let mut may_remove: HashMap<CommandId, bool> = HashMap::new();
 
     for _ in 0..256 {
         // Perform (record) every action, checking the invariants.
         while let Some(action) = relay.poll_action() {
             match action {
-                Action::LoadOutbox => pending_load = true,
+                Action::LoadOutbox => flight.load = true,
                 Action::Sync {
-                    project, sessions, ..
+                    project,
+                    sessions,
+                    restarted,
+                    running,
+                    ..
                 } => {
-                    assert!(pending_sync.is_none(), "one sync at a time");
+                    assert!(flight.sync.is_none(), "one sync at a time");
                     assert!(sessions.len() <= 100);
                     assert!(
                         relay.shared().is_enabled(&project) || sessions.is_empty(),
                         "a project no longer enabled is synced with an empty list"
                     );
-                    pending_sync = Some(project);
+                    assert_eq!(
+                        running,
+                        seen.running
+                            .as_ref()
+                            .or(seen.asking.as_ref())
+                            .map(|(c, _)| *c),
+                        "a sync names the command the relay executes or asks about"
+                    );
+                    if restarted {
+                        assert!(
+                            desktop.outbox.values().all(|(e, _)| *e == epoch),
+                            "a restart is announced only once the reports from before it are delivered"
+                        );
+                    }
+                    if !sessions.is_empty() {
+                        assert!(
+                            desktop.remembered.contains(&project),
+                            "a project is remembered before a sync shares into it"
+                        );
+                    }
+                    flight.sync = Some((project, sessions, restarted, running));
                 }
-                Action::RememberProject(project) => assert!(
-                    relay.shared().is_enabled(&project),
-                    "only an enabled project is remembered"
-                ),
-                Action::ForgetProject(project) => assert!(
-                    !relay.shared().is_enabled(&project),
-                    "only a project no longer enabled is forgotten"
-                ),
+                Action::RememberProject(project) => {
+                    assert!(
+                        relay.shared().is_enabled(&project),
+                        "only an enabled project is remembered"
+                    );
+                    desktop.remembered.insert(project);
+                }
+                Action::ForgetProject(project) => {
+                    assert!(
+                        !relay.shared().is_enabled(&project),
+                        "only a project no longer enabled is forgotten"
+                    );
+                    assert!(
+                        !server.shares.contains(&project),
+                        "a project is forgotten only once the server holds no shares there"
+                    );
+                    desktop.remembered.remove(&project);
+                }
                 Action::AbortHeldSync => {
-                    if pending_sync.take().is_some() {
+                    if flight.sync.take().is_some() {
                         relay.handle_sync_response(Err(SyncFailure::Aborted), now);
                     }
                 }
-                Action::Claim { command, .. } => {
-                    assert!(running.is_none(), "never claims while a command runs");
-                    let c = &offered[&command];
+                Action::Claim { command, execution } => {
+                    assert!(seen.running.is_none(), "never claims while a command runs");
+                    assert!(seen.asking.is_none(), "never claims while a run waits");
+                    // A claim starts a new attempt at the run: the answers to
+                    // the progress posts of an earlier one are lost.
+                    flight.progress.retain(|(c, _)| *c != command);
+                    seen.last_progress_post.remove(&command);
+                    let c = &server.offered[&command];
                     assert!(
                         relay
                             .shared()
                             .still_shared(&c.project, &c.graph_session_id, &c.slug),
                         "a claim always follows a re-check that holds now"
                     );
-                    pending_claim = Some(command);
+                    flight.claim = Some((command, execution));
+                }
+                Action::AskApproval { job, .. } => {
+                    assert!(
+                        shared.approval(&job.command.graph_session_id).is_some(),
+                        "approval is asked only for a Graph that needs it"
+                    );
+                    assert!(seen.running.is_none() && seen.asking.is_none());
+                    assert!(
+                        matches!(
+                            server.state(&job.command.id, now),
+                            Some(ServerState::Running { execution, .. }) if execution == job.execution
+                        ),
+                        "a run waits for approval once claimed"
+                    );
+                    seen.asking = Some((job.command.id, job.execution));
+                }
+                Action::WithdrawApproval { command } => {
+                    assert_eq!(
+                        seen.asking.take().map(|(c, _)| c),
+                        Some(command),
+                        "only an open question is withdrawn"
+                    );
                 }
                 Action::Execute(job) => {
-                    assert!(running.is_none(), "never two commands at once");
-                    assert!(!closed.contains(&job.command.id), "nothing closed runs");
+                    assert!(seen.running.is_none(), "never two commands at once");
+                    assert!(seen.asking.is_none(), "nothing runs while a run waits");
+                    if shared.approval(&job.command.graph_session_id).is_some() {
+                        assert!(
+                            seen.approved.remove(&job.command.id),
+                            "nothing that needs approval runs unless approved"
+                        );
+                    }
+                    assert!(
+                        matches!(
+                            server.state(&job.command.id, now),
+                            Some(ServerState::Running { execution, .. }) if execution == job.execution
+                        ),
+                        "only a command running on the server under this execution runs"
+                    );
                     assert!(
                         relay.shared().still_shared(
                             &job.command.project,
@@ -363,24 +607,100 @@ pub fn relay_events(data: &[u8]) {
                         ),
                         "the re-check held when it was claimed"
                     );
-                    running = Some(job.command.id);
+                    seen.running = Some((job.command.id, job.execution));
                 }
-                Action::Control { command, .. } => pending_controls.push(command),
-                Action::CancelExecution { command } => assert_eq!(running, Some(command)),
-                Action::StoreReport(item) => pending_store = Some(item.command),
+                Action::Control { command, .. } => {
+                    assert!(
+                        !seen.told_closed.contains(&command),
+                        "no control request for a run the server closed"
+                    );
+                    flight.controls.push(command);
+                }
+                Action::CancelExecution { command } => {
+                    assert_eq!(seen.running.as_ref().map(|(c, _)| *c), Some(command));
+                    assert!(seen.cancels.insert(command), "the engine is stopped once");
+                }
+                Action::PostProgress {
+                    command,
+                    execution,
+                    report,
+                } => {
+                    let own = Some(&(command, execution.clone()));
+                    assert!(
+                        seen.running.as_ref() == own || seen.asking.as_ref() == own,
+                        "progress only of the claimed execution"
+                    );
+                    assert!(
+                        !seen.told_closed.contains(&command),
+                        "no progress for a run the server closed"
+                    );
+                    assert!(
+                        flight.progress.iter().all(|(c, _)| *c != command),
+                        "one progress post of a run at a time"
+                    );
+                    if let Some(last) = seen.last_progress_post.get(&command) {
+                        assert!(
+                            now.since(*last) >= config.progress_interval,
+                            "at most one progress post per interval"
+                        );
+                    }
+                    let relays_own = matches!(
+                        report.message.as_deref(),
+                        Some(WAITING_FOR_APPROVAL | APPROVED_ON_THE_DESKTOP)
+                    );
+                    if !relays_own {
+                        assert_eq!(
+                            seen.latest_progress.get(&command),
+                            Some(&report),
+                            "the latest report is posted"
+                        );
+                    }
+                    seen.last_progress_post.insert(command, now);
+                    flight.progress.push((command, execution));
+                }
+                Action::StoreReport(item) => {
+                    assert!(
+                        !seen.told_closed.contains(&item.command),
+                        "nothing is reported of a run the server closed"
+                    );
+                    if seen
+                        .asking
+                        .as_ref()
+                        .is_some_and(|(c, _)| *c == item.command)
+                    {
+                        // Denied: the question is answered, nothing ran.
+                        seen.asking = None;
+                    }
+                    desktop.outbox.insert(item.command, (epoch, item.clone()));
+                    flight.store = Some(item.command);
+                }
                 Action::PostReport(item) => {
-                    pending_posts.push((item.command, item.report == RelayReport::Declined))
+                    assert!(
+                        !seen
+                            .refused
+                            .iter()
+                            .any(|r| r.command == item.command && r.report == item.report),
+                        "a report refused for good is never posted again"
+                    );
+                    flight.posts.push(item);
                 }
                 Action::RemoveReport(command) => {
                     assert_eq!(
-                        may_remove.remove(&command),
+                        seen.may_remove.remove(&command),
                         Some(true),
                         "an outbox item was dropped without a 2xx or a final refusal"
                     );
+                    desktop.outbox.remove(&command);
                 }
                 Action::RecordAttempt(_) => {}
             }
         }
+        assert!(
+            server.shares.is_subset(&desktop.remembered),
+            "the server holds shares in a project the desktop forgot: {:?} vs {:?}",
+            server.shares,
+            desktop.remembered
+        );
         let Ok(step) = Step::arbitrary(&mut u) else {
             break;
         };
@@ -390,73 +710,160 @@ pub fn relay_events(data: &[u8]) {
                 relay.handle_timeout(now);
             }
             Step::AnswerSync { commands, failure } => {
-                let Some(project) = pending_sync.take() else {
+                let Some((project, sessions, restarted, running)) = flight.sync.take() else {
                     continue;
                 };
-                let mut seen = BTreeSet::new();
-                let answer = match failure % 4 {
-                    1 => Err(SyncFailure::Network("down".into())),
-                    2 => Err(SyncFailure::Refused("403".into())),
-                    _ => Ok(commands
-                        .into_iter()
-                        .take(6)
-                        .filter(|(id, _, _)| !closed.contains(&command_id(*id)))
-                        // A sync lists each queued command once.
-                        .filter(|(id, _, _)| seen.insert(command_id(*id)))
-                        // A command's project, session and slug never change: an id
-                        // handed out before is handed out the same, and only in its project.
-                        .filter_map(|(id, n, renamed)| match offered.get(&command_id(id)) {
-                            Some(known) => (known.project == project).then(|| known.clone()),
-                            None => Some(RelayCommand {
-                                id: command_id(id),
-                                project: project.clone(),
-                                graph_session_id: GraphSessionId::clone(
-                                    &session(n).graph_session_id,
-                                ),
-                                arguments: Default::default(),
-                                slug: if renamed {
-                                    "renamed".into()
-                                } else {
-                                    session(n).slug.to_string()
-                                },
-                            }),
-                        })
-                        .collect::<Vec<_>>()),
-                };
-                if let Ok(commands) = &answer {
-                    for c in commands {
-                        offered.entry(c.id).or_insert_with(|| c.clone());
+                // 1: lost before the server; 2: refused; 3: reached the
+                // server, answer lost; else answered.
+                let arrived = !matches!(failure % 4, 1 | 2);
+                if arrived {
+                    if sessions.is_empty() {
+                        server.shares.remove(&project);
+                    } else {
+                        server.shares.insert(project.clone());
+                    }
+                    if restarted {
+                        server.close_running_after_restart(running, now);
                     }
                 }
+                let answer =
+                    match failure % 4 {
+                        1 | 3 => Err(SyncFailure::Network("down".into())),
+                        2 => Err(SyncFailure::Refused("403".into())),
+                        _ => {
+                            let mut handed = Vec::new();
+                            for (id, n, renamed) in commands.into_iter().take(6) {
+                                let id = command_id(id);
+                                let c = server.offered.get(&id).cloned().unwrap_or_else(|| {
+                                    RelayCommand {
+                                        id,
+                                        project: project.clone(),
+                                        graph_session_id: GraphSessionId::clone(
+                                            &session(n).graph_session_id,
+                                        ),
+                                        arguments: Default::default(),
+                                        slug: if renamed {
+                                            "renamed".into()
+                                        } else {
+                                            session(n).slug.to_string()
+                                        },
+                                    }
+                                });
+                                // Only this project's queued commands, each once.
+                                if c.project != project
+                                    || handed.iter().any(|h: &RelayCommand| h.id == id)
+                                {
+                                    continue;
+                                }
+                                match server.state(&id, now) {
+                                    None | Some(ServerState::Queued) => {}
+                                    _ => continue,
+                                }
+                                server.offered.entry(id).or_insert_with(|| c.clone());
+                                // A queued run of a session this sync does not share
+                                // (under its slug) ends here with the re-check error.
+                                let still = sessions.iter().any(|s| {
+                                    s.graph_session_id == c.graph_session_id && *s.slug == *c.slug
+                                });
+                                if still {
+                                    server.commands.insert(id, ServerState::Queued);
+                                    handed.push(c);
+                                } else {
+                                    server
+                                        .commands
+                                        .insert(id, ServerState::Closed(Closed::BeforeStart));
+                                }
+                            }
+                            Ok(handed)
+                        }
+                    };
                 relay.handle_sync_response(answer, now);
             }
             Step::AnswerClaim(o) => {
-                let Some(command) = pending_claim.take() else {
+                let Some((command, execution)) = flight.claim.take() else {
                     continue;
                 };
-                let outcome = match o % 3 {
-                    // The server never grants a command it has closed.
-                    0 if closed.contains(&command) => ClaimOutcome::Refused("cancelled".into()),
-                    0 => ClaimOutcome::Granted,
-                    1 => ClaimOutcome::Refused("cancelled".into()),
-                    _ => ClaimOutcome::Network("timeout".into()),
+                let state = server.state(&command, now);
+                let outcome = match (o % 4, state) {
+                    (3, _) => ClaimOutcome::Network("timeout".into()),
+                    (1, Some(ServerState::Queued)) => {
+                        // The agent cancelled it meanwhile.
+                        server
+                            .commands
+                            .insert(command, ServerState::Closed(Closed::BeforeStart));
+                        ClaimOutcome::Refused("cancelled".into())
+                    }
+                    (_, Some(ServerState::Queued)) => {
+                        server.commands.insert(
+                            command,
+                            ServerState::Running {
+                                execution: execution.clone(),
+                                lease_until: now.plus(server.lease),
+                                cancel: false,
+                            },
+                        );
+                        ClaimOutcome::Granted
+                    }
+                    (_, Some(ServerState::Running { execution: e, .. })) if e == execution => {
+                        ClaimOutcome::Granted
+                    }
+                    _ => ClaimOutcome::Refused("start_refused".into()),
                 };
                 relay.handle_claim_response(command, outcome, now);
             }
             Step::AnswerControl(o) => {
-                if pending_controls.is_empty() {
+                if flight.controls.is_empty() {
                     continue;
                 }
-                let command = pending_controls.remove(0);
-                let answer = match o % 3 {
-                    0 => Ok(false),
-                    1 => Ok(true),
-                    _ => Err("timeout".to_string()),
+                let command = flight.controls.remove(0);
+                let answer = if o % 3 == 2 {
+                    Err("timeout".to_string())
+                } else {
+                    let state = server.state(&command, now);
+                    let lease = server.lease;
+                    match server.commands.get_mut(&command) {
+                        // The request renews the lease of a running command.
+                        Some(ServerState::Running {
+                            lease_until,
+                            cancel,
+                            ..
+                        }) => {
+                            *lease_until = now.plus(lease);
+                            *cancel |= o % 3 == 1;
+                            Ok(graph_relay_core::queue::ControlAnswer {
+                                cancel_requested: *cancel,
+                                status: graph_relay_core::command::CommandStatus::Running,
+                            })
+                        }
+                        _ => Ok(graph_relay_core::queue::ControlAnswer {
+                            cancel_requested: false,
+                            status: match state {
+                                Some(ServerState::Queued) | None => {
+                                    graph_relay_core::command::CommandStatus::Queued
+                                }
+                                _ => graph_relay_core::command::CommandStatus::Failed,
+                            },
+                        }),
+                    }
                 };
+                if let Ok(a) = &answer
+                    && a.status.is_terminal()
+                    && seen.running.as_ref().is_some_and(|(c, _)| *c == command)
+                {
+                    seen.told_closed.insert(command);
+                }
                 relay.handle_control_response(command, answer, now);
             }
+            Step::AgentCancels => {
+                if let Some((command, _)) = &seen.running
+                    && let Some(ServerState::Running { cancel, .. }) =
+                        server.commands.get_mut(command)
+                {
+                    *cancel = true;
+                }
+            }
             Step::Finish(o) => {
-                let Some(command) = running.take() else {
+                let Some((command, _)) = seen.running.take() else {
                     continue;
                 };
                 let status = [
@@ -476,53 +883,125 @@ pub fn relay_events(data: &[u8]) {
                 );
             }
             Step::Stored => {
-                if let Some(command) = pending_store.take() {
+                if let Some(command) = flight.store.take() {
                     relay.handle_report_stored(command, now);
                 }
             }
             Step::AnswerPost(o) => {
-                if pending_posts.is_empty() {
+                if flight.posts.is_empty() {
                     continue;
                 }
-                let (command, declined) = pending_posts.remove(0);
-                let outcome = match o % 3 {
-                    0 => PostOutcome::Acknowledged,
-                    1 => PostOutcome::Rejected("conflict".into()),
-                    _ => PostOutcome::Retry("timeout".into()),
+                let item = flight.posts.remove(0);
+                let command = item.command;
+                let state = server.state(&command, now);
+                let outcome = match (&item.report, state) {
+                    _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
+                    (RelayReport::Declined, Some(ServerState::Queued) | None) => {
+                        server
+                            .commands
+                            .insert(command, ServerState::Closed(Closed::BeforeStart));
+                        PostOutcome::Acknowledged
+                    }
+                    (RelayReport::Declined, Some(ServerState::Closed(_))) => {
+                        PostOutcome::Acknowledged
+                    }
+                    (
+                        RelayReport::Completion { envelope },
+                        Some(ServerState::Running { execution, .. }),
+                    ) if envelope.execution_id == execution => {
+                        server
+                            .commands
+                            .insert(command, ServerState::Closed(Closed::Reported));
+                        PostOutcome::Acknowledged
+                    }
+                    (
+                        RelayReport::Completion { .. },
+                        Some(ServerState::Closed(Closed::Reported)),
+                    ) if o % 3 == 0 => {
+                        // The same completion, recorded before: a duplicate.
+                        PostOutcome::Acknowledged
+                    }
+                    // Lapsed, closed after a restart, never started, another
+                    // execution, a running command declined: final.
+                    _ => PostOutcome::Rejected("409 run_closed".into()),
                 };
-                may_remove.insert(command, !matches!(outcome, PostOutcome::Retry(_)));
-                if outcome == PostOutcome::Acknowledged && (declined || running.is_none()) {
-                    closed.insert(command);
+                if let PostOutcome::Rejected(_) = &outcome {
+                    seen.refused.push(item.clone());
                 }
+                seen.may_remove
+                    .insert(command, !matches!(outcome, PostOutcome::Retry(_)));
                 relay.handle_report_posted(command, outcome, now);
             }
-            Step::Loaded(items) => {
-                if !std::mem::take(&mut pending_load) {
+            Step::Loaded => {
+                if !std::mem::take(&mut flight.load) {
                     continue;
                 }
-                let items = items
-                    .into_iter()
-                    .take(4)
-                    .map(|(id, declined_item)| graph_relay_core::outbox::OutboxItem {
-                        command: CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(id))),
-                        report: if declined_item {
-                            RelayReport::Declined
-                        } else {
-                            RelayReport::Completion {
-                                envelope: ResultEnvelope::build(
-                                    ExecutionId::parse("exec-old").expect("valid"),
-                                    FinishStatus::Completed,
-                                    EnvelopeBody::default(),
-                                ),
-                            }
-                        },
-                        stored_at: t0,
-                        attempts: 0,
-                    })
-                    .collect();
+                let mut items: Vec<_> = desktop.outbox.values().map(|(_, i)| i.clone()).collect();
+                items.sort_by_key(|i| (i.stored_at, i.command));
                 relay.handle_outbox_loaded(items, now);
             }
-            Step::Share(bits) => relay.handle_shared_set(shared_set(bits), now),
+            Step::Share(bits) => {
+                shared = shared_set(bits, approvals);
+                relay.handle_shared_set(shared.clone(), now);
+            }
+            Step::Restart(r) => {
+                if r % 16 != 0 {
+                    continue;
+                }
+                // The process dies: its requests' answers are lost, its
+                // execution is gone; the disk (outbox, projects) stays.
+                epoch += 1;
+                flight = InFlight::default();
+                seen = Seen::default();
+                // A new process draws new execution ids.
+                let fresh = RelayConfig {
+                    seed: config.seed ^ epoch,
+                    ..config.clone()
+                };
+                relay = Relay::new(fresh, shared.clone(), now);
+                relay.remember_synced(desktop.remembered.iter().cloned());
+                relay.handle_timeout(now);
+            }
+            Step::Progress(p) => {
+                let Some((command, execution)) = seen.running.clone() else {
+                    continue;
+                };
+                let report = ProgressReport {
+                    message: Some(format!("step {p}")),
+                    percent: Some(f64::from(p % 128)),
+                };
+                let taken = relay.handle_progress(command, &execution, report.clone(), now);
+                assert_eq!(taken.is_ok(), p % 128 <= 100, "{taken:?}");
+                if taken.is_ok() && !seen.told_closed.contains(&command) {
+                    seen.latest_progress.insert(command, report);
+                }
+            }
+            Step::Approve(o) => {
+                let Some((command, _)) = seen.asking.take() else {
+                    continue;
+                };
+                let decision = if o % 2 == 0 {
+                    seen.approved.insert(command);
+                    ApprovalDecision::Approved
+                } else {
+                    ApprovalDecision::Denied((o % 4 == 1).then(|| "not now".to_owned()))
+                };
+                relay.handle_approval(command, decision, now);
+            }
+            Step::AnswerProgress(o) => {
+                if flight.progress.is_empty() {
+                    continue;
+                }
+                let (command, execution) = flight.progress.remove(0);
+                let outcome = match server.state(&command, now) {
+                    _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
+                    Some(ServerState::Running { execution: e, .. }) if e == execution => {
+                        PostOutcome::Acknowledged
+                    }
+                    _ => PostOutcome::Rejected("409 progress_refused".into()),
+                };
+                relay.handle_progress_posted(command, outcome, now);
+            }
         }
     }
 }

@@ -1,11 +1,13 @@
 //! # graph-relay-sim
 //!
-//! Reruns the published experiments (SPEC §8) with the real code: the real
+//! Reruns the published experiments (SPEC §8), and one of ours (a desktop
+//! that dies mid-run), with the real code: the real
 //! [`Queue`](graph_relay_core::queue::Queue) over the memory store and the
 //! real [`Relay`](graph_relay_core::relay::Relay) state machine, on one
 //! virtual clock that jumps from deadline to deadline. Only what lies outside
 //! the system is simulated: Graph run times (lognormal, median 60 s, minimum
-//! 5 s), network latency, lost responses and the scripted agent. No queue or
+//! 5 s), network latency, lost responses, a desktop that dies and starts
+//! again, the Graph's progress reports and the scripted agent. No queue or
 //! relay rule is re-implemented here.
 //!
 //! ```text

@@ -15,11 +15,13 @@ use futures::FutureExt;
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::envelope::FinishStatus;
+use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{
-    CompleteError, DeclineError, Queue, QueueConfig, RunView, StartError, SyncError, SyncRequest,
+    CompleteError, ControlAnswer, DeclineError, ProgressError, Queue, QueueConfig, RunView,
+    StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,
@@ -74,6 +76,13 @@ pub struct WorldConfig {
     pub relay_start: Duration,
     /// Seed of run times and the relay's jitter.
     pub seed: u64,
+    /// How often the server runs its housekeeping ([`Queue::maintain`]:
+    /// coalesced progress, lapsed leases, pruning); `None` never (reads still
+    /// close a lapsed run).
+    pub maintain: Option<Duration>,
+    /// The synthetic Graph reports progress this often (a percentage
+    /// through the run, and a message), or never.
+    pub progress_every: Option<Duration>,
 }
 
 impl Default for WorldConfig {
@@ -86,6 +95,8 @@ impl Default for WorldConfig {
             run_time: RunTime::default(),
             relay_start: Duration::ZERO,
             seed: 1,
+            maintain: None,
+            progress_every: None,
         }
     }
 }
@@ -116,6 +127,11 @@ enum Request {
         long_poll: bool,
     },
     Post(OutboxItem),
+    Progress {
+        command: CommandId,
+        execution: graph_relay_core::ids::ExecutionId,
+        report: ProgressReport,
+    },
 }
 
 /// An answer on its way to the relay.
@@ -123,14 +139,21 @@ enum Request {
 enum Answer {
     Sync(Result<Vec<RelayCommand>, SyncFailure>),
     Claim(CommandId, ClaimOutcome),
-    Control(CommandId, Result<bool, String>),
+    Control(CommandId, Result<ControlAnswer, String>),
     Posted(CommandId, PostOutcome),
+    ProgressPosted(CommandId, PostOutcome),
 }
 
+/// Requests and answers carry the epoch of the desktop process that sent
+/// them: an answer for a process that died is lost with it.
 #[derive(Debug)]
 enum Event {
-    Arrive(Request),
-    Answer(Answer),
+    Arrive(u64, Request),
+    Answer(u64, Answer),
+    /// The server's periodic housekeeping ([`Queue::maintain`]).
+    Maintain,
+    /// The desktop (a new relay process) starts.
+    DesktopStarts,
     ExecutionDone {
         command: CommandId,
         generation: u64,
@@ -138,6 +161,14 @@ enum Event {
     },
     HoldExpired {
         generation: u64,
+    },
+    /// The synthetic Graph of execution `generation` reports its `n`th progress.
+    Progress {
+        command: CommandId,
+        execution: graph_relay_core::ids::ExecutionId,
+        generation: u64,
+        n: u64,
+        ends_at: Timestamp,
     },
 }
 
@@ -164,14 +195,16 @@ impl Ord for Scheduled {
     }
 }
 
-/// A long-poll request the server is holding.
+/// A long-poll request the server is holding (for the desktop process of `epoch`).
 enum Held {
     Sync {
+        epoch: u64,
         project: ProjectId,
         subscription: Subscription,
         generation: u64,
     },
     Control {
+        epoch: u64,
         command: CommandId,
         subscription: Subscription,
         generation: u64,
@@ -185,6 +218,13 @@ pub struct World {
     /// The real queue over the memory store.
     pub queue: Queue,
     relay: Relay,
+    relay_config: RelayConfig,
+    /// The desktop process now running (or last run), counted from 1.
+    epoch: u64,
+    /// False between [`World::kill_desktop`] and the desktop's restart.
+    desktop_up: bool,
+    /// When the desktop last died.
+    pub died_at: Option<Timestamp>,
     outbox: Option<MemoryOutbox>,
     config: WorldConfig,
     heap: BinaryHeap<Reverse<Scheduled>>,
@@ -247,7 +287,11 @@ impl World {
             seed: config.seed,
             ..RelayConfig::default()
         };
-        let relay = Relay::new(relay_config, shared.clone(), START.plus(config.relay_start));
+        let relay = Relay::new(
+            relay_config.clone(),
+            shared.clone(),
+            START.plus(config.relay_start),
+        );
         let device = Device::new(valid(DeviceId::parse("desktop")), owner.clone());
         // The desktop shared its session once before the experiment starts.
         let share = SyncRequest {
@@ -259,11 +303,15 @@ impl World {
         };
         let _ = block_on(queue.sync(&device, &share));
         let rng = SimRng::new(config.seed ^ 0x5eed);
-        Self {
+        let mut world = Self {
             outbox: config.outbox.then(MemoryOutbox::new),
             clock,
             queue,
             relay,
+            relay_config,
+            epoch: 1,
+            desktop_up: true,
+            died_at: None,
             heap: BinaryHeap::new(),
             seq: 0,
             rng,
@@ -287,7 +335,57 @@ impl World {
             device,
             session,
             config,
+        };
+        if let Some(every) = world.config.maintain {
+            world.schedule(START.plus(every), Event::Maintain);
         }
+        world
+    }
+
+    /// The desktop dies at once (power cut, SIGKILL): its relay and the
+    /// Graph it runs stop, and answers to its requests in flight are lost.
+    /// Its durable outbox survives. The server notices nothing.
+    pub fn kill_desktop(&mut self) {
+        let now = self.now();
+        self.desktop_up = false;
+        self.died_at = Some(now);
+        if self.running.take().is_some()
+            && let Some(record) = self.executions.last_mut()
+            && record.ended.is_none()
+        {
+            record.ended = Some(now);
+        }
+    }
+
+    /// The desktop starts again after `delay`: a new relay process on the
+    /// same outbox, whose first syncs announce the restart.
+    pub fn restart_desktop_after(&mut self, delay: Duration) {
+        let at = self.now().plus(delay);
+        self.schedule(at, Event::DesktopStarts);
+    }
+
+    /// True while the desktop runs.
+    pub fn desktop_up(&self) -> bool {
+        self.desktop_up
+    }
+
+    fn start_desktop(&mut self) {
+        if self.desktop_up {
+            return;
+        }
+        let now = self.now();
+        self.epoch += 1;
+        self.desktop_up = true;
+        // A new process: new jitter and new execution ids.
+        let config = RelayConfig {
+            seed: self.relay_config.seed ^ self.epoch,
+            ..self.relay_config.clone()
+        };
+        let mut relay = Relay::new(config, self.relay.shared().clone(), now);
+        if let Some(outbox) = &self.outbox {
+            relay.remember_synced(block_on(outbox.synced_projects()).unwrap_or_default());
+        }
+        self.relay = relay;
     }
 
     /// The virtual time.
@@ -339,7 +437,7 @@ impl World {
     fn step(&mut self, limit: Timestamp) -> bool {
         self.perform_actions();
         self.wake_held();
-        let relay_due = self.relay.poll_timeout();
+        let relay_due = self.relay_timeout();
         let heap_due = self.heap.peek().map(|Reverse(s)| s.at);
         let next = match (relay_due, heap_due) {
             (Some(a), Some(b)) => a.min(b),
@@ -398,8 +496,13 @@ impl World {
         }
     }
 
+    /// The relay's timer, while the desktop runs.
+    fn relay_timeout(&self) -> Option<Timestamp> {
+        self.relay.poll_timeout().filter(|_| self.desktop_up)
+    }
+
     fn next_due(&self) -> Option<Timestamp> {
-        let relay = self.relay.poll_timeout();
+        let relay = self.relay_timeout();
         let heap = self.heap.peek().map(|Reverse(s)| s.at);
         match (relay, heap) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -408,6 +511,9 @@ impl World {
     }
 
     fn perform_actions(&mut self) {
+        if !self.desktop_up {
+            return;
+        }
         while let Some(action) = self.relay.poll_action() {
             let now = self.now();
             match action {
@@ -428,13 +534,16 @@ impl World {
                     let at = self.after_latency();
                     self.schedule(
                         at,
-                        Event::Arrive(Request::Sync(SyncRequest {
-                            project,
-                            sessions,
-                            long_poll,
-                            restarted,
-                            running,
-                        })),
+                        Event::Arrive(
+                            self.epoch,
+                            Request::Sync(SyncRequest {
+                                project,
+                                sessions,
+                                long_poll,
+                                restarted,
+                                running,
+                            }),
+                        ),
                     );
                 }
                 Action::RememberProject(project) => {
@@ -454,12 +563,18 @@ impl World {
                 }
                 Action::Claim { command, execution } => {
                     let at = self.after_latency();
-                    self.schedule(at, Event::Arrive(Request::Claim { command, execution }));
+                    self.schedule(
+                        at,
+                        Event::Arrive(self.epoch, Request::Claim { command, execution }),
+                    );
                 }
                 Action::Execute(job) => self.execute(job),
                 Action::Control { command, long_poll } => {
                     let at = self.after_latency();
-                    self.schedule(at, Event::Arrive(Request::Control { command, long_poll }));
+                    self.schedule(
+                        at,
+                        Event::Arrive(self.epoch, Request::Control { command, long_poll }),
+                    );
                 }
                 Action::CancelExecution { command } => {
                     // The engine stops the execution at once.
@@ -476,6 +591,26 @@ impl World {
                         );
                     }
                 }
+                // The simulated desktop shares no Graph that needs approval.
+                Action::AskApproval { .. } | Action::WithdrawApproval { .. } => {}
+                Action::PostProgress {
+                    command,
+                    execution,
+                    report,
+                } => {
+                    let at = self.after_latency();
+                    self.schedule(
+                        at,
+                        Event::Arrive(
+                            self.epoch,
+                            Request::Progress {
+                                command,
+                                execution,
+                                report,
+                            },
+                        ),
+                    );
+                }
                 Action::StoreReport(item) => {
                     if let Some(o) = &self.outbox {
                         let _ = block_on(o.put(&item));
@@ -489,14 +624,14 @@ impl World {
                         let at = now.plus(self.config.latency * 2);
                         self.schedule(
                             at,
-                            Event::Answer(Answer::Posted(
-                                item.command,
-                                PostOutcome::Retry("lost".into()),
-                            )),
+                            Event::Answer(
+                                self.epoch,
+                                Answer::Posted(item.command, PostOutcome::Retry("lost".into())),
+                            ),
                         );
                     } else {
                         let at = self.after_latency();
-                        self.schedule(at, Event::Arrive(Request::Post(item)));
+                        self.schedule(at, Event::Arrive(self.epoch, Request::Post(item)));
                     }
                 }
                 Action::RemoveReport(command) => {
@@ -536,13 +671,34 @@ impl World {
                 status: FinishStatus::Completed,
             },
         );
+        if let Some(every) = self.config.progress_every {
+            self.schedule(
+                now.plus(every),
+                Event::Progress {
+                    command,
+                    execution: job.execution,
+                    generation,
+                    n: 1,
+                    ends_at: at,
+                },
+            );
+        }
     }
 
     fn dispatch(&mut self, event: Event) {
         let now = self.now();
         match event {
-            Event::Arrive(request) => self.serve(request),
-            Event::Answer(answer) => match answer {
+            Event::Arrive(epoch, request) => self.serve(epoch, request),
+            Event::Maintain => {
+                // What `serve` does about once a second: progress, leases, pruning.
+                let _ = block_on(self.queue.maintain());
+                if let Some(every) = self.config.maintain {
+                    self.schedule(now.plus(every), Event::Maintain);
+                }
+            }
+            Event::DesktopStarts => self.start_desktop(),
+            Event::Answer(epoch, _) if epoch != self.epoch || !self.desktop_up => {}
+            Event::Answer(_, answer) => match answer {
                 Answer::Sync(result) => self.relay.handle_sync_response(result, now),
                 Answer::Claim(command, outcome) => {
                     self.relay.handle_claim_response(command, outcome, now)
@@ -552,6 +708,9 @@ impl World {
                 }
                 Answer::Posted(command, outcome) => {
                     self.relay.handle_report_posted(command, outcome, now)
+                }
+                Answer::ProgressPosted(command, outcome) => {
+                    self.relay.handle_progress_posted(command, outcome, now)
                 }
             },
             Event::ExecutionDone {
@@ -581,6 +740,40 @@ impl World {
                 };
                 self.relay.handle_execution_finished(command, outcome, now);
             }
+            Event::Progress {
+                command,
+                execution,
+                generation,
+                n,
+                ends_at,
+            } => {
+                if self.running != Some((command, generation)) || !self.desktop_up {
+                    return;
+                }
+                let (Some(every), Some(started)) = (
+                    self.config.progress_every,
+                    self.executions.last().map(|e| e.started),
+                ) else {
+                    return;
+                };
+                let total = ends_at.since(started).as_secs_f64().max(0.001);
+                let done = now.since(started).as_secs_f64();
+                let report = ProgressReport {
+                    message: Some(format!("step {n}")),
+                    percent: Some((done / total * 100.0).clamp(0.0, 100.0).floor()),
+                };
+                let _ = self.relay.handle_progress(command, &execution, report, now);
+                self.schedule(
+                    now.plus(every),
+                    Event::Progress {
+                        command,
+                        execution,
+                        generation,
+                        n: n + 1,
+                        ends_at,
+                    },
+                );
+            }
             Event::HoldExpired { generation } => {
                 let Some(index) = self.held.iter().position(|h| match h {
                     Held::Sync { generation: g, .. } | Held::Control { generation: g, .. } => {
@@ -596,7 +789,7 @@ impl World {
     }
 
     /// The server side of each relay request: the real queue.
-    fn serve(&mut self, request: Request) {
+    fn serve(&mut self, epoch: u64, request: Request) {
         let reply_at = self.after_latency();
         let device = self.device.clone();
         match request {
@@ -606,6 +799,7 @@ impl World {
                 let answer = match block_on(self.queue.sync(&device, &request)) {
                     Ok(response) if request.long_poll && response.commands.is_empty() => {
                         self.hold(Held::Sync {
+                            epoch,
                             project: request.project,
                             subscription,
                             generation: 0,
@@ -618,30 +812,57 @@ impl World {
                         Err(refusal(retryable, e).into())
                     }
                 };
-                self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
+                self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
             Request::Claim { command, execution } => {
                 let outcome = match block_on(self.queue.start(&device, &command, &execution)) {
                     Ok(_) => ClaimOutcome::Granted,
                     Err(e) => refusal(matches!(e, StartError::Store(_)), e).into(),
                 };
-                self.schedule(reply_at, Event::Answer(Answer::Claim(command, outcome)));
+                self.schedule(
+                    reply_at,
+                    Event::Answer(epoch, Answer::Claim(command, outcome)),
+                );
             }
             Request::Control { command, long_poll } => {
                 let subscription = self.queue.signals().subscribe(Topic::Command(command));
                 let answer = match block_on(self.queue.control(&device, &command)) {
                     Ok(a) if long_poll && !a.cancel_requested && !a.status.is_terminal() => {
                         self.hold(Held::Control {
+                            epoch,
                             command,
                             subscription,
                             generation: 0,
                         });
                         return;
                     }
-                    Ok(a) => Ok(a.cancel_requested),
+                    Ok(a) => Ok(a),
                     Err(e) => Err(e.to_string()),
                 };
-                self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
+                self.schedule(
+                    reply_at,
+                    Event::Answer(epoch, Answer::Control(command, answer)),
+                );
+            }
+            Request::Progress {
+                command,
+                execution,
+                report,
+            } => {
+                let outcome = match block_on(self.queue.report_progress(
+                    &device,
+                    &command,
+                    &execution,
+                    report.message,
+                    report.percent,
+                )) {
+                    Ok(_) => PostOutcome::Acknowledged,
+                    Err(e) => refusal(matches!(e, ProgressError::Store(_)), e).into(),
+                };
+                self.schedule(
+                    reply_at,
+                    Event::Answer(epoch, Answer::ProgressPosted(command, outcome)),
+                );
             }
             Request::Post(item) => {
                 let outcome = match &item.report {
@@ -660,7 +881,7 @@ impl World {
                 };
                 self.schedule(
                     reply_at,
-                    Event::Answer(Answer::Posted(item.command, outcome)),
+                    Event::Answer(epoch, Answer::Posted(item.command, outcome)),
                 );
             }
         }
@@ -701,17 +922,21 @@ impl World {
         let reply_at = self.after_latency();
         let device = self.device.clone();
         match held {
-            Held::Sync { project, .. } => {
+            Held::Sync { epoch, project, .. } => {
                 let answer = block_on(self.queue.queued_for(&device, &project))
                     .map(|cs| cs.iter().map(relay_command).collect())
                     .map_err(|e| SyncFailure::Network(e.to_string()));
-                self.schedule(reply_at, Event::Answer(Answer::Sync(answer)));
+                self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
-            Held::Control { command, .. } => {
-                let answer = block_on(self.queue.control(&device, &command))
-                    .map(|a| a.cancel_requested)
-                    .map_err(|e| e.to_string());
-                self.schedule(reply_at, Event::Answer(Answer::Control(command, answer)));
+            Held::Control { epoch, command, .. } => {
+                // As the HTTP server does: the held request renewed the lease
+                // when it arrived; its answer only looks.
+                let answer =
+                    block_on(self.queue.peek_control(&device, &command)).map_err(|e| e.to_string());
+                self.schedule(
+                    reply_at,
+                    Event::Answer(epoch, Answer::Control(command, answer)),
+                );
             }
         }
     }

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use graph_relay_core::args::RunArgs;
-use graph_relay_core::command::CommandStatus;
+use graph_relay_core::command::{CommandStatus, DESKTOP_RESTARTED, LEASE_LAPSED};
 use graph_relay_core::ids::{CommandId, IdempotencyKey};
 use graph_relay_core::relay::RelayMode;
-use graph_relay_sim::experiments;
+use graph_relay_sim::experiments::{self, RESTART_AFTER};
+use graph_relay_sim::rng::SimRng;
 use graph_relay_sim::world::{START, World, WorldConfig};
 
 fn queue(w: &mut World, n: u32) -> CommandId {
@@ -34,6 +35,7 @@ fn same_seed_prints_byte_identical_output() {
             experiments::offline(seed),
             experiments::result_size(),
             experiments::second_agent(seed, 20),
+            experiments::desktop_dies(seed, 10),
         ];
         (
             graph_relay_sim::render_text(&outcomes, seed),
@@ -93,7 +95,7 @@ fn a_run_cancelled_while_queued_never_reaches_the_executor() {
 }
 
 #[test]
-fn a_lost_completion_is_delivered_only_with_the_outbox() {
+fn a_lost_completion_is_delivered_only_with_the_outbox_and_otherwise_the_lease_ends_the_run() {
     for mode in [RelayMode::Interval, RelayMode::LongPoll] {
         for outbox in [true, false] {
             let mut w = World::new(WorldConfig {
@@ -105,18 +107,92 @@ fn a_lost_completion_is_delivered_only_with_the_outbox() {
             let id = queue(&mut w, 1);
             w.run_until(START.plus(Duration::from_secs(3600)));
             assert_eq!(w.executions.len(), 1);
-            // Without the outbox the result is gone for good; the desktop
-            // stops renewing the run's lease once the run ended locally, so
-            // the server closes it `failed` when the lease lapses instead of
-            // leaving it `running` forever.
-            let expected = if outbox {
-                CommandStatus::Completed
+            let c = w.command(&w.agent, &id).expect("visible");
+            if outbox {
+                assert_eq!(c.status, CommandStatus::Completed, "{mode:?}");
             } else {
-                CommandStatus::Failed
-            };
-            assert_eq!(w.status(&id), Some(expected), "{mode:?}, outbox {outbox}");
+                // The result is lost, but the run does not stay `running`.
+                assert_eq!(c.status, CommandStatus::Failed, "{mode:?}");
+                assert!(
+                    c.reason
+                        .as_deref()
+                        .is_some_and(|r| r.starts_with(LEASE_LAPSED)),
+                    "{mode:?}: {c:?}"
+                );
+            }
         }
     }
+}
+
+#[test]
+fn a_desktop_that_dies_mid_run_fails_it_within_the_lease_or_at_its_restart() {
+    for (mode, lease) in [
+        (RelayMode::Interval, Duration::from_secs(30)),
+        (RelayMode::LongPoll, Duration::from_secs(60)),
+    ] {
+        let mut rng = SimRng::new(11);
+        for _ in 0..25 {
+            let death = experiments::dies_mid_run(mode, None, &mut rng).expect("started");
+            assert_eq!(death.status, CommandStatus::Failed, "{mode:?}");
+            assert!(death.reason.starts_with(LEASE_LAPSED), "{death:?}");
+            // The sweep runs once a second and wakes the waiting agent (plus
+            // the 25 ms a control request sent just before the death took).
+            assert!(
+                death.learned_after <= lease + Duration::from_millis(1100),
+                "{mode:?}: {death:?}"
+            );
+            assert!(death.learned_after >= death.closed_after, "{death:?}");
+
+            let death =
+                experiments::dies_mid_run(mode, Some(RESTART_AFTER), &mut rng).expect("started");
+            assert_eq!(death.status, CommandStatus::Failed, "{mode:?}");
+            if death.reason.starts_with(DESKTOP_RESTARTED) {
+                // The first sync of the new process: the restart delay plus
+                // one round trip (25 ms each way), well within one pass.
+                assert!(
+                    death.learned_after <= RESTART_AFTER + Duration::from_millis(100),
+                    "{mode:?}: {death:?}"
+                );
+            } else {
+                // The lease lapsed before the desktop was back.
+                assert!(death.reason.starts_with(LEASE_LAPSED), "{death:?}");
+                assert!(death.learned_after <= RESTART_AFTER, "{death:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_restarted_desktop_does_not_run_the_dead_run_again() {
+    let mut w = World::new(WorldConfig {
+        mode: RelayMode::LongPoll,
+        maintain: Some(Duration::from_secs(1)),
+        run_time: graph_relay_sim::world::RunTime {
+            median_secs: 3600.0,
+            sigma: 0.0,
+            min_secs: 3600.0,
+        },
+        ..WorldConfig::default()
+    });
+    let id = queue(&mut w, 1);
+    w.run_until(START.plus(Duration::from_secs(10)));
+    assert_eq!(w.executions.len(), 1);
+    w.kill_desktop();
+    w.restart_desktop_after(Duration::from_secs(5));
+    w.run_until(START.plus(Duration::from_secs(600)));
+    assert!(w.desktop_up());
+    assert_eq!(w.executions.len(), 1, "never run again: {:?}", w.executions);
+    let c = w.command(&w.agent, &id).expect("visible");
+    assert_eq!(c.status, CommandStatus::Failed);
+    assert!(
+        c.reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(DESKTOP_RESTARTED))
+    );
+    // The new desktop still takes new work.
+    let next = queue(&mut w, 2);
+    w.run_until(w.now().plus(Duration::from_secs(5)));
+    assert_eq!(w.status(&next), Some(CommandStatus::Running));
 }
 
 #[test]
@@ -164,6 +240,52 @@ fn plots_are_written_as_svg() {
             text.starts_with("<svg") && text.contains("</svg>"),
             "{}",
             f.display()
+        );
+    }
+}
+
+#[test]
+fn progress_reported_every_10_ms_reaches_the_agent_and_costs_at_most_a_write_a_second() {
+    for mode in [RelayMode::Interval, RelayMode::LongPoll] {
+        let mut w = World::new(WorldConfig {
+            mode,
+            maintain: Some(Duration::from_secs(1)),
+            progress_every: Some(Duration::from_millis(10)),
+            run_time: graph_relay_sim::world::RunTime {
+                median_secs: 60.0,
+                sigma: 0.0,
+                min_secs: 60.0,
+            },
+            ..WorldConfig::default()
+        });
+        let id = queue(&mut w, 1);
+        w.run_until(START.plus(Duration::from_secs(25)));
+        let started = w.executions.first().expect("started").started;
+        // Mid-run the agent sees a recent report.
+        w.run_until(started.plus(Duration::from_secs(30)));
+        let c = w.command(&w.agent, &id).expect("visible");
+        assert_eq!(c.status, CommandStatus::Running);
+        let p = c.progress.expect("progress");
+        assert!(
+            w.now().since(p.updated_at) <= Duration::from_millis(1100),
+            "{mode:?}: {p:?} at {:?}",
+            w.now()
+        );
+        assert!((45.0..=50.0).contains(&p.percent.unwrap_or(0.0)), "{p:?}");
+        let before = c.revision;
+        w.run_until(started.plus(Duration::from_secs(40)));
+        let writes = w.command(&w.agent, &id).expect("visible").revision - before;
+        // 1,000 reports in 10 s: at most one write a second (plus a lease renewal).
+        assert!(
+            (5..=11).contains(&writes),
+            "{mode:?}: {writes} writes in 10 s"
+        );
+        w.run_until(started.plus(Duration::from_secs(120)));
+        let c = w.command(&w.agent, &id).expect("visible");
+        assert_eq!(c.status, CommandStatus::Completed);
+        assert!(
+            c.progress.is_some(),
+            "the last report is kept after the end"
         );
     }
 }

@@ -46,7 +46,7 @@
 //! the configuration; the relay API shares it:
 //!
 //! - `POST /external-assistants/graph-relays/sync`, `…/commands/{id}/start`,
-//!   `…/control`, `…/complete`, `…/decline` with a *device* token, and
+//!   `…/control`, `…/complete`, `…/decline`, `…/progress` with a *device* token, and
 //!   `GET …/openapi.json` describing every body ([`relay_wire`],
 //!   [`relay_api`]). Long-poll syncs and controls are held up to
 //!   [`RelayApiConfig::hold`].
@@ -562,6 +562,10 @@ pub fn router(state: HttpState) -> Router {
         .route(
             &format!("{prefix}/commands/{{command_id}}/decline"),
             post(relay_api::decline),
+        )
+        .route(
+            &format!("{prefix}/commands/{{command_id}}/progress"),
+            post(relay_api::progress),
         )
         .route_layer(from_fn_with_state(state.clone(), gate::bearer));
     let mcp = axum::routing::get(mcp_endpoint::get).merge(

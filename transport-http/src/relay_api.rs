@@ -1,4 +1,5 @@
-//! The relay API handlers (server side): sync, start, control, complete, decline.
+//! The relay API handlers (server side): sync, start, control, complete,
+//! decline, progress.
 //!
 //! Plain async handlers over [`Queue`]; the wire types are in
 //! [`crate::relay_wire`]. Each request passes the Host/Origin check, then
@@ -29,16 +30,16 @@ use graph_relay_core::envelope::ResultEnvelope;
 use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::principal::Device;
 use graph_relay_core::queue::{
-    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, Queue,
-    StartError, SyncError, SyncRequest,
+    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, ProgressAck,
+    ProgressError, Queue, StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::signals::{Subscription, Topic};
 use graph_relay_core::store::StoreError;
 use serde::de::DeserializeOwned;
 
 use crate::relay_wire::{
-    ControlBody, ControlReply, DeclineBody, ErrorReply, ReportReply, StartBody, StartReply,
-    SyncBody, SyncReply, WireCommand,
+    ControlBody, ControlReply, DeclineBody, ErrorReply, ProgressBody, ProgressReply, ReportReply,
+    StartBody, StartReply, SyncBody, SyncReply, WireCommand,
 };
 use crate::{HttpState, Principal};
 
@@ -506,6 +507,55 @@ pub(crate) async fn decline(
                 message: Some(message),
             }
         }
+    }))
+}
+
+/// A progress body that is JSON of the wrong shape (a percent that is not
+/// a number, an unknown field).
+const BAD_PROGRESS: ShapeRefusal = ShapeRefusal {
+    status: StatusCode::UNPROCESSABLE_ENTITY,
+    code: "invalid_progress",
+    what: "the progress report",
+};
+
+/// `POST /commands/{id}/progress`.
+pub(crate) async fn progress(
+    State(state): State<HttpState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<ProgressReply> {
+    let device = device_of(&state, &headers).await?;
+    let id = parse_command(&id)?;
+    let body: ProgressBody = parse_body(body, BAD_PROGRESS)?;
+    let ack = state
+        .mcp()
+        .queue()
+        .report_progress(&device, &id, &body.execution_id, body.message, body.percent)
+        .await
+        .map_err(|e| {
+            match e {
+                ProgressError::NotFound => ApiError::not_found(),
+                ProgressError::Invalid(e) => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_progress",
+                    e.to_string(),
+                ),
+                ProgressError::Refused(r) => {
+                    ApiError::new(StatusCode::CONFLICT, "progress_refused", r.to_string())
+                }
+                ProgressError::Store(e) => ApiError::store(&e),
+            }
+            .into_response()
+        })?;
+    Ok(axum::Json(ProgressReply {
+        status: "running".to_owned(),
+        recorded: match ack {
+            ProgressAck::Recorded => "recorded",
+            ProgressAck::Coalesced => "coalesced",
+            ProgressAck::Unchanged => "unchanged",
+        }
+        .to_owned(),
     }))
 }
 

@@ -16,23 +16,31 @@
 //! actions in the order they come; executions are started only on
 //! [`Action::Execute`], which the state machine emits for one command at a time.
 //!
+//! Progress: each execution gets a [`ProgressSink`] that keeps only the
+//! latest report and wakes the driver once per report it did not take yet,
+//! so a Graph reporting a thousand times a second costs the driver a
+//! bounded queue; the state machine decides when one is posted.
+//!
 //! [`FaultyTransport`] wraps a transport and loses completion POSTs on
 //! purpose, for tests of the outbox.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use graph_relay_core::Clock;
-use graph_relay_core::executor::{CancelHandle, Executor, cancel_pair};
+use graph_relay_core::command::CommandStatus;
+use graph_relay_core::executor::{
+    Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
+};
 use graph_relay_core::ids::{CommandId, ExecutionId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
-use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::queue::{ControlAnswer, SyncRequest};
 use graph_relay_core::relay::{
-    Action, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay, RelayCommand, RelayEvent,
-    SharedSet, SyncFailure,
+    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay,
+    RelayCommand, RelayEvent, SharedSet, SyncFailure,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -40,7 +48,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::AbortHandle;
 
 use crate::relay_wire::{
-    ControlBody, ControlReply, ErrorReply, StartBody, SyncBody, SyncReply, command_path, sync_path,
+    ControlBody, ControlReply, ErrorReply, ProgressBody, StartBody, SyncBody, SyncReply,
+    command_path, sync_path,
 };
 
 /// The relay's side of the relay API, one call per request kind.
@@ -50,10 +59,18 @@ pub trait RelayTransport: Send + Sync {
     async fn sync(&self, request: &SyncRequest) -> Result<Vec<RelayCommand>, SyncFailure>;
     /// Claim a command under `execution`.
     async fn claim(&self, command: &CommandId, execution: &ExecutionId) -> ClaimOutcome;
-    /// Ask whether the agent cancelled (held by the server when `long_poll`).
-    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<bool, String>;
+    /// Ask whether the agent cancelled and whether the command still runs
+    /// (held by the server when `long_poll`); `Err` says why there is no answer.
+    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<ControlAnswer, String>;
     /// Post a completion or a decline.
     async fn post_report(&self, item: &OutboxItem) -> PostOutcome;
+    /// Post the latest progress of a running execution.
+    async fn post_progress(
+        &self,
+        command: &CommandId,
+        execution: &ExecutionId,
+        report: &ProgressReport,
+    ) -> PostOutcome;
 }
 
 /// Settings of [`HttpRelayTransport`].
@@ -216,15 +233,43 @@ impl RelayTransport for HttpRelayTransport {
         }
     }
 
-    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<bool, String> {
+    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<ControlAnswer, String> {
         let body = ControlBody { long_poll };
         match self
             .post::<_, ControlReply>(&command_path(command, "control"), &body, long_poll)
             .await
         {
-            // A command that ended on the server meanwhile needs no more control.
-            Ok(reply) => Ok(reply.cancel_requested),
+            Ok(reply) => match CommandStatus::parse(&reply.status) {
+                Some(status) => Ok(ControlAnswer {
+                    cancel_requested: reply.cancel_requested,
+                    status,
+                }),
+                None => Err(format!(
+                    "unreadable control answer: unknown status `{}`",
+                    reply.status
+                )),
+            },
             Err(refusal) => Err(refusal.reason),
+        }
+    }
+
+    async fn post_progress(
+        &self,
+        command: &CommandId,
+        execution: &ExecutionId,
+        report: &ProgressReport,
+    ) -> PostOutcome {
+        let body = ProgressBody {
+            execution_id: execution.clone(),
+            message: report.message.clone(),
+            percent: report.percent,
+        };
+        match self
+            .post::<_, serde_json::Value>(&command_path(command, "progress"), &body, false)
+            .await
+        {
+            Ok(_) => PostOutcome::Acknowledged,
+            Err(refusal) => refusal.into(),
         }
     }
 
@@ -294,8 +339,17 @@ impl<T: RelayTransport> RelayTransport for FaultyTransport<T> {
         self.inner.claim(command, execution).await
     }
 
-    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<bool, String> {
+    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<ControlAnswer, String> {
         self.inner.control(command, long_poll).await
+    }
+
+    async fn post_progress(
+        &self,
+        command: &CommandId,
+        execution: &ExecutionId,
+        report: &ProgressReport,
+    ) -> PostOutcome {
+        self.inner.post_progress(command, execution, report).await
     }
 
     async fn post_report(&self, item: &OutboxItem) -> PostOutcome {
@@ -356,10 +410,18 @@ pub enum DriverEvent {
 enum Input {
     Synced(Result<Vec<RelayCommand>, SyncFailure>),
     Claimed(CommandId, ClaimOutcome),
-    Controlled(CommandId, Result<bool, String>),
+    Controlled(CommandId, Result<ControlAnswer, String>),
     Posted(CommandId, PostOutcome),
     Executed(CommandId, ExecutionOutcome),
+    /// The running execution put a report in its progress slot.
+    Progress(CommandId, ExecutionId),
+    ProgressPosted(CommandId, PostOutcome),
+    Approval(CommandId, ApprovalDecision),
 }
+
+/// The latest progress report of one execution that the driver has not
+/// taken yet.
+type ProgressSlot = Arc<Mutex<Option<ProgressReport>>>;
 
 /// Runs a [`Relay`] over real IO. See the module docs.
 pub struct RelayDriver {
@@ -367,6 +429,7 @@ pub struct RelayDriver {
     transport: Arc<dyn RelayTransport>,
     outbox: Arc<dyn Outbox>,
     executor: Arc<dyn Executor>,
+    approver: Arc<dyn Approver>,
     clock: Arc<dyn Clock>,
     options: DriverOptions,
     tx: mpsc::UnboundedSender<Input>,
@@ -374,6 +437,9 @@ pub struct RelayDriver {
     sync_task: Option<AbortHandle>,
     control_task: Option<AbortHandle>,
     running: Option<(CommandId, CancelHandle)>,
+    /// The question of the run waiting for approval.
+    asking: Option<(CommandId, AbortHandle)>,
+    progress: Option<(CommandId, ProgressSlot)>,
     posts_in_flight: usize,
     stopping: bool,
 }
@@ -403,6 +469,7 @@ impl RelayDriver {
             transport,
             outbox,
             executor,
+            approver: Arc::new(NoApprover),
             clock,
             options,
             tx,
@@ -410,9 +477,18 @@ impl RelayDriver {
             sync_task: None,
             control_task: None,
             running: None,
+            asking: None,
+            progress: None,
             posts_in_flight: 0,
             stopping: false,
         }
+    }
+
+    /// Asks `approver` about the runs of Graphs that need the owner's
+    /// approval (without one, such runs wait until their wait ends).
+    pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = approver;
+        self
     }
 
     /// Runs until `shutdown` resolves, feeding every change of `shared` to
@@ -472,6 +548,8 @@ impl RelayDriver {
         if let Some((_, handle)) = self.running.as_mut() {
             handle.cancel();
         }
+        // A run waiting for approval is given up (the prompt is withdrawn).
+        self.relay.handle_shutdown(self.clock.now());
         let deadline = tokio::time::Instant::now() + self.options.shutdown_timeout;
         loop {
             self.perform(on_event).await;
@@ -542,9 +620,53 @@ impl RelayDriver {
                 if self.running.as_ref().is_some_and(|(c, _)| *c == command) {
                     self.running = None;
                 }
+                if self.progress.as_ref().is_some_and(|(c, _)| *c == command) {
+                    self.progress = None;
+                }
                 self.relay.handle_execution_finished(command, outcome, now);
             }
+            Input::Progress(command, execution) => {
+                let report = self
+                    .progress
+                    .as_ref()
+                    .filter(|(c, _)| *c == command)
+                    .and_then(|(_, slot)| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+                if let Some(report) = report
+                    && let Err(e) = self.relay.handle_progress(command, &execution, report, now)
+                {
+                    tracing::debug!(%command, error = %e, "progress report dropped");
+                }
+            }
+            Input::ProgressPosted(command, outcome) => {
+                self.relay.handle_progress_posted(command, outcome, now)
+            }
+            Input::Approval(command, decision) => {
+                if self.asking.as_ref().is_some_and(|(c, _)| *c == command) {
+                    self.asking = None;
+                }
+                self.relay.handle_approval(command, decision, now);
+            }
         }
+    }
+
+    /// A sink for the execution of `command` under `execution`: it keeps the
+    /// latest report in a slot and wakes the driver only when the slot was
+    /// empty, so however fast an execution reports, at most one wake-up per
+    /// report taken is queued.
+    fn progress_sink(&mut self, command: CommandId, execution: ExecutionId) -> ProgressSink {
+        let slot: ProgressSlot = Arc::default();
+        self.progress = Some((command, slot.clone()));
+        let tx = self.tx.clone();
+        ProgressSink::new(move |report| {
+            let was_empty = slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(report)
+                .is_none();
+            if was_empty {
+                let _ = tx.send(Input::Progress(command, execution.clone()));
+            }
+        })
     }
 
     fn spawn<F>(&self, future: F) -> AbortHandle
@@ -629,9 +751,43 @@ impl RelayDriver {
                         handle.cancel();
                     }
                     self.running = Some((command, handle));
+                    let progress = self.progress_sink(command, job.execution.clone());
                     let executor = self.executor.clone();
                     self.spawn(async move {
-                        Input::Executed(command, executor.execute(job, signal).await)
+                        Input::Executed(command, executor.execute(job, signal, progress).await)
+                    });
+                }
+                Action::AskApproval { job, until } => {
+                    let command = job.command.id;
+                    let approver = self.approver.clone();
+                    let task = self.spawn(async move {
+                        Input::Approval(command, approver.ask(job, until).await)
+                    });
+                    if let Some((_, earlier)) = self.asking.replace((command, task)) {
+                        earlier.abort();
+                    }
+                }
+                Action::WithdrawApproval { command } => {
+                    if let Some((asked, task)) = self.asking.take() {
+                        if asked == command {
+                            task.abort();
+                        } else {
+                            self.asking = Some((asked, task));
+                        }
+                    }
+                }
+                Action::PostProgress {
+                    command,
+                    execution,
+                    report,
+                } => {
+                    if self.stopping {
+                        continue;
+                    }
+                    let transport = self.transport.clone();
+                    self.spawn(async move {
+                        let outcome = transport.post_progress(&command, &execution, &report).await;
+                        Input::ProgressPosted(command, outcome)
                     });
                 }
                 Action::Control { command, long_poll } => {

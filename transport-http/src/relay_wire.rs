@@ -13,6 +13,7 @@
 //! | POST | `/commands/{command_id}/control` | [`ControlBody`] | [`ControlReply`] |
 //! | POST | `/commands/{command_id}/complete` | the result envelope (SPEC §7) | [`ReportReply`] |
 //! | POST | `/commands/{command_id}/decline` | `{}` | [`ReportReply`] |
+//! | POST | `/commands/{command_id}/progress` | [`ProgressBody`] | [`ProgressReply`] |
 //! | GET | `/openapi.json` | | this document |
 //!
 //! Every refusal is an [`ErrorReply`] with `retryable` telling the relay
@@ -36,7 +37,8 @@ pub fn sync_path() -> String {
     format!("{RELAY_PREFIX}/sync")
 }
 
-/// The path of a per-command route (`start`, `control`, `complete`, `decline`).
+/// The path of a per-command route (`start`, `control`, `complete`,
+/// `decline`, `progress`).
 pub fn command_path(command: &CommandId, verb: &str) -> String {
     format!("{RELAY_PREFIX}/commands/{command}/{verb}")
 }
@@ -171,6 +173,32 @@ pub struct ReportReply {
     /// relay's log.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// `POST /commands/{id}/progress`: how far the running Graph got. Both
+/// `message` (at most 500 characters) and `percent` (0 to 100) are optional.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProgressBody {
+    /// The execution the report is about; a report of another execution is refused.
+    pub execution_id: ExecutionId,
+    /// A short text for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// How far, from 0 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<f64>,
+}
+
+/// A progress report was taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressReply {
+    /// Always `running`: progress is taken only while the command runs.
+    pub status: String,
+    /// `recorded` (written, the agent sees it now), `coalesced` (kept and
+    /// written within the server's progress interval, 1 s, unless a newer
+    /// report replaces it) or `unchanged` (the same as the one recorded).
+    pub recorded: String,
 }
 
 /// Every refusal of the relay API.
@@ -323,11 +351,29 @@ pub fn openapi() -> Value {
                     "required": ["status", "duplicate"],
                     "properties": {"status": status, "duplicate": {"type": "boolean"}, "message": string}
                 },
+                "ProgressBody": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["execution_id"],
+                    "properties": {
+                        "execution_id": string,
+                        "message": {"type": "string", "maxLength": 500, "description": "At most 500 characters."},
+                        "percent": {"type": "number", "minimum": 0, "maximum": 100}
+                    }
+                },
+                "ProgressReply": {
+                    "type": "object",
+                    "required": ["status", "recorded"],
+                    "properties": {
+                        "status": {"const": "running"},
+                        "recorded": {"type": "string", "enum": ["recorded", "coalesced", "unchanged"], "description": "recorded: written, the agent sees it now; coalesced: kept, and written within the server's progress interval (1 s) unless a newer report replaces it; unchanged: the same report as the one recorded."}
+                    }
+                },
                 "ErrorReply": {
                     "type": "object",
                     "required": ["error", "message", "retryable"],
                     "properties": {
-                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, command_not_found, start_refused, not_started, run_closed, completion_refused, decline_refused, device_token_required, payload_too_large, store_unavailable"},
+                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, invalid_progress, command_not_found, start_refused, not_started, run_closed, completion_refused, decline_refused, progress_refused, device_token_required, payload_too_large, store_unavailable"},
                         "message": string,
                         "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
                     }
@@ -382,6 +428,18 @@ pub fn openapi() -> Value {
                     ("200", ok("ReportReply", "Closed; or the command was already closed, and nothing changed (duplicate: true, with a message saying how it was closed).")),
                     ("404", err("Unknown, or not assigned to this device (not retryable).")),
                     ("409", err("Already running (not retryable).")),
+                ])
+            }},
+            "/external-assistants/graph-relays/commands/{command_id}/progress": {"post": {
+                "summary": "Report how far a running Graph got (fenced by execution id; never changes the status)",
+                "description": "A relay posts the latest report at most once a second per run; the server writes at most one per second per run and coalesces the rest. Progress needs no outbox: a lost report is replaced by the next.",
+                "parameters": command_param,
+                "requestBody": body("ProgressBody"),
+                "responses": responses(vec![
+                    ("200", ok("ProgressReply", "Taken (recorded, coalesced or unchanged).")),
+                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
+                    ("409", err("The command is not running (still queued, or closed) or runs under another execution (progress_refused). Not retryable: send no more progress for this execution.")),
+                    ("422", err("The message is longer than 500 characters or the percent is not a number from 0 to 100 (invalid_progress). Not retryable.")),
                 ])
             }},
             "/external-assistants/graph-relays/openapi.json": {"get": {

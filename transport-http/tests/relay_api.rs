@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
-use graph_relay_core::executor::{CancelSignal, Executor};
+use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::mcp::{McpServer, ServerInfo};
 use graph_relay_core::outbox::Outbox;
 use graph_relay_core::prelude::*;
@@ -65,18 +65,26 @@ fn session() -> SessionMeta {
 }
 
 fn queue_on(db: &std::path::Path) -> Queue {
+    queue_with(db, QueueConfig::default())
+}
+
+fn queue_with(db: &std::path::Path, config: QueueConfig) -> Queue {
     Queue::new(
         Arc::new(SqliteStore::open(db).unwrap()),
         Arc::new(SystemClock),
         Arc::new(RandomIds),
-        QueueConfig::default(),
+        config,
     )
 }
 
 async fn server(hold: Duration) -> Server {
+    server_with(hold, QueueConfig::default()).await
+}
+
+async fn server_with(hold: Duration, queue_config: QueueConfig) -> Server {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("queue.db");
-    let queue = queue_on(&db);
+    let queue = queue_with(&db, queue_config);
     queue
         .sync(
             &device(),
@@ -412,6 +420,208 @@ async fn start_complete_and_the_answers_the_relay_relies_on() {
     assert_eq!(s.status(&id).await, CommandStatus::Completed);
 }
 
+#[tokio::test]
+async fn progress_is_taken_only_from_the_running_execution_and_within_its_limits() {
+    let s = server(Duration::from_secs(5)).await;
+    let id = s.run("key-progress-1").await;
+    let progress = format!("/commands/{id}/progress");
+    let refused = |status: u16, body: &Value, code: &str| {
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(body["error"], code, "{body}");
+        assert_eq!(body["retryable"], false, "{body}");
+    };
+    // Queued: nothing runs, so there is no progress to take.
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-a", "percent": 1}),
+        )
+        .await;
+    refused(status, &body, "progress_refused");
+    let (status, _) = s
+        .post(
+            Some(DEVICE),
+            &format!("/commands/{id}/start"),
+            json!({"execution_id": "exec-a"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-a", "message": "step 1 of 5", "percent": 20}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"status": "running", "recorded": "recorded"}));
+    let view = s.queue.get_graph_run(&agent(), &id).await.unwrap();
+    let shown = view.command.progress.expect("progress");
+    assert_eq!(
+        (shown.message.as_deref(), shown.percent),
+        (Some("step 1 of 5"), Some(20.0))
+    );
+    // Within the second: kept for later, not written now.
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-a", "percent": 30}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["recorded"], "coalesced");
+
+    // Another execution, an agent token, an unknown command.
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-b", "percent": 40}),
+        )
+        .await;
+    refused(status, &body, "progress_refused");
+    let (status, _) = s
+        .post(Some(AGENT), &progress, json!({"execution_id": "exec-a"}))
+        .await;
+    assert_eq!(status, 403);
+    let unknown = CommandId::from_uuid(uuid::Uuid::from_u128(7));
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &format!("/commands/{unknown}/progress"),
+            json!({"execution_id": "exec-a"}),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["retryable"], false);
+
+    // Invalid reports: 422, naming the rule, and nothing recorded.
+    for (bad, needle) in [
+        (
+            json!({"execution_id": "exec-a", "percent": 101}),
+            "0 to 100",
+        ),
+        (json!({"execution_id": "exec-a", "percent": -1}), "0 to 100"),
+        (
+            json!({"execution_id": "exec-a", "message": "x".repeat(501)}),
+            "500",
+        ),
+        (
+            json!({"execution_id": "exec-a", "percent": "half"}),
+            "percent",
+        ),
+        (json!({"execution_id": "exec-a", "pct": 5}), "pct"),
+    ] {
+        let (status, body) = s.post(Some(DEVICE), &progress, bad.clone()).await;
+        assert_eq!(status, 422, "{bad} -> {body}");
+        assert_eq!(body["error"], "invalid_progress", "{body}");
+        assert_eq!(body["retryable"], false, "{body}");
+        assert!(
+            body["message"].as_str().is_some_and(|m| m.contains(needle)),
+            "{bad} -> {body}"
+        );
+    }
+    // 500 characters (not bytes) are fine.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-a", "message": "日".repeat(500)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    // Closed: progress cannot revive it.
+    let envelope = json!({"execution_id": "exec-a", "status": "completed", "result": null, "total_tokens": null, "reported_cost": null});
+    let (status, _) = s
+        .post(Some(DEVICE), &format!("/commands/{id}/complete"), envelope)
+        .await;
+    assert_eq!(status, 200);
+    let (status, body) = s
+        .post(
+            Some(DEVICE),
+            &progress,
+            json!({"execution_id": "exec-a", "percent": 99}),
+        )
+        .await;
+    refused(status, &body, "progress_refused");
+    assert_eq!(s.status(&id).await, CommandStatus::Completed);
+}
+
+#[tokio::test]
+async fn the_client_reads_a_closed_run_in_the_control_answer_and_posts_progress() {
+    use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+    use graph_relay_core::executor::ProgressReport;
+    use graph_relay_core::outbox::{OutboxItem, RelayReport};
+    use graph_relay_core::relay::PostOutcome;
+    // Interval mode: a lease of two 100 ms control intervals.
+    let s = server_with(
+        Duration::from_secs(5),
+        QueueConfig {
+            control_interval: Duration::from_millis(100),
+            lease_interval_controls: 2,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    let client = HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap();
+    let id = s.run("key-closed-1").await;
+    let execution = ExecutionId::parse("exec-a").unwrap();
+    assert_eq!(
+        client.claim(&id, &execution).await,
+        graph_relay_core::relay::ClaimOutcome::Granted
+    );
+    let answer = client.control(&id, false).await.unwrap();
+    assert_eq!(
+        (answer.cancel_requested, answer.status),
+        (false, CommandStatus::Running)
+    );
+    let report = ProgressReport {
+        message: Some("half way".into()),
+        percent: Some(50.0),
+    };
+    assert_eq!(
+        client.post_progress(&id, &execution, &report).await,
+        PostOutcome::Acknowledged
+    );
+    let other = ExecutionId::parse("exec-b").unwrap();
+    assert!(matches!(
+        client.post_progress(&id, &other, &report).await,
+        PostOutcome::Rejected(r) if r.contains("progress_refused")
+    ));
+    // The desktop goes quiet past its lease: the control answer says the
+    // server closed the run, and the late result is refused for good.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let answer = client.control(&id, false).await.unwrap();
+    assert_eq!(answer.status, CommandStatus::Failed, "{answer:?}");
+    let late = OutboxItem {
+        command: id,
+        report: RelayReport::Completion {
+            envelope: ResultEnvelope::build(
+                execution.clone(),
+                FinishStatus::Completed,
+                EnvelopeBody::default(),
+            ),
+        },
+        stored_at: Timestamp(0),
+        attempts: 0,
+    };
+    let outcome = client.post_report(&late).await;
+    assert!(
+        matches!(&outcome, PostOutcome::Rejected(r) if r.contains("409") && r.contains("run_closed")),
+        "{outcome:?}"
+    );
+    assert!(matches!(
+        client.post_progress(&id, &execution, &report).await,
+        PostOutcome::Rejected(_)
+    ));
+    assert_eq!(s.status(&id).await, CommandStatus::Failed);
+}
+
 /// Bob's desktop is named `desktop` like Alice's: on Alice's commands every
 /// relay request gets, byte for byte, the answer an unknown id gets, and
 /// nothing changes.
@@ -692,7 +902,12 @@ struct EchoExecutor(Mutex<Vec<CommandId>>);
 
 #[async_trait]
 impl Executor for EchoExecutor {
-    async fn execute(&self, job: Job, _cancel: CancelSignal) -> ExecutionOutcome {
+    async fn execute(
+        &self,
+        job: Job,
+        _cancel: CancelSignal,
+        _progress: ProgressSink,
+    ) -> ExecutionOutcome {
         self.0.lock().unwrap().push(job.command.id);
         ExecutionOutcome {
             result: Value::Object(job.command.arguments),
@@ -1048,4 +1263,197 @@ async fn the_relay_api_takes_the_restart_announcement() {
     body["running_command_id"] = json!("not-a-uuid");
     let (status, reply) = s.post(Some(DEVICE), "/sync", body).await;
     assert_eq!(status, 400, "{reply}");
+}
+
+#[tokio::test]
+async fn a_driver_announces_its_restart_only_once_the_reports_from_before_are_delivered() {
+    use std::sync::atomic::Ordering;
+    let s = refusing_server().await;
+    // The server cannot take the report from before the crash yet (503-like).
+    s.retryable.store(true, Ordering::SeqCst);
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    outbox.put(&completion(7)).await.unwrap();
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        |_| {},
+    ));
+    wait_for(|| s.syncs.lock().unwrap().len() >= 4).await;
+    assert!(
+        s.syncs
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|b| b["restarted"] == false),
+        "no announcement while the report waits in the outbox"
+    );
+    assert_eq!(outbox.pending().await.unwrap().len(), 1);
+    // The server refuses it for good (say its run's lease lapsed): dropped,
+    // and the next sync announces the restart.
+    s.retryable.store(false, Ordering::SeqCst);
+    wait_for(|| {
+        s.syncs
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|b| b["restarted"] == true)
+    })
+    .await;
+    assert!(outbox.pending().await.unwrap().is_empty());
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
+}
+
+/// Waits for its cancel signal, recording that it came; reports progress first.
+struct WaitingExecutor {
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait]
+impl Executor for WaitingExecutor {
+    async fn execute(
+        &self,
+        _job: Job,
+        cancel: CancelSignal,
+        progress: ProgressSink,
+    ) -> ExecutionOutcome {
+        progress.report(graph_relay_core::executor::ProgressReport {
+            message: Some("working".into()),
+            percent: Some(10.0),
+        });
+        cancel.await;
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        ExecutionOutcome {
+            status: Some(graph_relay_core::envelope::FinishStatus::Cancelled),
+            ..Default::default()
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_whose_lease_lapsed_is_stopped_by_the_driver_and_nothing_is_reported() {
+    // Interval mode: a lease of five 100 ms control intervals on the server,
+    // a control poll every 3 s on the desktop, so the lease lapses between
+    // two polls.
+    let s = server_with(
+        Duration::from_secs(5),
+        QueueConfig {
+            control_interval: Duration::from_millis(100),
+            lease_interval_controls: 5,
+            ..QueueConfig::default()
+        },
+    )
+    .await;
+    let id = s.run("key-lapse-driver").await;
+    let dir = tempfile::tempdir().unwrap();
+    let outbox = Arc::new(SqliteOutbox::open(dir.path().join("outbox.db")).unwrap());
+    let transport: Arc<dyn RelayTransport> =
+        Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
+    let mut shared = SharedSet::new();
+    shared.share(ProjectId::parse("p1").unwrap(), session());
+    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
+    let relay = Relay::new(
+        RelayConfig {
+            mode: graph_relay_core::relay::RelayMode::Interval,
+            ..RelayConfig::default()
+        },
+        shared,
+        SystemClock.now(),
+    );
+    let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let driver = RelayDriver::new(
+        relay,
+        transport,
+        outbox.clone(),
+        Arc::new(WaitingExecutor {
+            stopped: stopped.clone(),
+        }),
+        Arc::new(SystemClock),
+        DriverOptions::default(),
+    );
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let sink = events.clone();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(driver.run(
+        shared_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+        move |e| sink.lock().unwrap().push(e),
+    ));
+    let abandoned = |events: &Mutex<Vec<DriverEvent>>| {
+        events
+            .lock()
+            .unwrap()
+            .contains(&DriverEvent::Relay(RelayEvent::Abandoned { command: id }))
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !abandoned(&events) {
+        assert!(Instant::now() < deadline, "{:?}", events.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        stopped.load(std::sync::atomic::Ordering::SeqCst),
+        "the engine was stopped"
+    );
+    assert!(
+        events
+            .lock()
+            .unwrap()
+            .contains(&DriverEvent::Relay(RelayEvent::ClosedByServer {
+                command: id,
+                status: CommandStatus::Failed
+            }))
+    );
+    assert!(
+        !events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, DriverEvent::Relay(RelayEvent::Finished { .. }))),
+        "nothing reported"
+    );
+    assert!(outbox.pending().await.unwrap().is_empty());
+    let view = s.queue.get_graph_run(&agent(), &id).await.unwrap();
+    assert_eq!(view.command.status, CommandStatus::Failed);
+    assert!(
+        view.command
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(graph_relay_core::command::LEASE_LAPSED)),
+        "{:?}",
+        view.command.reason
+    );
+    // The report the executor made before the lapse reached the server.
+    assert_eq!(
+        view.command.progress.and_then(|p| p.message).as_deref(),
+        Some("working")
+    );
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the driver stops")
+        .unwrap();
 }
