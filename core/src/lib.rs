@@ -66,6 +66,11 @@ pub mod time;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+/// The `#[async_trait]` attribute the store, outbox, executor and
+/// authenticator traits are written with, so an implementation needs no
+/// dependency of its own to match them.
+pub use async_trait::async_trait;
+
 pub use crate::outbox::Outbox;
 pub use crate::store::Store;
 pub use crate::time::Clock;

@@ -257,6 +257,40 @@ pub struct RelayCommand {
     pub slug: String,
 }
 
+impl From<&crate::command::CommandRecord> for RelayCommand {
+    /// What a sync hands the relay for a queued command: an in-process
+    /// desktop turns the queue's records into relay commands with it.
+    ///
+    /// ```
+    /// use graph_relay_core::command::CommandRecord;
+    /// use graph_relay_core::prelude::*;
+    /// use graph_relay_core::relay::RelayCommand;
+    /// let record = CommandRecord::queued(
+    ///     CommandId::parse("67e55044-10b1-426f-9247-bb680e5fe0c8")?,
+    ///     AgentId::parse("assistant")?,
+    ///     OwnerId::parse("alice")?,
+    ///     ProjectId::parse("research")?,
+    ///     DeviceId::parse("desktop")?,
+    ///     GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef")?,
+    ///     serde_json::Map::new(),
+    ///     IdempotencyKey::parse("key-0001")?,
+    ///     Timestamp(0),
+    /// );
+    /// let command = RelayCommand::from(&record);
+    /// assert_eq!((command.id, command.project), (record.id, record.project));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn from(c: &crate::command::CommandRecord) -> Self {
+        Self {
+            id: c.id,
+            project: c.project.clone(),
+            graph_session_id: c.graph_session_id.clone(),
+            arguments: (*c.arguments).clone(),
+            slug: c.slug.to_string(),
+        }
+    }
+}
+
 /// One run for the executor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {

@@ -152,6 +152,104 @@ pub trait Sleeper: Send + Sync {
     fn sleep(&self, duration: Duration) -> futures::future::BoxFuture<'static, ()>;
 }
 
+/// A [`Sleeper`] that needs no async runtime: one timer thread, started on
+/// first use and shared by every sleeper, wakes each sleeping future at its
+/// deadline. For embedders that drive the core with
+/// `futures::executor::block_on` or an executor without a timer; with
+/// tokio use its timer instead. Like [`SystemClock`], the other place in
+/// the core that reads the system's time.
+///
+/// ```
+/// use std::time::Duration;
+/// use graph_relay_core::time::{Sleeper, ThreadSleeper};
+/// let started = std::time::Instant::now();
+/// futures::executor::block_on(ThreadSleeper.sleep(Duration::from_millis(20)));
+/// assert!(started.elapsed() >= Duration::from_millis(20));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ThreadSleeper;
+
+/// A sleeper waiting on the timer thread: its deadline, a tie-break, and
+/// how to wake it.
+type Alarm = (
+    std::time::Instant,
+    u64,
+    futures::channel::oneshot::Sender<()>,
+);
+
+/// The timer thread's mailbox, once it runs.
+fn timer() -> Option<&'static std::sync::Mutex<std::sync::mpsc::Sender<Alarm>>> {
+    static TIMER: std::sync::OnceLock<Option<std::sync::Mutex<std::sync::mpsc::Sender<Alarm>>>> =
+        std::sync::OnceLock::new();
+    TIMER
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Alarm>();
+            std::thread::Builder::new()
+                .name("graph-relay-timer".into())
+                .spawn(move || run_timer(&rx))
+                .ok()
+                .map(|_| std::sync::Mutex::new(tx))
+        })
+        .as_ref()
+}
+
+/// Wakes each alarm at its deadline, earliest first, until every sender is gone.
+fn run_timer(alarms: &std::sync::mpsc::Receiver<Alarm>) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut due: BinaryHeap<Reverse<(std::time::Instant, u64)>> = BinaryHeap::new();
+    let mut wakers = std::collections::HashMap::new();
+    loop {
+        let now = std::time::Instant::now();
+        while let Some(Reverse((at, seq))) = due.peek().copied() {
+            if at > now {
+                break;
+            }
+            due.pop();
+            if let Some(waker) = wakers.remove(&seq) {
+                let _ = futures::channel::oneshot::Sender::send(waker, ());
+            }
+        }
+        let next = match due.peek() {
+            Some(Reverse((at, _))) => alarms.recv_timeout(at.saturating_duration_since(now)),
+            None => alarms
+                .recv()
+                .map_err(|_| std::sync::mpsc::RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok((at, seq, waker)) => {
+                due.push(Reverse((at, seq)));
+                wakers.insert(seq, waker);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+impl Sleeper for ThreadSleeper {
+    fn sleep(&self, duration: Duration) -> futures::future::BoxFuture<'static, ()> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let deadline = std::time::Instant::now() + duration;
+        let sent = timer().is_some_and(|t| {
+            t.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .send((deadline, SEQ.fetch_add(1, Ordering::Relaxed), tx))
+                .is_ok()
+        });
+        Box::pin(async move {
+            if sent {
+                // A timer gone (the process is ending) wakes it too.
+                let _ = rx.await;
+            } else {
+                // No timer thread could be started: sleep on this thread.
+                std::thread::sleep(deadline.saturating_duration_since(std::time::Instant::now()));
+            }
+        })
+    }
+}
+
 /// Where new command ids come from.
 pub trait IdSource: Send + Sync {
     /// A fresh command id, never returned before by this source.
@@ -209,6 +307,29 @@ impl<S: IdSource + ?Sized> IdSource for std::sync::Arc<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_thread_sleeper_wakes_every_sleeper_once_its_deadline_passed() {
+        use std::sync::{Arc, Mutex};
+        let woke = Arc::new(Mutex::new(Vec::new()));
+        let started = std::time::Instant::now();
+        let sleeps = [60u64, 10, 30, 0].map(|ms| {
+            let woke = woke.clone();
+            let sleep = ThreadSleeper.sleep(Duration::from_millis(ms));
+            async move {
+                sleep.await;
+                assert!(started.elapsed() >= Duration::from_millis(ms));
+                woke.lock().unwrap().push(ms);
+            }
+        });
+        // One sleeper given up early costs nothing and wakes no one.
+        drop(ThreadSleeper.sleep(Duration::from_millis(5)));
+        futures::executor::block_on(futures::future::join_all(sleeps));
+        let mut order = woke.lock().unwrap().clone();
+        assert_eq!(order.len(), 4);
+        order.sort_unstable();
+        assert_eq!(order, vec![0, 10, 30, 60]);
+    }
 
     #[test]
     fn rfc3339_formatting() {
