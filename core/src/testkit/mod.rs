@@ -802,26 +802,19 @@ pub async fn names_are_scoped_by_owner(store: Arc<dyn Store>) {
     );
     // Start, control, complete and decline answer as for an unknown id.
     let forged = completed("alice-exec", json!({"forged": true}));
+    fn text<T, E: std::fmt::Display>(answer: Result<T, E>) -> Result<(), String> {
+        answer.map(drop).map_err(|e| e.to_string())
+    }
     // Each device operation on `id`, as the text of its answer.
     let (q, d) = (&w.queue, &w.twin_device);
     let answer = |op: usize, id: CommandId| {
         let forged = &forged;
         async move {
             match op {
-                0 => {
-                    (q.start(d, &id, &exec("alice-exec"))
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string()))
-                }
-                1 => (q.control(d, &id).await.map(drop).map_err(|e| e.to_string())),
-                2 => {
-                    (q.complete(d, &id, forged)
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string()))
-                }
-                _ => (q.decline(d, &id).await.map(drop).map_err(|e| e.to_string())),
+                0 => text(q.start(d, &id, &exec("alice-exec")).await),
+                1 => text(q.control(d, &id).await),
+                2 => text(q.complete(d, &id, forged).await),
+                _ => text(q.decline(d, &id).await),
             }
         }
     };
