@@ -251,21 +251,29 @@ impl PostgresStore {
             .map_err(|e| StoreError::Backend(pool_error(&e)))
     }
 
-    /// One command by id, owner and a third key column (`agent` or `device`).
-    async fn command_by(
+    /// The first command `sql` selects with `params` (the query names its
+    /// owner, so "not yours" is "not found").
+    async fn one_command(
         &self,
         sql: &str,
-        id: &CommandId,
-        owner: &OwnerId,
-        name: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Option<CommandRecord>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(backend)?;
-        let row = client
-            .query_opt(&stmt, &[id.as_uuid(), &owner.as_str(), &name])
-            .await
-            .map_err(backend)?;
+        let row = client.query_opt(&stmt, params).await.map_err(backend)?;
         row.map(|r| decode_command(&r)).transpose()
+    }
+
+    /// Every command `sql` selects with `params`, in its order.
+    async fn commands(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await.map_err(backend)?;
+        let rows = client.query(&stmt, params).await.map_err(backend)?;
+        rows.iter().map(decode_command).collect()
     }
 
     /// The live key for (owner, agent, key) at `now`, if any.
@@ -401,12 +409,10 @@ impl Store for PostgresStore {
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.command_by(
+        self.one_command(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
              WHERE id = $1 AND owner = $2 AND agent = $3",
-            id,
-            owner,
-            agent.as_str(),
+            &[id.as_uuid(), &owner.as_str(), &agent.as_str()],
         )
         .await
     }
@@ -417,12 +423,10 @@ impl Store for PostgresStore {
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.command_by(
+        self.one_command(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
              WHERE id = $1 AND owner = $2 AND device = $3",
-            id,
-            owner,
-            device.as_str(),
+            &[id.as_uuid(), &owner.as_str(), &device.as_str()],
         )
         .await
     }
@@ -432,19 +436,12 @@ impl Store for PostgresStore {
         owner: &OwnerId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT id, agent, device, status, revision, record, owner FROM commands
-                 WHERE id = $1 AND owner = $2",
-            )
-            .await
-            .map_err(backend)?;
-        let row = client
-            .query_opt(&stmt, &[id.as_uuid(), &owner.as_str()])
-            .await
-            .map_err(backend)?;
-        row.map(|r| decode_command(&r)).transpose()
+        self.one_command(
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE id = $1 AND owner = $2",
+            &[id.as_uuid(), &owner.as_str()],
+        )
+        .await
     }
 
     async fn running_commands(
@@ -453,22 +450,12 @@ impl Store for PostgresStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT id, agent, device, status, revision, record, owner FROM commands
-                 WHERE owner = $1 AND device = $2 AND status = 'running' LIMIT $3",
-            )
-            .await
-            .map_err(backend)?;
-        let rows = client
-            .query(
-                &stmt,
-                &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
-            )
-            .await
-            .map_err(backend)?;
-        rows.iter().map(decode_command).collect()
+        self.commands(
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE owner = $1 AND device = $2 AND status = 'running' LIMIT $3",
+            &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
+        )
+        .await
     }
 
     async fn lapsed_commands(
@@ -476,21 +463,13 @@ impl Store for PostgresStore {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let now = millis(now)?;
-        let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
-                "SELECT id, agent, device, status, revision, record, owner FROM commands
-                 WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
-                 ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
-            )
-            .await
-            .map_err(backend)?;
-        let rows = client
-            .query(&stmt, &[&now, &sql_limit(limit)])
-            .await
-            .map_err(backend)?;
-        rows.iter().map(decode_command).collect()
+        self.commands(
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+             ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
+            &[&millis(now)?, &sql_limit(limit)],
+        )
+        .await
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
@@ -542,31 +521,21 @@ impl Store for PostgresStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let client = self.client().await?;
         // A read, not a claim: the claim is `start`, a compare-and-swap. No
         // row locks here, so a held sync re-checking on one server never
         // hides a command from a sync arriving at another.
-        let stmt = client
-            .prepare_cached(
-                "SELECT id, agent, device, status, revision, record, owner FROM commands
-                 WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
-                 ORDER BY created_at, seq LIMIT $4",
-            )
-            .await
-            .map_err(backend)?;
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &owner.as_str(),
-                    &project.as_str(),
-                    &device.as_str(),
-                    &sql_limit(limit),
-                ],
-            )
-            .await
-            .map_err(backend)?;
-        rows.iter().map(decode_command).collect()
+        self.commands(
+            "SELECT id, agent, device, status, revision, record, owner FROM commands
+             WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
+             ORDER BY created_at, seq LIMIT $4",
+            &[
+                &owner.as_str(),
+                &project.as_str(),
+                &device.as_str(),
+                &sql_limit(limit),
+            ],
+        )
+        .await
     }
 
     async fn replace_shared_sessions(

@@ -47,23 +47,40 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// The command `id` selected by `sql` (`?1` the id, `?2` the owner and
-    /// `?3` the agent or device that must hold it).
+    /// The first command `sql` selects with `params` (the query names its
+    /// owner, so "not yours" is "not found").
     fn one_command(
         &self,
-        sql: &'static str,
-        id: &CommandId,
-        owner: &OwnerId,
-        name: &str,
+        sql: &str,
+        params: impl rusqlite::Params,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id_text(id);
         self.db
             .read(|conn| {
                 let mut stmt = conn.prepare_cached(sql)?;
-                let mut rows = stmt.query(params![id, owner.as_str(), name])?;
+                let mut rows = stmt.query(params)?;
                 rows.next()?
                     .map(|row| decode_row(row, &self.records))
                     .transpose()
+            })
+            .map_err(store_error)
+    }
+
+    /// Every command `sql` selects with `params`, in its order; `sql` ends
+    /// with its `LIMIT`.
+    fn commands(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        self.db
+            .read(|conn| {
+                let mut stmt = conn.prepare_cached(sql)?;
+                let mut rows = stmt.query(params)?;
+                let mut commands = Vec::new();
+                while let Some(row) = rows.next()? {
+                    commands.push(decode_row(row, &self.records)?);
+                }
+                Ok(commands)
             })
             .map_err(store_error)
     }
@@ -207,9 +224,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.one_command(
             select_commands!("WHERE id = ?1 AND owner = ?2 AND agent = ?3"),
-            id,
-            owner,
-            agent.as_str(),
+            params![id_text(id), owner.as_str(), agent.as_str()],
         )
     }
 
@@ -221,9 +236,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.one_command(
             select_commands!("WHERE id = ?1 AND owner = ?2 AND device = ?3"),
-            id,
-            owner,
-            device.as_str(),
+            params![id_text(id), owner.as_str(), device.as_str()],
         )
     }
 
@@ -232,17 +245,10 @@ impl Store for SqliteStore {
         owner: &OwnerId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        let id = id_text(id);
-        self.db
-            .read(|conn| {
-                let mut stmt =
-                    conn.prepare_cached(select_commands!("WHERE id = ?1 AND owner = ?2"))?;
-                let mut rows = stmt.query(params![id, owner.as_str()])?;
-                rows.next()?
-                    .map(|row| decode_row(row, &self.records))
-                    .transpose()
-            })
-            .map_err(store_error)
+        self.one_command(
+            select_commands!("WHERE id = ?1 AND owner = ?2"),
+            params![id_text(id), owner.as_str()],
+        )
     }
 
     async fn running_commands(
@@ -251,22 +257,12 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let limit = sql_limit(limit);
-        self.db
-            .read(|conn| {
-                let sql = format!(
-                    "{} LIMIT {limit}",
-                    select_commands!("WHERE owner = ?1 AND device = ?2 AND status = 'running'")
-                );
-                let mut stmt = conn.prepare_cached(&sql)?;
-                let mut rows = stmt.query(params![owner.as_str(), device.as_str()])?;
-                let mut commands = Vec::new();
-                while let Some(row) = rows.next()? {
-                    commands.push(decode_row(row, &self.records)?);
-                }
-                Ok(commands)
-            })
-            .map_err(store_error)
+        let sql = format!(
+            "{} LIMIT {}",
+            select_commands!("WHERE owner = ?1 AND device = ?2 AND status = 'running'"),
+            sql_limit(limit)
+        );
+        self.commands(&sql, params![owner.as_str(), device.as_str()])
     }
 
     async fn lapsed_commands(
@@ -274,27 +270,16 @@ impl Store for SqliteStore {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let limit = sql_limit(limit);
-        let now = millis(now)?;
-        self.db
-            .read(|conn| {
-                // NULLs sort first: leases to grant, then the oldest lapses.
-                let sql = format!(
-                    "{} LIMIT {limit}",
-                    select_commands!(
-                        "WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)"
-                        " ORDER BY lease_expires_at"
-                    )
-                );
-                let mut stmt = conn.prepare_cached(&sql)?;
-                let mut rows = stmt.query(params![now])?;
-                let mut commands = Vec::new();
-                while let Some(row) = rows.next()? {
-                    commands.push(decode_row(row, &self.records)?);
-                }
-                Ok(commands)
-            })
-            .map_err(store_error)
+        // NULLs sort first: leases to grant, then the oldest lapses.
+        let sql = format!(
+            "{} LIMIT {}",
+            select_commands!(
+                "WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)"
+                " ORDER BY lease_expires_at"
+            ),
+            sql_limit(limit)
+        );
+        self.commands(&sql, params![millis(now)?])
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
@@ -344,29 +329,21 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let limit = sql_limit(limit);
-        self.db
-            .read(|conn| {
-                // `status = 'queued'` literally, so the partial index applies;
-                // the limit as a literal too (see `sql_limit`). The rowid is
-                // the insertion order: same-millisecond runs keep their order.
-                let sql = format!(
-                    "{} LIMIT {limit}",
-                    select_commands!(
-                        "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
-                        " ORDER BY created_at, rowid"
-                    )
-                );
-                let mut stmt = conn.prepare_cached(&sql)?;
-                let mut rows =
-                    stmt.query(params![owner.as_str(), project.as_str(), device.as_str()])?;
-                let mut commands = Vec::new();
-                while let Some(row) = rows.next()? {
-                    commands.push(decode_row(row, &self.records)?);
-                }
-                Ok(commands)
-            })
-            .map_err(store_error)
+        // `status = 'queued'` literally, so the partial index applies; the
+        // limit as a literal too (see `sql_limit`). The rowid is the
+        // insertion order: same-millisecond runs keep their order.
+        let sql = format!(
+            "{} LIMIT {}",
+            select_commands!(
+                "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
+                " ORDER BY created_at, rowid"
+            ),
+            sql_limit(limit)
+        );
+        self.commands(
+            &sql,
+            params![owner.as_str(), project.as_str(), device.as_str()],
+        )
     }
 
     async fn replace_shared_sessions(

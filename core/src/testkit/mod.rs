@@ -802,58 +802,25 @@ pub async fn names_are_scoped_by_owner(store: Arc<dyn Store>) {
     );
     // Start, control, complete and decline answer as for an unknown id.
     let forged = completed("alice-exec", json!({"forged": true}));
+    fn text<T, E: std::fmt::Display>(answer: Result<T, E>) -> Result<(), String> {
+        answer.map(drop).map_err(|e| e.to_string())
+    }
+    // Each device operation on `id`, as the text of its answer.
+    let (q, d) = (&w.queue, &w.twin_device);
+    let answer = |op: usize, id: CommandId| {
+        let forged = &forged;
+        async move {
+            match op {
+                0 => text(q.start(d, &id, &exec("alice-exec")).await),
+                1 => text(q.control(d, &id).await),
+                2 => text(q.complete(d, &id, forged).await),
+                _ => text(q.decline(d, &id).await),
+            }
+        }
+    };
     for target in [queued.id, running.id] {
-        let pairs = [
-            (
-                w.queue
-                    .start(&w.twin_device, &target, &exec("alice-exec"))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                w.queue
-                    .start(&w.twin_device, &unknown, &exec("alice-exec"))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-            ),
-            (
-                w.queue
-                    .control(&w.twin_device, &target)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                w.queue
-                    .control(&w.twin_device, &unknown)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-            ),
-            (
-                w.queue
-                    .complete(&w.twin_device, &target, &forged)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                w.queue
-                    .complete(&w.twin_device, &unknown, &forged)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-            ),
-            (
-                w.queue
-                    .decline(&w.twin_device, &target)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                w.queue
-                    .decline(&w.twin_device, &unknown)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-            ),
-        ];
-        for (theirs, none) in pairs {
+        for op in 0..4 {
+            let (theirs, none) = (answer(op, target).await, answer(op, unknown).await);
             assert!(theirs.is_err(), "another owner's device acted: {theirs:?}");
             assert_eq!(theirs, none);
         }
