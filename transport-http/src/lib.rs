@@ -58,6 +58,7 @@ pub mod authority;
 mod gate;
 mod listen;
 mod mcp_endpoint;
+pub mod oauth;
 pub mod relay_api;
 pub mod relay_client;
 pub mod relay_wire;
@@ -449,13 +450,23 @@ impl HttpState {
                 "invalid_token",
                 "the token is unknown, revoked or malformed",
             )))),
+            Err(AuthError::Refused(refusal)) => {
+                // Quoted-string safe: the texts are fixed, and the only
+                // token-supplied part is filtered to visible ASCII.
+                let description = refusal.to_string().replace(['"', '\\'], "'");
+                Err(challenge(Some(("invalid_token", &description))))
+            }
             Err(AuthError::Unavailable(reason)) => {
-                tracing::error!(%reason, "authenticator unavailable");
-                Err((
+                tracing::warn!(%reason, "a token could not be checked; answering 503");
+                let mut response = (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    axum::Json(json!({"error": "temporarily_unavailable"})),
+                    axum::Json(json!({"error": "temporarily_unavailable", "error_description": reason})),
                 )
-                    .into_response())
+                    .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                Err(response)
             }
         }
     }
