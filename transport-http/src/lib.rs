@@ -132,6 +132,33 @@ pub struct HttpConfig {
     pub relay: RelayApiConfig,
 }
 
+impl HttpConfig {
+    /// The public base URL: `public_url`, else `http://<listen_addr>`, else
+    /// `http://localhost`. Never taken from a request.
+    pub fn base_url(&self) -> String {
+        if let Some(url) = &self.public_url {
+            return url.trim_end_matches('/').to_owned();
+        }
+        match self.listen_addr {
+            Some(addr) => {
+                let host = match addr.ip() {
+                    ip if ip.is_unspecified() => "localhost".to_owned(),
+                    IpAddr::V4(ip) => ip.to_string(),
+                    IpAddr::V6(ip) => format!("[{ip}]"),
+                };
+                format!("http://{host}:{}", addr.port())
+            }
+            None => "http://localhost".to_owned(),
+        }
+    }
+
+    /// The resource URL of the MCP endpoint (`base_url` + `/mcp`): what the
+    /// resource metadata announces and OAuth tokens must name as audience.
+    pub fn resource_url(&self) -> String {
+        format!("{}{MCP_PATH}", self.base_url())
+    }
+}
+
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
@@ -303,21 +330,7 @@ impl HttpState {
     /// The public base URL: `public_url`, else `http://<listen_addr>`, else
     /// `http://localhost`. Never taken from a request.
     pub fn base_url(&self) -> String {
-        let config = &self.inner.config;
-        if let Some(url) = &config.public_url {
-            return url.trim_end_matches('/').to_owned();
-        }
-        match config.listen_addr {
-            Some(addr) => {
-                let host = match addr.ip() {
-                    ip if ip.is_unspecified() => "localhost".to_owned(),
-                    IpAddr::V4(ip) => ip.to_string(),
-                    IpAddr::V6(ip) => format!("[{ip}]"),
-                };
-                format!("http://{host}:{}", addr.port())
-            }
-            None => "http://localhost".to_owned(),
-        }
+        self.inner.config.base_url()
     }
 
     /// The URL of the resource metadata, as put in `WWW-Authenticate`.

@@ -178,6 +178,12 @@ impl OAuthConfig {
             introspection: None,
         }
     }
+
+    /// Checks the settings without starting anything (algorithms, URLs,
+    /// claim names, owners and projects).
+    pub fn validate(&self) -> Result<(), OAuthConfigError> {
+        Settings::new(self, "http://localhost/mcp").map(|_| ())
+    }
 }
 
 /// An `[oauth]` section that cannot be used.
