@@ -463,6 +463,11 @@ fn serve(
             let oauth = OAuthAuthenticator::start(config, &http.resource_url())
                 .map_err(|e| std::io::Error::other(format!("[oauth]: {e}")))?;
             tracing::info!(issuer = %oauth.issuer(), audience = %oauth.audience(), "accepting OAuth access tokens from the authorization server");
+            // A moment for the first key load, so that the first requests
+            // are not answered 503; the loader keeps trying after that.
+            if !oauth.wait_until_ready(OAUTH_START_WAIT).await {
+                tracing::warn!(issuer = %oauth.issuer(), "serving without the authorization server's keys: OAuth tokens are answered 503 until they are loaded");
+            }
             sources.push(Arc::new(oauth));
         }
         let auth: Arc<dyn graph_relay_transport_http::Authenticator> =
@@ -579,6 +584,10 @@ fn check_open_file_limit(max_connections: usize) {
         Err(e) => tracing::warn!(error = %e, "cannot check the open-file limit"),
     }
 }
+
+/// How long `serve` waits for the authorization server's keys before it
+/// serves anyway (answering OAuth tokens 503 until they load).
+const OAUTH_START_WAIT: Duration = Duration::from_secs(3);
 
 /// The lease settings given on the command line (they win over the file).
 struct Leases {

@@ -405,12 +405,21 @@ async fn opaque_tokens_are_introspected_and_cached() {
     let active = |aud: &str| json!({"active": true, "iss": issuer.url, "aud": [aud], "sub": "assistant", "client_id": "c", "scope": READ_RUN, "exp": now() + 600, "iat": now()});
     issuer.opaque("opaque-good", active(AUDIENCE));
     issuer.opaque("opaque-other-aud", active("https://elsewhere/mcp"));
+    // Client credentials: no `sub`, the client is the agent.
+    issuer.opaque("opaque-client", json!({"active": true, "iss": issuer.url, "aud": AUDIENCE, "client_id": "connector", "scope": READ_RUN, "exp": now() + 600}));
+    issuer.opaque("opaque-nobody", json!({"active": true, "iss": issuer.url, "aud": AUDIENCE, "scope": READ_RUN, "exp": now() + 600}));
     issuer.opaque("opaque-expired", json!({"active": true, "iss": issuer.url, "aud": AUDIENCE, "sub": "assistant", "exp": now() - 3600}));
     let principal = auth.authenticate("opaque-good").await.unwrap();
     assert_eq!(agent(&principal).1, "assistant");
     assert_eq!(issuer.introspections(), 1);
     assert!(auth.authenticate("opaque-good").await.is_ok());
     assert_eq!(issuer.introspections(), 1, "answered from the cache");
+    let principal = auth.authenticate("opaque-client").await.unwrap();
+    assert_eq!(agent(&principal).1, "connector");
+    assert_eq!(
+        auth.authenticate("opaque-nobody").await,
+        Err(AuthError::Refused(TokenRefusal::MissingClaim("sub".into())))
+    );
     assert!(matches!(
         auth.authenticate("opaque-unknown").await,
         Err(AuthError::Refused(TokenRefusal::Inactive))

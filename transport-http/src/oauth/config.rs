@@ -68,7 +68,8 @@ pub struct OAuthConfig {
     /// any (e.g. Keycloak's `JWT`).
     #[serde(default = "default_token_types")]
     pub token_types: Vec<String>,
-    /// The claim that names the agent: `sub` (default) or `client_id`.
+    /// The claim that names the agent: `sub` (default; `client_id` when a
+    /// token has no `sub`) or `client_id`.
     #[serde(default = "default_agent_claim")]
     pub agent_claim: String,
     /// A claim naming the owner; without it (or when a token lacks it) the

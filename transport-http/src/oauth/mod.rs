@@ -520,8 +520,12 @@ impl Shared {
     /// The agent a token's claims name.
     fn principal(&self, claims: &Map<String, Value>) -> Result<Principal, TokenRefusal> {
         let s = &self.settings;
+        // Without `sub` (an introspection answer for a client-credentials
+        // token may leave it out) the client is the agent, as RFC 9068
+        // makes it for JWTs.
         let name = claims
             .get(&s.agent_claim)
+            .or_else(|| (s.agent_claim == "sub").then(|| claims.get("client_id")).flatten())
             .and_then(Value::as_str)
             .ok_or_else(|| TokenRefusal::MissingClaim(s.agent_claim.clone()))?;
         let bad = |claim: &str| {
