@@ -13,7 +13,15 @@
 //! ```
 //!
 //! - `POST /mcp`: one JSON-RPC message; a request is answered with
-//!   `application/json`, a notification or response with 202.
+//!   `application/json`, a notification or response with 202. A
+//!   `tools/call` carrying `_meta.progressToken` from a client that accepts
+//!   `text/event-stream` is answered with an SSE stream: the
+//!   `notifications/progress` of a waiting `get_graph_run` as they happen,
+//!   then the result.
+//! - Bearer tokens come from the [`Authenticator`]: the static token file
+//!   ([`auth::TokenFile`]), access tokens of an OAuth authorization server
+//!   ([`oauth::OAuthAuthenticator`]: JWTs checked with its JWKS, opaque
+//!   tokens by introspection), or both ([`oauth::AuthChain`]).
 //! - `GET /mcp`: 405 (no SSE stream is offered). `DELETE /mcp` ends an
 //!   initialize-era session.
 //! - Initialize-era clients get an `MCP-Session-Id` with their `initialize`
@@ -28,8 +36,10 @@
 //!   address, never from the request.
 //! - Every `/mcp` request needs `Authorization: Bearer <agent token>`,
 //!   checked before the body is read: 401 with
-//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a device
-//!   token is refused there. A message the token's scopes do not cover
+//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise (with
+//!   `error="invalid_token"` and an `error_description` saying why a token
+//!   was refused; 503 while an authorization server's keys cannot be had);
+//!   a device token is refused there. A message the token's scopes do not cover
 //!   (the one table in `graph_relay_core::authz`: tools, `tasks/*`,
 //!   `subscriptions/listen`) gets 403 `insufficient_scope` naming the scope,
 //!   before any queue work.

@@ -63,12 +63,7 @@ impl<'a> ProgressNotifications<'a> {
     /// Sends the notification for the run as it now is.
     pub(super) fn observe(&mut self, view: &RunView) {
         let percent = view.command.progress.as_ref().and_then(|p| p.percent);
-        let (progress, total) = match (percent, self.last) {
-            (Some(p), None) => (p, Some(100)),
-            (Some(p), Some(last)) if p > last => (p, Some(100)),
-            (_, None) => (0.0, None),
-            (_, Some(last)) => (last + 1.0, None),
-        };
+        let (progress, total) = next_value(percent, self.last);
         self.last = Some(progress);
         let message = super::tasks::task(view)
             .remove("statusMessage")
@@ -86,5 +81,59 @@ impl<'a> ProgressNotifications<'a> {
             "method": "notifications/progress",
             "params": params,
         }));
+    }
+}
+
+/// The `progress` (and `total`) of the next notification: the percentage
+/// when it is above the last value sent, else a counter (last + 1, or 0 at
+/// first). Always above `last`.
+fn next_value(percent: Option<f64>, last: Option<f64>) -> (f64, Option<u32>) {
+    match (percent, last) {
+        (Some(p), None) => (p, Some(100)),
+        (Some(p), Some(last)) if p > last => (p, Some(100)),
+        (_, None) => (0.0, None),
+        (_, Some(last)) => (last + 1.0, None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_always_grows() {
+        let mut last = None;
+        let mut sent = Vec::new();
+        for percent in [None, None, Some(20.0), Some(20.0), Some(10.0), Some(60.0), None] {
+            let (value, total) = next_value(percent, last);
+            sent.push((value, total));
+            last = Some(value);
+        }
+        assert_eq!(
+            sent,
+            [
+                (0.0, None),
+                (1.0, None),
+                (20.0, Some(100)),
+                (21.0, None),
+                (22.0, None),
+                (60.0, Some(100)),
+                (61.0, None)
+            ]
+        );
+    }
+
+    #[test]
+    fn tokens_are_strings_or_integers() {
+        let meta = |token: Value| {
+            let mut m = Map::new();
+            m.insert("progressToken".into(), token);
+            m
+        };
+        assert_eq!(token(Some(&meta(json!("t")))), Some(json!("t")));
+        assert_eq!(token(Some(&meta(json!(7)))), Some(json!(7)));
+        assert_eq!(token(Some(&meta(json!(1.5)))), None);
+        assert_eq!(token(Some(&meta(json!({"a": 1})))), None);
+        assert_eq!(token(None), None);
     }
 }
