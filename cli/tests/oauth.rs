@@ -158,7 +158,14 @@ fn setup(issuer: &str, extra_oauth: &str) -> tempfile::TempDir {
     std::fs::write(dir.path().join("graph-relay.toml"), config).expect("config");
     let status = Command::new(common::BIN)
         .args(["dev-share", "--config", "graph-relay.toml", "--db", "g.db"])
-        .args(["--device", "dev-desktop", "--project", "default", "--session", GS])
+        .args([
+            "--device",
+            "dev-desktop",
+            "--project",
+            "default",
+            "--session",
+            GS,
+        ])
         .current_dir(dir.path())
         .stderr(Stdio::null())
         .status()
@@ -171,7 +178,15 @@ fn setup(issuer: &str, extra_oauth: &str) -> tempfile::TempDir {
 fn serve(dir: &Path) -> (Proc, String) {
     let listen = format!("127.0.0.1:{}", free_port());
     let server = Proc::spawn(
-        &["serve", "--listen", &listen, "--config", "graph-relay.toml", "--db", "g.db"],
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--config",
+            "graph-relay.toml",
+            "--db",
+            "g.db",
+        ],
         dir,
         DEADLINE,
     );
@@ -299,7 +314,13 @@ async fn python_authorization_code_with_pkce_and_registration_in_both_eras() {
     let dir = setup(&auth.issuer, "");
     let (_server, url) = serve(dir.path());
     for mode in ["legacy", "2026-07-28"] {
-        let out = python(&["authorization-code", mode, &url, &auth.issuer, "alice-connector"]);
+        let out = python(&[
+            "authorization-code",
+            mode,
+            &url,
+            &auth.issuer,
+            "alice-connector",
+        ]);
         assert!(out.contains("OK authorization-code"), "{out}");
         // The run is filed under the user who signed in (sub), not under
         // the client: another identity does not see it.
@@ -448,7 +469,11 @@ async fn key_rotation_while_serving_needs_no_restart() {
         auth.rotate().await;
         assert_accepted(&url, &auth.token("cc-agent", &url).await).await;
     }
-    assert_eq!(server.count("graph-relay serving MCP"), 1, "never restarted");
+    assert_eq!(
+        server.count("graph-relay serving MCP"),
+        1,
+        "never restarted"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,7 +484,8 @@ async fn an_unreachable_authorization_server_means_503_until_its_keys_load() {
     let dir = setup(&issuer, "");
     let (server, url) = serve(dir.path());
     server.wait_line("cannot load the authorization server's signing keys");
-    let claims = json!({"iss": issuer, "aud": url, "sub": "cc-agent", "iat": now(), "exp": now() + 600});
+    let claims =
+        json!({"iss": issuer, "aud": url, "sub": "cc-agent", "iat": now(), "exp": now() + 600});
     let unverifiable = format!(
         "{}.{}.c2ln",
         URL_SAFE_NO_PAD.encode(br#"{"alg":"RS256","typ":"at+jwt","kid":"k"}"#),

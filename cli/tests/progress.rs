@@ -71,8 +71,12 @@ async fn serve() -> (Queue, String) {
         .wait_seconds(Some(25))
         .build()
         .unwrap();
-    let server = McpServer::new(queue.clone(), catalog, ServerInfo::new("graph-relay", "test"))
-        .with_sleeper(Arc::new(TokioSleeper));
+    let server = McpServer::new(
+        queue.clone(),
+        catalog,
+        ServerInfo::new("graph-relay", "test"),
+    )
+    .with_sleeper(Arc::new(TokioSleeper));
     let tokens = TokenConfig {
         agents: vec![AgentToken {
             name: "assistant".into(),

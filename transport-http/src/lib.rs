@@ -483,7 +483,9 @@ impl HttpState {
                 tracing::warn!(%reason, "a token could not be checked; answering 503");
                 let mut response = (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    axum::Json(json!({"error": "temporarily_unavailable", "error_description": reason})),
+                    axum::Json(
+                        json!({"error": "temporarily_unavailable", "error_description": reason}),
+                    ),
                 )
                     .into_response();
                 response

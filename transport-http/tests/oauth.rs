@@ -207,7 +207,10 @@ async fn every_bad_token_is_refused_with_its_reason() {
     );
     // A key that is not published.
     let stranger = SigningKey::ed25519("ed-unknown");
-    assert_eq!(refusal(stranger.sign(&good)).await, TokenRefusal::UnknownKey);
+    assert_eq!(
+        refusal(stranger.sign(&good)).await,
+        TokenRefusal::UnknownKey
+    );
 }
 
 #[tokio::test]
@@ -471,7 +474,10 @@ async fn static_and_oauth_side_by_side_share_one_identity() {
     let from_file = chain.authenticate("gra_static").await.unwrap();
     let jwt = key.sign(&issuer.claims(AUDIENCE, "assistant", READ_RUN));
     let from_oauth = chain.authenticate(&jwt).await.unwrap();
-    assert_eq!(from_file, from_oauth, "the same (owner, name), projects and scopes");
+    assert_eq!(
+        from_file, from_oauth,
+        "the same (owner, name), projects and scopes"
+    );
     assert_eq!(
         chain.authenticate("gra_unknown").await,
         Err(AuthError::InvalidToken)
@@ -483,6 +489,41 @@ async fn static_and_oauth_side_by_side_share_one_identity() {
     );
     // Held requests stay valid for both kinds.
     assert!(chain.still_valid(&hash_token(&jwt), &from_oauth).await);
-    assert!(chain.still_valid(&hash_token("gra_static"), &from_file).await);
+    assert!(
+        chain
+            .still_valid(&hash_token("gra_static"), &from_file)
+            .await
+    );
     assert!(!chain.still_valid(&hash_token("gra_gone"), &from_file).await);
+}
+
+#[tokio::test]
+async fn what_the_authorization_server_sends_is_checked_and_bounded() {
+    let key = SigningKey::ed25519("k1");
+    let issuer = TestIssuer::start(&[&key]).await;
+    // Metadata for another issuer (here: the same URL spelled with a slash).
+    let mut other = config(&issuer);
+    other.issuer = format!("{}/", issuer.url);
+    let auth = OAuthAuthenticator::start(&other, AUDIENCE).unwrap();
+    assert!(!auth.wait_until_ready(Duration::from_secs(2)).await);
+    // A JWKS larger than 256 KiB is not read.
+    let huge: Vec<SigningKey> = (0..2000)
+        .map(|i| {
+            let mut k = key.clone();
+            k.jwk["kid"] = json!(format!("padding-key-{i:04}-{}", "x".repeat(100)));
+            k
+        })
+        .collect();
+    issuer.publish(&huge.iter().collect::<Vec<_>>());
+    let auth = OAuthAuthenticator::start(&config(&issuer), AUDIENCE).unwrap();
+    assert!(!auth.wait_until_ready(Duration::from_secs(2)).await);
+    let token = key.sign(&issuer.claims(AUDIENCE, "assistant", READ_RUN));
+    assert!(matches!(
+        auth.authenticate(&token).await,
+        Err(AuthError::Unavailable(_))
+    ));
+    // An empty key set is no key set.
+    issuer.publish(&[]);
+    let auth = OAuthAuthenticator::start(&config(&issuer), AUDIENCE).unwrap();
+    assert!(!auth.wait_until_ready(Duration::from_secs(2)).await);
 }

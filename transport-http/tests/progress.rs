@@ -63,7 +63,13 @@ impl Events {
     }
 }
 
-async fn post(url: &str, method: &str, name: Option<&str>, params: Value, accept: &str) -> reqwest::Response {
+async fn post(
+    url: &str,
+    method: &str,
+    name: Option<&str>,
+    params: Value,
+    accept: &str,
+) -> reqwest::Response {
     let mut params = params;
     params["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
     params["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
@@ -166,7 +172,10 @@ async fn a_waiting_get_with_a_progress_token_streams_progress_then_the_result() 
     assert_eq!(first["method"], "notifications/progress");
     assert_eq!(first["params"]["progressToken"], "tok-1");
     assert_eq!(first["params"]["progress"], 0.0);
-    assert_eq!(first["params"]["message"], "Running on the owner's desktop.");
+    assert_eq!(
+        first["params"]["message"],
+        "Running on the owner's desktop."
+    );
     for step in 1..=3 {
         report(&state, &command, &execution, step).await;
         let event = events.next().await.unwrap();
@@ -180,8 +189,14 @@ async fn a_waiting_get_with_a_progress_token_streams_progress_then_the_result() 
     let last = events.next().await.unwrap();
     assert_eq!(last["id"], 5);
     assert_eq!(last["result"]["structuredContent"]["status"], "completed");
-    assert_eq!(last["result"]["structuredContent"]["progress"]["percent"], 90.0);
-    assert!(events.next().await.is_none(), "the stream ends after the result");
+    assert_eq!(
+        last["result"]["structuredContent"]["progress"]["percent"],
+        90.0
+    );
+    assert!(
+        events.next().await.is_none(),
+        "the stream ends after the result"
+    );
 }
 
 #[tokio::test]
@@ -264,11 +279,17 @@ async fn listen_streams_each_progress_report_as_a_status_message() {
         assert_eq!(task["params"]["status"], "working");
         assert_eq!(
             task["params"]["statusMessage"],
-            format!("Running on the owner's desktop: step {step} of 3 ({}%).", step * 30)
+            format!(
+                "Running on the owner's desktop: step {step} of 3 ({}%).",
+                step * 30
+            )
         );
     }
     complete(&state, &command, &execution).await;
     let done = events.next().await.unwrap();
     assert_eq!(done["params"]["status"], "completed");
-    assert_eq!(events.next().await.unwrap()["result"]["resultType"], "complete");
+    assert_eq!(
+        events.next().await.unwrap()["result"]["resultType"],
+        "complete"
+    );
 }

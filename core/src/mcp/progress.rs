@@ -104,7 +104,15 @@ mod tests {
     fn progress_always_grows() {
         let mut last = None;
         let mut sent = Vec::new();
-        for percent in [None, None, Some(20.0), Some(20.0), Some(10.0), Some(60.0), None] {
+        for percent in [
+            None,
+            None,
+            Some(20.0),
+            Some(20.0),
+            Some(10.0),
+            Some(60.0),
+            None,
+        ] {
             let (value, total) = next_value(percent, last);
             sent.push((value, total));
             last = Some(value);

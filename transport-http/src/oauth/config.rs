@@ -142,7 +142,10 @@ fn default_skew() -> u64 {
     DEFAULT_CLOCK_SKEW_SECONDS
 }
 fn default_token_types() -> Vec<String> {
-    DEFAULT_TOKEN_TYPES.iter().map(|a| (*a).to_owned()).collect()
+    DEFAULT_TOKEN_TYPES
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect()
 }
 fn default_agent_claim() -> String {
     "sub".to_owned()
@@ -328,7 +331,10 @@ impl Settings {
                 return Err(OAuthConfigError::DuplicateSubject(entry.subject.clone()));
             }
         }
-        let audience = config.audience.clone().unwrap_or_else(|| resource.to_owned());
+        let audience = config
+            .audience
+            .clone()
+            .unwrap_or_else(|| resource.to_owned());
         Ok(Self {
             issuer: config.issuer.clone(),
             jwks_uri: config.jwks_uri.clone(),

@@ -328,7 +328,10 @@ mod tests {
             Some(Duration::from_secs(600))
         );
         assert_eq!(cache_max_age("no-store"), Some(Duration::ZERO));
-        assert_eq!(cache_max_age("max-age=\"30\""), Some(Duration::from_secs(30)));
+        assert_eq!(
+            cache_max_age("max-age=\"30\""),
+            Some(Duration::from_secs(30))
+        );
         assert_eq!(cache_max_age("public"), None);
         assert_eq!(cache_max_age("max-age=soon"), None);
     }

@@ -54,12 +54,12 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
+use self::config::Settings;
 pub use self::config::{
     DEFAULT_ALGORITHMS, DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_HTTP_TIMEOUT_SECONDS,
     DEFAULT_JWKS_CACHE_SECONDS, DEFAULT_JWKS_REFETCH_MIN_SECONDS, DEFAULT_TOKEN_TYPES,
     IntrospectionConfig, MAX_JWKS_CACHE, OAuthConfig, OAuthConfigError, SubjectEntry,
 };
-use self::config::Settings;
 pub use self::jwks::FetchError;
 use self::jwks::{Endpoints, KeySet};
 use crate::auth::{AuthError, Authenticator, Principal, hash_token};
@@ -85,7 +85,9 @@ pub enum TokenRefusal {
     #[error("the token is not a well-formed JWT signed with an algorithm this server accepts")]
     Malformed,
     /// A `typ` header other than the accepted access-token types.
-    #[error("the token's typ `{0}` is not an access token type this server accepts (RFC 9068 at+jwt)")]
+    #[error(
+        "the token's typ `{0}` is not an access token type this server accepts (RFC 9068 at+jwt)"
+    )]
     TokenType(String),
     /// An algorithm that is not configured (e.g. HS256).
     #[error("the token is signed with {0}, which this server does not accept")]
@@ -242,7 +244,8 @@ impl OAuthAuthenticator {
     /// [`AuthError::Unavailable`] (503).
     pub fn start(config: &OAuthConfig, resource: &str) -> Result<Self, OAuthStartError> {
         let settings = Settings::new(config, resource)?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| OAuthStartError::NoRuntime)?;
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| OAuthStartError::NoRuntime)?;
         let http = reqwest::Client::builder()
             .timeout(settings.http_timeout)
             .redirect(reqwest::redirect::Policy::limited(3))
@@ -386,9 +389,7 @@ impl Shared {
         } else {
             tracing::debug!(%jwks_uri, keys = count, "refreshed the authorization server's signing keys");
         }
-        Ok(max_age
-            .unwrap_or(settings.jwks_cache)
-            .min(MAX_JWKS_CACHE))
+        Ok(max_age.unwrap_or(settings.jwks_cache).min(MAX_JWKS_CACHE))
     }
 
     fn snapshot(&self) -> (Option<Arc<KeySet>>, u64) {
@@ -436,7 +437,10 @@ impl Shared {
             }
         }
         if !settings.algorithms.contains(&header.alg) {
-            return Err(refused(TokenRefusal::Algorithm(format!("{:?}", header.alg))));
+            return Err(refused(TokenRefusal::Algorithm(format!(
+                "{:?}",
+                header.alg
+            ))));
         }
         let (keys, generation) = self.snapshot();
         let Some(mut keys) = keys else {
@@ -525,7 +529,11 @@ impl Shared {
         // makes it for JWTs.
         let name = claims
             .get(&s.agent_claim)
-            .or_else(|| (s.agent_claim == "sub").then(|| claims.get("client_id")).flatten())
+            .or_else(|| {
+                (s.agent_claim == "sub")
+                    .then(|| claims.get("client_id"))
+                    .flatten()
+            })
             .and_then(Value::as_str)
             .ok_or_else(|| TokenRefusal::MissingClaim(s.agent_claim.clone()))?;
         let bad = |claim: &str| {
@@ -677,7 +685,13 @@ impl Shared {
 fn keys_for(keys: &KeySet, kid: Option<&str>, alg: Algorithm) -> Vec<jwks::Key> {
     let fits = |k: &&jwks::Key| k.alg.is_none_or(|a| a == alg);
     match kid {
-        Some(kid) => keys.by_kid.get(kid).filter(fits).cloned().into_iter().collect(),
+        Some(kid) => keys
+            .by_kid
+            .get(kid)
+            .filter(fits)
+            .cloned()
+            .into_iter()
+            .collect(),
         None => keys
             .without_kid
             .iter()
@@ -834,7 +848,10 @@ mod tests {
         assert_eq!(strings(Some(&serde_json::json!(["a", 1]))), None);
         assert_eq!(strings(Some(&serde_json::json!(7))), None);
         let many = serde_json::json!(vec!["x"; MAX_CLAIM_VALUES + 10]);
-        assert_eq!(strings(Some(&many)).map(|v| v.len()), Some(MAX_CLAIM_VALUES));
+        assert_eq!(
+            strings(Some(&many)).map(|v| v.len()),
+            Some(MAX_CLAIM_VALUES)
+        );
         assert_eq!(printable("a\"b\\c\nd"), "abcd");
         assert_eq!(number(&serde_json::json!(12.7)), Some(12));
         assert_eq!(number(&serde_json::json!(-1)), None);

@@ -154,7 +154,8 @@ impl TestIssuer {
             client: (RS_CLIENT.0.into(), RS_CLIENT.1.into()),
             ..Default::default()
         });
-        *state.jwks.lock().unwrap() = json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
+        *state.jwks.lock().unwrap() =
+            json!({"keys": keys.iter().map(|k| k.jwk.clone()).collect::<Vec<_>>()});
         let app = Router::new()
             .route("/.well-known/oauth-authorization-server", get(metadata))
             .route("/jwks", get(jwks))
