@@ -276,6 +276,19 @@ async fn python_client_credentials_from_the_url_alone_in_both_eras() {
     let auth = AuthServer::start(0, "jwt");
     let dir = setup(&auth.issuer, "");
     let (_server, url) = serve(dir.path());
+    // The resource metadata sends clients to the authorization server.
+    let metadata: Value =
+        reqwest::get(url.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"))
+            .await
+            .expect("metadata")
+            .json()
+            .await
+            .expect("JSON");
+    assert_eq!(
+        metadata,
+        json!({"resource": url, "authorization_servers": [auth.issuer], "resource_name": "graph-relay",
+               "scopes_supported": ["osfoundry:read", "osfoundry:run"], "bearer_methods_supported": ["header"]})
+    );
     for mode in ["legacy", "2026-07-28"] {
         let out = python(&[
             "client-credentials",
