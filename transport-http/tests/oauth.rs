@@ -289,11 +289,25 @@ async fn keys_are_kept_as_long_as_cache_control_allows() {
     issuer.cache_control(Some("public, max-age=1"));
     let auth = started(&config(&issuer)).await;
     let first = issuer.jwks_fetches();
+    let claims = issuer.claims(AUDIENCE, "assistant", READ_RUN);
+    let token = key.sign(&claims);
+    let principal = auth.authenticate(&token).await.unwrap();
+    let hash = hash_token(&token);
     let deadline = Instant::now() + Duration::from_secs(10);
     while issuer.jwks_fetches() < first + 2 {
         assert!(Instant::now() < deadline, "keys were not refreshed");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A refresh with the same key keeps what it verified (held requests and
+    // sessions are not ended by it); a refresh without the key forgets it.
+    assert!(auth.still_valid(&hash, &principal).await);
+    let fetched = issuer.jwks_fetches();
+    issuer.publish(&[&SigningKey::ed25519("k2")]);
+    while issuer.jwks_fetches() < fetched + 2 {
+        assert!(Instant::now() < deadline, "keys were not refreshed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!auth.still_valid(&hash, &principal).await);
     // A long max-age: no refresh for the test's duration.
     let issuer = TestIssuer::start(&[&key]).await;
     issuer.cache_control(Some("max-age=3600"));

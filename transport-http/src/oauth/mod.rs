@@ -35,8 +35,8 @@
 //! A verified JWT and an introspection answer are remembered by the
 //! SHA-256 of the token until the token's `exp`
 //! ([`MAX_CACHED_TOKENS`] entries at most), so a client that reuses its
-//! token pays for the signature check once. A new key set empties the JWT
-//! cache. An inactive introspection answer is remembered for
+//! token pays for the signature check once. A new key set forgets the JWTs
+//! verified with a key it no longer has. An inactive introspection answer is remembered for
 //! [`NEGATIVE_CACHE`].
 
 mod config;
@@ -145,6 +145,9 @@ struct Cached {
     verdict: Result<Principal, TokenRefusal>,
     /// Unix seconds after which the entry is void.
     until: u64,
+    /// The key a JWT was verified with (`None`: a key without `kid`, or
+    /// an introspection answer).
+    kid: Option<String>,
 }
 
 /// Tokens by SHA-256, bounded.
@@ -173,11 +176,15 @@ impl TokenCache {
         entries.insert(hash, cached);
     }
 
-    fn clear(&self) {
+    /// Forgets the JWTs verified with a key that `keys` no longer has.
+    fn keep_verified_by(&self, keys: &KeySet) {
         self.entries
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clear();
+            .retain(|_, c| match &c.kid {
+                Some(kid) => keys.by_kid.contains_key(kid),
+                None => false,
+            });
     }
 }
 
@@ -376,13 +383,14 @@ impl Shared {
             return Err(FetchError::NoKeys { url: jwks_uri });
         }
         let count = set.by_kid.len() + set.without_kid.len();
+        // Tokens verified with a key that is gone are checked again; the
+        // others stay verified (a refresh does not end sessions).
+        self.verified.keep_verified_by(&set);
         {
             let mut state = self.keys.write().unwrap_or_else(|p| p.into_inner());
             state.keys = Some(Arc::new(set));
             state.generation += 1;
         }
-        // Tokens verified with keys that may be gone are checked again.
-        self.verified.clear();
         let first = !self.ready.send_replace(true);
         if first {
             tracing::info!(issuer = %settings.issuer, %jwks_uri, keys = count, "loaded the authorization server's signing keys");
@@ -502,6 +510,7 @@ impl Shared {
             Cached {
                 verdict: Ok(principal.clone()),
                 until,
+                kid: header.kid.clone(),
             },
             now,
         );
@@ -642,6 +651,7 @@ impl Shared {
             Cached {
                 verdict: verdict.clone(),
                 until,
+                kid: None,
             },
             now,
         );
