@@ -54,6 +54,46 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A loopback port where a connection is accepted and closed at once (an
+/// authorization server that is down); freed on drop.
+struct RefusingPort {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RefusingPort {
+    fn bind() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => drop(stream),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Self {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RefusingPort {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// oidc-provider on loopback (`tests/oidc/provider.mjs`).
 struct AuthServer {
     child: Child,
@@ -70,9 +110,20 @@ impl AuthServer {
             .env("TOKEN_FORMAT", format)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start the authorization server");
+        let stderr = child.stderr.take().expect("stderr");
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = said.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(mut said) = sink.lock() {
+                    said.push_str(&line);
+                    said.push('\n');
+                }
+            }
+        });
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -82,9 +133,12 @@ impl AuthServer {
                 }
             }
         });
-        let issuer = rx
-            .recv_timeout(DEADLINE)
-            .expect("the authorization server did not start");
+        let issuer = rx.recv_timeout(DEADLINE).unwrap_or_else(|e| {
+            panic!(
+                "the authorization server did not start ({e}):\n{}",
+                said.lock().map(|s| s.clone()).unwrap_or_default()
+            )
+        });
         Self { child, issuer }
     }
 
@@ -492,7 +546,10 @@ async fn key_rotation_while_serving_needs_no_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(graph_relay_skip_peers, ignore = "GRAPH_RELAY_SKIP names peers")]
 async fn an_unreachable_authorization_server_means_503_until_its_keys_load() {
-    let port = free_port();
+    // The port stays taken (every connection refused at once) until the
+    // authorization server starts on it, so no other test can take it.
+    let closed = RefusingPort::bind();
+    let port = closed.port;
     let issuer = format!("http://127.0.0.1:{port}");
     let dir = setup(&issuer, "");
     let (server, url) = serve(dir.path());
@@ -514,6 +571,7 @@ async fn an_unreachable_authorization_server_means_503_until_its_keys_load() {
     assert_eq!(status, 503, "{body}");
     // Static tokens do not depend on the authorization server.
     assert_accepted(&url, STATIC_CC_AGENT).await;
+    drop(closed);
     let auth = AuthServer::start(port, "jwt");
     let token = auth.token("cc-agent", &url).await;
     let deadline = Instant::now() + DEADLINE;
