@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use graph_relay_transport_http::auth::{AgentToken, DeviceToken};
+use graph_relay_transport_http::oauth::OAuthConfig;
 use serde::{Deserialize, Serialize};
 
 /// The `[server]` section.
@@ -72,6 +73,10 @@ pub struct ConfigFile {
     /// Server settings.
     #[serde(default)]
     pub server: ServerSection,
+    /// Access tokens from an external authorization server (OAuth 2.1),
+    /// accepted besides the static tokens below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth: Option<OAuthConfig>,
     /// Agent tokens (hashes only).
     #[serde(default, rename = "agent")]
     pub agents: Vec<AgentToken>,

@@ -28,6 +28,7 @@ use graph_relay_core::prelude::*;
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
 };
+use graph_relay_transport_http::oauth::{AuthChain, OAuthAuthenticator};
 use graph_relay_transport_http::serve::{RESERVED_FILES, raise_open_file_limit};
 use graph_relay_transport_http::{
     HttpConfig, HttpState, ListenLimits, Principal, ServeConfig, SessionLimits,
@@ -225,6 +226,8 @@ enum CliError {
     Config(#[from] config::ConfigError),
     #[error(transparent)]
     Tokens(#[from] graph_relay_transport_http::auth::TokenConfigError),
+    #[error(transparent)]
+    OAuth(#[from] graph_relay_transport_http::oauth::OAuthConfigError),
     #[error("cannot open the database: {0}")]
     Db(String),
     #[error("{0}")]
@@ -391,6 +394,7 @@ fn bootstrap(path: &Path, listen: SocketAddr) -> Result<(), CliError> {
     let device_token = new_token(TokenKind::Device);
     let file = ConfigFile {
         server: ServerSection::default(),
+        oauth: None,
         agents: vec![AgentToken {
             name: "dev-agent".into(),
             owner: "dev".into(),
@@ -437,17 +441,16 @@ fn serve(
         }
         Some(name) => Some(find_agent(&file, &name)?),
     };
-    let auth: Arc<dyn graph_relay_transport_http::Authenticator> = match anonymous {
-        Some(caller) => {
-            tracing::warn!(agent = %caller.agent.id, "requests without a token are served as this agent (--insecure-anonymous-agent)");
-            Arc::new(AnonymousFallback {
-                inner: tokens,
-                caller,
-            })
-        }
-        None => Arc::new(tokens),
-    };
+    if let Some(oauth) = &file.oauth {
+        oauth.validate()?;
+    }
     let (mut http, serve_config) = http_settings(&file.server);
+    if let Some(oauth) = &file.oauth
+        && http.authorization_servers.is_empty()
+    {
+        // The resource metadata sends OAuth clients to the issuer.
+        http.authorization_servers = vec![oauth.issuer.clone()];
+    }
     if let Some(wait) = max_wait_seconds
         && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
     {
@@ -482,6 +485,33 @@ fn serve(
                 local.port()
             );
         }
+        // Static tokens first (a hash look-up), then the authorization
+        // server's tokens; the audience defaults to the published /mcp URL.
+        let mut sources: Vec<Arc<dyn graph_relay_transport_http::Authenticator>> =
+            vec![Arc::new(tokens)];
+        if let Some(config) = &file.oauth {
+            let oauth = OAuthAuthenticator::start(config, &http.resource_url())
+                .map_err(|e| std::io::Error::other(format!("[oauth]: {e}")))?;
+            tracing::info!(issuer = %oauth.issuer(), audience = %oauth.audience(), "accepting OAuth access tokens from the authorization server");
+            // A moment for the first key load, so that the first requests
+            // are not answered 503; the loader keeps trying after that.
+            if !oauth.wait_until_ready(OAUTH_START_WAIT).await {
+                tracing::warn!(issuer = %oauth.issuer(), "serving without the authorization server's keys: OAuth tokens are answered 503 until they are loaded");
+            }
+            sources.push(Arc::new(oauth));
+        }
+        let auth: Arc<dyn graph_relay_transport_http::Authenticator> =
+            Arc::new(AuthChain::new(sources));
+        let auth: Arc<dyn graph_relay_transport_http::Authenticator> = match anonymous {
+            Some(caller) => {
+                tracing::warn!(agent = %caller.agent.id, "requests without a token are served as this agent (--insecure-anonymous-agent)");
+                Arc::new(AnonymousFallback {
+                    inner: auth,
+                    caller,
+                })
+            }
+            None => auth,
+        };
         let state = HttpState::new(server, auth, http);
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
         // On SIGINT/SIGTERM every held request answers at once and waits
@@ -604,6 +634,10 @@ fn check_open_file_limit(max_connections: usize) {
     }
 }
 
+/// How long `serve` waits for the authorization server's keys before it
+/// serves anyway (answering OAuth tokens 503 until they load).
+const OAUTH_START_WAIT: Duration = Duration::from_secs(3);
+
 /// The lease settings given on the command line (they win over the file).
 struct Leases {
     seconds: Option<u64>,
@@ -688,7 +722,7 @@ async fn shutdown_signal() {
 
 /// Falls back to one agent for requests that carry no token at all.
 struct AnonymousFallback {
-    inner: TokenFile,
+    inner: Arc<dyn graph_relay_transport_http::Authenticator>,
     caller: Caller,
 }
 
@@ -702,6 +736,12 @@ impl graph_relay_transport_http::Authenticator for AnonymousFallback {
     }
     async fn anonymous(&self) -> Option<Principal> {
         Some(Principal::Agent(self.caller.clone()))
+    }
+    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.revocations()
+    }
+    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
+        self.inner.still_valid(token_sha256, principal).await
     }
 }
 

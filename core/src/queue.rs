@@ -828,10 +828,29 @@ impl Queue {
         wait: Duration,
         sleeper: &dyn Sleeper,
     ) -> Result<RunView, GetError> {
+        self.watch_graph_run(agent, id, wait, sleeper, &mut |_| {})
+            .await
+    }
+
+    /// [`Queue::wait_graph_run`], calling `observe` with the run as it is
+    /// first read and again whenever its status or its progress changes
+    /// while the call waits (each progress report the desktop makes, as
+    /// far as the throttle of [`QueueConfig::progress_interval`] lets them
+    /// through). The run returned at the end is not passed to `observe`.
+    /// This is what MCP progress notifications are made from.
+    pub async fn watch_graph_run(
+        &self,
+        agent: &Agent,
+        id: &CommandId,
+        wait: Duration,
+        sleeper: &dyn Sleeper,
+        observe: &mut (dyn FnMut(&RunView) + Send),
+    ) -> Result<RunView, GetError> {
         let deadline = self.clock.now().plus(wait);
         // Time slept on the runtime's timer also bounds the wait, so a clock
         // that does not move (a test's manual clock) cannot hold a call forever.
         let mut slept = Duration::ZERO;
+        let mut seen: Option<(CommandStatus, Option<Progress>)> = None;
         loop {
             // Subscribe before reading, so a change in between is not lost.
             let changed = self.signals.subscribe(Topic::Command(*id));
@@ -843,6 +862,11 @@ impl Queue {
                 || self.is_shutting_down()
             {
                 return Ok(view);
+            }
+            let state = (view.command.status, view.command.progress.clone());
+            if seen.as_ref() != Some(&state) {
+                observe(&view);
+                seen = Some(state);
             }
             let pause = deadline
                 .since(now)

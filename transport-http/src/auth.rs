@@ -51,6 +51,10 @@ pub enum AuthError {
     /// Unknown, revoked or malformed: answered with 401 `invalid_token`.
     #[error("the bearer token is unknown, revoked or malformed")]
     InvalidToken,
+    /// An access token from the authorization server that does not pass
+    /// its checks: 401 `invalid_token` whose `error_description` says why.
+    #[error(transparent)]
+    Refused(#[from] crate::oauth::TokenRefusal),
     /// The authenticator could not decide (e.g. its backend is down): 503.
     #[error("the token could not be checked: {0}")]
     Unavailable(String),

@@ -13,7 +13,15 @@
 //! ```
 //!
 //! - `POST /mcp`: one JSON-RPC message; a request is answered with
-//!   `application/json`, a notification or response with 202.
+//!   `application/json`, a notification or response with 202. A
+//!   `tools/call` carrying `_meta.progressToken` from a client that accepts
+//!   `text/event-stream` is answered with an SSE stream: the
+//!   `notifications/progress` of a waiting `get_graph_run` as they happen,
+//!   then the result.
+//! - Bearer tokens come from the [`Authenticator`]: the static token file
+//!   ([`auth::TokenFile`]), access tokens of an OAuth authorization server
+//!   ([`oauth::OAuthAuthenticator`]: JWTs checked with its JWKS, opaque
+//!   tokens by introspection), or both ([`oauth::AuthChain`]).
 //! - `GET /mcp`: 405 (no SSE stream is offered). `DELETE /mcp` ends an
 //!   initialize-era session.
 //! - Initialize-era clients get an `MCP-Session-Id` with their `initialize`
@@ -28,8 +36,10 @@
 //!   address, never from the request.
 //! - Every `/mcp` request needs `Authorization: Bearer <agent token>`,
 //!   checked before the body is read: 401 with
-//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise; a device
-//!   token is refused there. A message the token's scopes do not cover
+//!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise (with
+//!   `error="invalid_token"` and an `error_description` saying why a token
+//!   was refused; 503 while an authorization server's keys cannot be had);
+//!   a device token is refused there. A message the token's scopes do not cover
 //!   (the one table in `graph_relay_core::authz`: tools, `tasks/*`,
 //!   `subscriptions/listen`) gets 403 `insufficient_scope` naming the scope,
 //!   before any queue work.
@@ -58,6 +68,7 @@ pub mod authority;
 mod gate;
 mod listen;
 mod mcp_endpoint;
+pub mod oauth;
 pub mod relay_api;
 pub mod relay_client;
 pub mod relay_wire;
@@ -129,6 +140,33 @@ pub struct HttpConfig {
     pub listen: ListenLimits,
     /// The relay API (hold bound of long-poll requests).
     pub relay: RelayApiConfig,
+}
+
+impl HttpConfig {
+    /// The public base URL: `public_url`, else `http://<listen_addr>`, else
+    /// `http://localhost`. Never taken from a request.
+    pub fn base_url(&self) -> String {
+        if let Some(url) = &self.public_url {
+            return url.trim_end_matches('/').to_owned();
+        }
+        match self.listen_addr {
+            Some(addr) => {
+                let host = match addr.ip() {
+                    ip if ip.is_unspecified() => "localhost".to_owned(),
+                    IpAddr::V4(ip) => ip.to_string(),
+                    IpAddr::V6(ip) => format!("[{ip}]"),
+                };
+                format!("http://{host}:{}", addr.port())
+            }
+            None => "http://localhost".to_owned(),
+        }
+    }
+
+    /// The resource URL of the MCP endpoint (`base_url` + `/mcp`): what the
+    /// resource metadata announces and OAuth tokens must name as audience.
+    pub fn resource_url(&self) -> String {
+        format!("{}{MCP_PATH}", self.base_url())
+    }
 }
 
 impl Default for HttpConfig {
@@ -302,21 +340,7 @@ impl HttpState {
     /// The public base URL: `public_url`, else `http://<listen_addr>`, else
     /// `http://localhost`. Never taken from a request.
     pub fn base_url(&self) -> String {
-        let config = &self.inner.config;
-        if let Some(url) = &config.public_url {
-            return url.trim_end_matches('/').to_owned();
-        }
-        match config.listen_addr {
-            Some(addr) => {
-                let host = match addr.ip() {
-                    ip if ip.is_unspecified() => "localhost".to_owned(),
-                    IpAddr::V4(ip) => ip.to_string(),
-                    IpAddr::V6(ip) => format!("[{ip}]"),
-                };
-                format!("http://{host}:{}", addr.port())
-            }
-            None => "http://localhost".to_owned(),
-        }
+        self.inner.config.base_url()
     }
 
     /// The URL of the resource metadata, as put in `WWW-Authenticate`.
@@ -449,13 +473,25 @@ impl HttpState {
                 "invalid_token",
                 "the token is unknown, revoked or malformed",
             )))),
+            Err(AuthError::Refused(refusal)) => {
+                // Quoted-string safe: the texts are fixed, and the only
+                // token-supplied part is filtered to visible ASCII.
+                let description = refusal.to_string().replace(['"', '\\'], "'");
+                Err(challenge(Some(("invalid_token", &description))))
+            }
             Err(AuthError::Unavailable(reason)) => {
-                tracing::error!(%reason, "authenticator unavailable");
-                Err((
+                tracing::warn!(%reason, "a token could not be checked; answering 503");
+                let mut response = (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    axum::Json(json!({"error": "temporarily_unavailable"})),
+                    axum::Json(
+                        json!({"error": "temporarily_unavailable", "error_description": reason}),
+                    ),
                 )
-                    .into_response())
+                    .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                Err(response)
             }
         }
     }

@@ -244,6 +244,6 @@ async fn watch(
 }
 
 /// One SSE `message` event carrying a JSON-RPC message.
-fn event(message: &Value) -> Bytes {
+pub(crate) fn event(message: &Value) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }

@@ -1,12 +1,12 @@
 //! The `/mcp` handlers.
 
 use axum::Extension;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::mcp::{
-    Caller, ErrorCode, Incoming, McpSession, Outgoing, ProtocolVersion, ScopeDenied,
+    Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing, ProtocolVersion, ScopeDenied,
 };
 use serde_json::json;
 
@@ -226,6 +226,103 @@ async fn run_core(
     })
 }
 
+/// Most notifications one streamed reply keeps queued for a slow reader;
+/// beyond, progress notifications are dropped (only the latest matters)
+/// and the result still comes last.
+const MAX_QUEUED_NOTIFICATIONS: usize = 64;
+
+/// Sends notifications into a streamed reply.
+struct StreamNotifier(tokio::sync::mpsc::Sender<Bytes>);
+
+impl Notifier for StreamNotifier {
+    fn notify(&self, notification: serde_json::Value) {
+        // A full queue drops this notification; a later one says more.
+        let _ = self.0.try_send(crate::listen::event(&notification));
+    }
+}
+
+/// True when the client accepts an SSE response.
+fn accepts_sse(headers: &HeaderMap) -> bool {
+    header_str(headers, &header::ACCEPT).is_some_and(|accept| {
+        accept.split(',').any(|a| {
+            let a = a.split(';').next().unwrap_or_default().trim();
+            a.eq_ignore_ascii_case("text/event-stream") || a == "*/*"
+        })
+    })
+}
+
+/// Answers a request that may send notifications before its result (a
+/// waiting `get_graph_run` with a progress token) with an SSE response:
+/// each notification is an event as it happens, the JSON-RPC result is the
+/// last event, then the stream ends. `done` gets the session back once the
+/// request is handled. A client that goes away abandons the work; a token
+/// revoked meanwhile ends the stream without a result.
+fn stream_core(
+    state: &HttpState,
+    who: Authenticated,
+    caller: Caller,
+    session: McpSession,
+    incoming: Incoming,
+    done: impl FnOnce(McpSession) + Send + 'static,
+) -> Response {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(MAX_QUEUED_NOTIFICATIONS);
+    let server = state.mcp().clone();
+    let watcher = state.clone();
+    let id = incoming.id().cloned();
+    tokio::spawn(async move {
+        let notifier = StreamNotifier(tx.clone());
+        let mut work = tokio::spawn(async move {
+            let mut session = session;
+            let reply = server
+                .handle_notifying(&mut session, &caller, incoming, &notifier)
+                .await;
+            (session, reply)
+        });
+        let joined = tokio::select! {
+            joined = &mut work => joined,
+            () = watcher.revoked(&who) => {
+                work.abort();
+                return;
+            }
+            () = tx.closed() => {
+                work.abort();
+                return;
+            }
+        };
+        let reply = match joined {
+            Ok((session, reply)) => {
+                done(session);
+                reply
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "MCP handling panicked");
+                Some(Outgoing::error(
+                    id,
+                    ErrorCode::InternalError,
+                    "Internal error".into(),
+                    None,
+                ))
+            }
+        };
+        if let Some(reply) = reply {
+            let _ = tx.send(crate::listen::event(reply.message())).await;
+        }
+    });
+    let stream = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|item| item.map(Ok::<_, std::convert::Infallible>))
+    });
+    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
 /// `POST /mcp`. The gate authenticated the agent before the body was read.
 pub(crate) async fn post(
     State(state): State<HttpState>,
@@ -345,6 +442,13 @@ pub(crate) async fn post(
                 ),
             );
         }
+        if state.mcp().may_notify(&incoming) && accepts_sse(&headers) {
+            let sessions = state.clone();
+            let session_id = session_id.to_owned();
+            return stream_core(&state, who, caller, session, incoming, move |session| {
+                sessions.inner.sessions.put(&session_id, &owner, session);
+            });
+        }
         let Ok((session, reply)) = run_core(&state, &who, caller, session, incoming).await else {
             return revoked_while_held(&state);
         };
@@ -367,6 +471,9 @@ pub(crate) async fn post(
         }
         if incoming.method() == Some("subscriptions/listen") {
             return crate::listen::serve(&state, who, caller, incoming).await;
+        }
+        if state.mcp().may_notify(&incoming) && accepts_sse(&headers) {
+            return stream_core(&state, who, caller, McpSession::new(), incoming, drop);
         }
         return match run_core(&state, &who, caller, McpSession::new(), incoming).await {
             Ok((_, Some(reply))) => json_reply(&reply),

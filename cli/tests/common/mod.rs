@@ -326,17 +326,20 @@ impl Relay {
     }
 }
 
-/// Where the real MCP peers are: a Python with `mcp` 2.3.0, Node 22, and
-/// the conformance suite's `dist/index.js`.
+/// Where the real MCP peers are: a Python with `mcp` 2.3.0, Node 22, the
+/// conformance suite's `dist/index.js`, and the `node_modules` folder that
+/// holds the authorization server `oidc-provider`.
 #[derive(Debug, Clone)]
 pub struct Peers {
     pub python: PathBuf,
     pub node: PathBuf,
     pub conformance: PathBuf,
+    pub oidc_provider: PathBuf,
 }
 
-/// The real MCP peers: from `GRAPH_RELAY_PYTHON`, `GRAPH_RELAY_NODE` and
-/// `GRAPH_RELAY_CONFORMANCE` when all three are set, else installed by
+/// The real MCP peers: from `GRAPH_RELAY_PYTHON`, `GRAPH_RELAY_NODE`,
+/// `GRAPH_RELAY_CONFORMANCE` and `GRAPH_RELAY_OIDC_PROVIDER` when all four
+/// are set, else installed by
 /// `.ci/mcp-peers.sh` into the target directory (once: test binaries take
 /// turns on a lock file, and a finished install returns at once). Panics,
 /// saying what is missing, when they cannot be had; a machine without
@@ -348,15 +351,17 @@ pub fn peers() -> Peers {
 
 fn install_peers() -> Peers {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let (Some(python), Some(node), Some(conformance)) = (
+    if let (Some(python), Some(node), Some(conformance), Some(oidc_provider)) = (
         var("GRAPH_RELAY_PYTHON"),
         var("GRAPH_RELAY_NODE"),
         var("GRAPH_RELAY_CONFORMANCE"),
+        var("GRAPH_RELAY_OIDC_PROVIDER"),
     ) {
         return Peers {
             python: python.into(),
             node: node.into(),
             conformance: conformance.into(),
+            oidc_provider: oidc_provider.into(),
         };
     }
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -380,8 +385,8 @@ fn install_peers() -> Peers {
         out.status.success(),
         "the real MCP peers could not be installed by {} (it needs python3 with venv and pip, \
          and npm with access to the npm registry); install what is missing, set \
-         GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE and GRAPH_RELAY_CONFORMANCE, or opt out with \
-         GRAPH_RELAY_SKIP=peers.\n{}",
+         GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE, GRAPH_RELAY_CONFORMANCE and \
+         GRAPH_RELAY_OIDC_PROVIDER, or opt out with GRAPH_RELAY_SKIP=peers.\n{}",
         script.display(),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -397,5 +402,6 @@ fn install_peers() -> Peers {
         python: find("GRAPH_RELAY_PYTHON"),
         node: find("GRAPH_RELAY_NODE"),
         conformance: find("GRAPH_RELAY_CONFORMANCE"),
+        oidc_provider: find("GRAPH_RELAY_OIDC_PROVIDER"),
     }
 }

@@ -48,6 +48,7 @@
 
 mod jsonrpc;
 mod limits;
+mod progress;
 mod tasks;
 mod tools;
 mod version;
@@ -62,6 +63,7 @@ pub use self::jsonrpc::{
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
 };
 pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
+pub use self::progress::{NoNotifier, Notifier};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
 use crate::authz::Method;
@@ -352,11 +354,36 @@ impl McpServer {
     }
 
     /// Handles one parsed message (see [`McpServer::handle`]).
+    /// Notifications the request would send before its result are dropped;
+    /// a streaming transport calls [`McpServer::handle_notifying`].
     pub async fn handle_incoming(
         &self,
         session: &mut McpSession,
         caller: &Caller,
         incoming: Incoming,
+    ) -> Option<Outgoing> {
+        self.handle_notifying(session, caller, incoming, &NoNotifier)
+            .await
+    }
+
+    /// True when handling `incoming` may send notifications before its
+    /// result: a `tools/call` that carries `_meta.progressToken`. A
+    /// streaming transport answers such a request with a stream (HTTP: an
+    /// SSE response) and passes a [`Notifier`] to
+    /// [`McpServer::handle_notifying`].
+    pub fn may_notify(&self, incoming: &Incoming) -> bool {
+        incoming.method() == Some("tools/call") && progress::token(incoming.meta()).is_some()
+    }
+
+    /// [`McpServer::handle_incoming`], sending the request's notifications
+    /// (MCP progress of a waiting `get_graph_run`, see [`Notifier`]) to
+    /// `notifier` as they happen, all before the result is returned.
+    pub async fn handle_notifying(
+        &self,
+        session: &mut McpSession,
+        caller: &Caller,
+        incoming: Incoming,
+        notifier: &dyn Notifier,
     ) -> Option<Outgoing> {
         let method_name = incoming.method().unwrap_or_default().to_owned();
         let id = match incoming.kind() {
@@ -403,6 +430,7 @@ impl McpServer {
                 &incoming,
                 self.version_of(era),
                 era == Era::Modern && tasks::declared(&incoming),
+                notifier,
             )
             .await
             .map_err(|e| e.into_outgoing(&id)),

@@ -2,7 +2,10 @@
 
 use serde_json::{Value, json};
 
-use super::{Caller, ErrorCode, Incoming, McpServer, Outgoing, ProtocolVersion, RequestId};
+use super::progress::{ProgressNotifications, token as progress_token};
+use super::{
+    Caller, ErrorCode, Incoming, McpServer, Notifier, Outgoing, ProtocolVersion, RequestId,
+};
 use crate::args::{ArgError, ToolArgs};
 use crate::queue::{CancelError, GetError, ListError, RunError};
 use crate::store::StoreError;
@@ -67,8 +70,9 @@ pub(super) async fn call(
     incoming: &Incoming,
     version: ProtocolVersion,
     tasks: bool,
+    notifier: &dyn Notifier,
 ) -> Result<Value, CallError> {
-    match run(server, caller, incoming, version, tasks).await {
+    match run(server, caller, incoming, version, tasks, notifier).await {
         Err(CallError::Tool(message)) => Ok(tool_error(&message)),
         other => other,
     }
@@ -80,6 +84,7 @@ async fn run(
     incoming: &Incoming,
     version: ProtocolVersion,
     tasks: bool,
+    notifier: &dyn Notifier,
 ) -> Result<Value, CallError> {
     let name = incoming
         .params()
@@ -139,8 +144,22 @@ async fn run(
         ToolArgs::Get(args) => {
             // `wait_seconds` waits on the queue's signals with the transport's timer.
             let wait = std::time::Duration::from_secs(u64::from(args.wait_seconds));
-            let view = match server.sleeper() {
-                Some(sleeper) if args.wait_seconds > 0 => {
+            // With a progress token, each change while it waits is a
+            // `notifications/progress` before the result.
+            let view = match (server.sleeper(), progress_token(incoming.meta())) {
+                (Some(sleeper), Some(token)) if args.wait_seconds > 0 => {
+                    let mut progress = ProgressNotifications::new(token, notifier);
+                    queue
+                        .watch_graph_run(
+                            agent,
+                            &args.command_id,
+                            wait,
+                            sleeper.as_ref(),
+                            &mut |view| progress.observe(view),
+                        )
+                        .await
+                }
+                (Some(sleeper), None) if args.wait_seconds > 0 => {
                     queue
                         .wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref())
                         .await

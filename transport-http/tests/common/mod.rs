@@ -88,6 +88,15 @@ pub fn desktop() -> Device {
 /// A state over a fresh memory store with `GS` shared to alice's `p1` (and
 /// bob's `p1`); `get_graph_run` may wait up to 20 s.
 pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpState {
+    state_with_queue(config, auth, QueueConfig::default()).await
+}
+
+/// [`state`] with the queue configured by `queue_config`.
+pub async fn state_with_queue(
+    config: HttpConfig,
+    auth: Arc<dyn Authenticator>,
+    queue_config: QueueConfig,
+) -> HttpState {
     let store = Arc::new(MemoryStore::new());
     // Shared as a desktop's sync would (straight into the store).
     for owner in ["alice", "bob"] {
@@ -113,7 +122,7 @@ pub async fn state(config: HttpConfig, auth: Arc<dyn Authenticator>) -> HttpStat
         store,
         Arc::new(SystemClock),
         Arc::new(RandomIds),
-        QueueConfig::default(),
+        queue_config,
     );
     let catalog = ToolCatalog::builder()
         .wait_seconds(Some(20))
