@@ -28,6 +28,7 @@
 //! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
 //! - [`relay`]: the desktop relay as a sans-IO state machine.
 //! - [`signals`]: runtime-free wake-ups for held requests.
+//! - [`hold`]: the one rule of every request that may wait.
 //!
 //! # Example
 //! ```
@@ -51,6 +52,7 @@ pub mod catalog;
 pub mod command;
 pub mod envelope;
 pub mod executor;
+pub mod hold;
 pub mod ids;
 pub mod limits;
 pub mod mcp;

@@ -35,6 +35,7 @@ use crate::command::{
     ProgressRefused, StartRefused, request_fingerprint,
 };
 use crate::envelope::{EnvelopeError, ResultEnvelope};
+use crate::hold::{Hold, Look};
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::principal::{Agent, Device};
 use crate::session::{InvalidSession, MAX_SESSIONS_PER_SYNC, SessionMeta, SharedSession};
@@ -87,6 +88,10 @@ pub struct QueueConfig {
     /// While a `wait_seconds` call waits, the store is re-read at least this
     /// often (1 s), for changes made by another process on the same store.
     pub wait_recheck: Duration,
+    /// While a relay's long-poll sync or control request is held, the
+    /// store is looked at at least this often (500 ms), for work queued by
+    /// another process on the same store.
+    pub hold_recheck: Duration,
     /// Most projects one device may share sessions into at once (100). A
     /// sync that would share into one more is refused with
     /// [`SyncError::TooManyProjects`]; un-sharing (a sync with no sessions)
@@ -120,6 +125,7 @@ impl Default for QueueConfig {
             max_commands_per_sync: 100,
             prune_batch: 500,
             wait_recheck: Duration::from_secs(1),
+            hold_recheck: Duration::from_millis(500),
             touch_interval: Duration::from_secs(1),
             max_projects_per_device: 100,
             lease_long_poll: Duration::from_secs(60),
@@ -846,37 +852,70 @@ impl Queue {
         sleeper: &dyn Sleeper,
         observe: &mut (dyn FnMut(&RunView) + Send),
     ) -> Result<RunView, GetError> {
-        let deadline = self.clock.now().plus(wait);
-        // Time slept on the runtime's timer also bounds the wait, so a clock
-        // that does not move (a test's manual clock) cannot hold a call forever.
-        let mut slept = Duration::ZERO;
-        let mut seen: Option<(CommandStatus, Option<Progress>)> = None;
-        loop {
-            // Subscribe before reading, so a change in between is not lost.
-            let changed = self.signals.subscribe(Topic::Command(*id));
+        let hold = self.run_hold(id, wait);
+        // The last status and progress passed to `observe`.
+        let seen: std::sync::Mutex<Option<(CommandStatus, Option<Progress>)>> =
+            std::sync::Mutex::new(None);
+        let observe = std::sync::Mutex::new(observe);
+        let (seen, observe) = (&seen, &observe);
+        hold.run(&self.signals, &*self.clock, sleeper, || async move {
             let view = self.get_graph_run(agent, id).await?;
-            let now = self.clock.now();
-            if view.command.status.is_terminal()
-                || now >= deadline
-                || slept >= wait
-                || self.is_shutting_down()
-            {
-                return Ok(view);
+            if view.command.status.is_terminal() {
+                return Ok(Look::Ready(view));
             }
             let state = (view.command.status, view.command.progress.clone());
-            if seen.as_ref() != Some(&state) {
-                observe(&view);
-                seen = Some(state);
+            let mut last = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_ref() != Some(&state) {
+                (observe.lock().unwrap_or_else(|p| p.into_inner()))(&view);
+                *last = Some(state);
             }
-            let pause = deadline
-                .since(now)
-                .min(wait.saturating_sub(slept))
-                .min(self.config.wait_recheck.max(Duration::from_millis(10)));
-            if let futures::future::Either::Right(_) =
-                futures::future::select(changed, sleeper.sleep(pause)).await
-            {
-                slept += pause;
-            }
+            Ok(Look::NotYet(view))
+        })
+        .await
+    }
+
+    /// How a relay's long-poll sync of `device` is held: until work is
+    /// queued for it ([`Topic::DeviceWork`]) or [`QueueConfig::long_poll_hold`]
+    /// passes, looking at the store every [`QueueConfig::hold_recheck`]; a
+    /// notification answers at once, with what is queued (possibly nothing),
+    /// so the relay starts a fresh pass.
+    pub fn sync_hold(&self, device: &Device) -> Hold {
+        Hold {
+            topics: vec![Topic::DeviceWork(device.owner.clone(), device.id.clone())],
+            until: self.clock.now().plus(self.config.long_poll_hold),
+            recheck: self.config.hold_recheck,
+            answer_on_notify: true,
+        }
+    }
+
+    /// How a relay's long-poll control request for `id` is held: until the
+    /// command changes ([`Topic::Command`]) or [`QueueConfig::long_poll_hold`]
+    /// passes; a notification answers at once.
+    pub fn control_hold(&self, id: &CommandId) -> Hold {
+        Hold {
+            topics: vec![Topic::Command(*id)],
+            until: self.clock.now().plus(self.config.long_poll_hold),
+            recheck: self.config.hold_recheck,
+            answer_on_notify: true,
+        }
+    }
+
+    /// How an agent's wait for run `id` is held: for `wait`, looking again
+    /// whenever the command changes and at least every
+    /// [`QueueConfig::wait_recheck`], answering once the run is terminal.
+    pub fn run_hold(&self, id: &CommandId, wait: Duration) -> Hold {
+        self.watch_hold(&[*id], wait)
+    }
+
+    /// How a stream watching `ids` is held: for `lifetime`, looking again
+    /// whenever one of them changes and at least every
+    /// [`QueueConfig::wait_recheck`]; the look says when it is done.
+    pub fn watch_hold(&self, ids: &[CommandId], lifetime: Duration) -> Hold {
+        Hold {
+            topics: ids.iter().map(|id| Topic::Command(*id)).collect(),
+            until: self.clock.now().plus(lifetime),
+            recheck: self.config.wait_recheck,
+            answer_on_notify: false,
         }
     }
 

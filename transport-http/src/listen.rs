@@ -27,9 +27,9 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use graph_relay_core::hold::Look;
 use graph_relay_core::ids::CommandId;
 use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, Outgoing};
-use graph_relay_core::signals::Topic;
 use serde_json::{Value, json};
 
 use crate::sessions::AgentKey;
@@ -149,14 +149,13 @@ pub(crate) async fn serve(
     tokio::spawn(async move {
         let _slot = slot;
         let request_id = listen.request_id.clone();
-        let stream = watch(&server, &caller, listen, &tx);
+        let stream = watch(&server, &caller, listen, lifetime, &tx);
         let done = tokio::select! {
             ended = stream => ended,
             () = watcher.revoked(&who) => {
                 tracing::info!(agent = %caller.agent.id, "listen stream ended: its token was revoked");
                 return;
             }
-            () = tokio::time::sleep(lifetime) => true,
         };
         if done {
             let done = Outgoing::result(request_id, json!({"resultType": "complete"}));
@@ -177,70 +176,103 @@ pub(crate) async fn serve(
 
 /// Sends the acknowledgement and the notifications until every watched
 /// task is terminal (true), or the client went away or the server is
-/// shutting down (false).
+/// shutting down (false). The stream is held by the queue's rule for
+/// watching commands ([`Queue::watch_hold`](graph_relay_core::queue::Queue::watch_hold)):
+/// each change of a watched task, and a look every second, sends what changed.
 async fn watch(
     server: &graph_relay_core::mcp::McpServer,
     caller: &Caller,
     listen: graph_relay_core::mcp::TaskListen,
+    lifetime: Duration,
     tx: &tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>,
 ) -> bool {
-    {
-        if tx.send(Ok(event(&listen.acknowledged))).await.is_err() {
-            return false;
-        }
-        let mut last: HashMap<CommandId, Value> = HashMap::new();
-        let mut watching = listen.task_ids.clone();
-        let mut idle = tokio::time::Instant::now();
-        while !watching.is_empty() {
-            // Subscribe first, then read: a change in between is not lost.
-            let changed: Vec<_> = watching
-                .iter()
-                .map(|id| server.queue().signals().subscribe(Topic::Command(*id)))
-                .collect();
-            let mut still = Vec::with_capacity(watching.len());
-            for id in &watching {
-                let Some((message, terminal)) = server.task_notification(caller, id).await else {
-                    continue;
-                };
-                if last.get(id) != Some(&message) {
-                    if tx.send(Ok(event(&message))).await.is_err() {
-                        return false;
-                    }
-                    idle = tokio::time::Instant::now();
-                    last.insert(*id, message);
-                }
-                if !terminal {
-                    still.push(*id);
-                }
-            }
-            watching = still;
-            if watching.is_empty() {
-                break;
-            }
-            if server.queue().is_shutting_down() {
-                // The server is stopping: end the stream (without a result)
-                // so the client listens again, elsewhere or later.
-                return false;
-            }
-            let wake = futures::future::select_all(changed);
-            tokio::select! {
-                _ = wake => {}
-                _ = tokio::time::sleep(RECHECK) => {}
-                _ = tx.closed() => return false,
-            }
-            if idle.elapsed() >= KEEP_ALIVE {
-                if tx
-                    .send(Ok(Bytes::from_static(b": keep-alive\n\n")))
-                    .await
-                    .is_err()
-                {
-                    return false;
-                }
-                idle = tokio::time::Instant::now();
-            }
-        }
-        true
+    if tx.send(Ok(event(&listen.acknowledged))).await.is_err() {
+        return false;
     }
+    let queue = server.queue();
+    let mut hold = queue.watch_hold(&listen.task_ids, lifetime);
+    hold.recheck = RECHECK;
+    // What each task last showed, the tasks still worth watching, and when
+    // the stream last carried anything.
+    let last: Mutex<HashMap<CommandId, Value>> = Mutex::default();
+    let watching = Mutex::new(listen.task_ids.clone());
+    let idle = Mutex::new(tokio::time::Instant::now());
+    let (last, watching, idle) = (&last, &watching, &idle);
+    let look = || async move {
+        let ids = watching.lock().map(|w| w.clone()).unwrap_or_default();
+        let mut changed = Vec::new();
+        let mut still = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some((message, terminal)) = server.task_notification(caller, &id).await else {
+                continue;
+            };
+            if let Ok(mut last) = last.lock()
+                && last.get(&id) != Some(&message)
+            {
+                changed.push(message.clone());
+                last.insert(id, message);
+            }
+            if !terminal {
+                still.push(id);
+            }
+        }
+        let done = still.is_empty();
+        if let Ok(mut watching) = watching.lock() {
+            *watching = still;
+        }
+        for message in changed {
+            if tx.send(Ok(event(&message))).await.is_err() {
+                return Ok::<_, Infallible>(Look::Ready(End::Gone));
+            }
+            if let Ok(mut idle) = idle.lock() {
+                *idle = tokio::time::Instant::now();
+            }
+        }
+        if done {
+            return Ok(Look::Ready(End::Done));
+        }
+        let quiet = idle.lock().map(|i| i.elapsed()).unwrap_or_default();
+        if quiet >= KEEP_ALIVE {
+            if tx
+                .send(Ok(Bytes::from_static(b": keep-alive\n\n")))
+                .await
+                .is_err()
+            {
+                return Ok(Look::Ready(End::Gone));
+            }
+            if let Ok(mut idle) = idle.lock() {
+                *idle = tokio::time::Instant::now();
+            }
+        }
+        Ok(Look::NotYet(End::HoldEnded))
+    };
+    let held = hold.run(
+        queue.signals(),
+        &**queue.clock(),
+        &crate::TokioSleeper,
+        look,
+    );
+    let end = tokio::select! {
+        end = held => end.unwrap_or_else(|never| match never {}),
+        () = tx.closed() => End::Gone,
+    };
+    match end {
+        End::Done => true,
+        End::Gone => false,
+        // The stream's lifetime is over: it ends with the result and the
+        // client listens again. A server shutting down ends it without one.
+        End::HoldEnded => !queue.is_shutting_down(),
+    }
+}
+
+/// How a listen stream's hold ended.
+enum End {
+    /// Every watched task is terminal.
+    Done,
+    /// The client went away.
+    Gone,
+    /// The hold ran out: the stream's lifetime, or the server's shutdown.
+    HoldEnded,
 }
 
 /// One SSE `message` event carrying a JSON-RPC message.

@@ -27,13 +27,13 @@ use axum::response::{IntoResponse, Response};
 use graph_relay_core::command::CommandRecord;
 use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::envelope::ResultEnvelope;
+use graph_relay_core::hold::{Hold, Look};
 use graph_relay_core::ids::{CommandId, ProjectId};
 use graph_relay_core::principal::Device;
 use graph_relay_core::queue::{
     CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, ProgressAck,
     ProgressError, Queue, StartError, SyncError, SyncRequest,
 };
-use graph_relay_core::signals::{Subscription, Topic};
 use graph_relay_core::store::StoreError;
 use serde::de::DeserializeOwned;
 
@@ -41,7 +41,7 @@ use crate::relay_wire::{
     ControlBody, ControlReply, DeclineBody, ErrorReply, ProgressBody, ProgressReply, ReportReply,
     StartBody, StartReply, SyncBody, SyncReply, WireCommand,
 };
-use crate::{HttpState, Principal};
+use crate::{HttpState, Principal, TokioSleeper};
 
 /// Tunables of the relay API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -238,11 +238,6 @@ pub(crate) async fn sync(
     let device = device_of(&state, &headers).await?;
     let body: SyncBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
-    let subscription = body.long_poll.then(|| {
-        queue
-            .signals()
-            .subscribe(Topic::DeviceWork(device.owner.clone(), device.id.clone()))
-    });
     let request = SyncRequest {
         project: body.project_id,
         sessions: body.sessions,
@@ -267,10 +262,8 @@ pub(crate) async fn sync(
         .into_response()
     })?;
     let mut commands = response.commands;
-    if let Some(subscription) = subscription
-        && commands.is_empty()
-    {
-        commands = hold_sync(&state, &device, &request.project, subscription)
+    if request.long_poll && commands.is_empty() {
+        commands = hold_sync(&state, &device, &request.project)
             .await
             .map_err(|e| ApiError::store(&e).into_response())?;
     }
@@ -280,45 +273,33 @@ pub(crate) async fn sync(
     }))
 }
 
+/// A long-poll sync that found nothing, held by the queue's rule
+/// ([`Queue::sync_hold`]) within this transport's bound.
 async fn hold_sync(
     state: &HttpState,
     device: &Device,
     project: &ProjectId,
-    subscription: Subscription,
 ) -> Result<Vec<CommandRecord>, StoreError> {
     let queue: &Queue = state.mcp().queue();
-    hold(
-        state,
-        subscription,
-        || queue.queued_for(device, project),
-        |commands| !commands.is_empty(),
-    )
+    let hold = bounded(state, queue.sync_hold(device));
+    hold.run(queue.signals(), &**queue.clock(), &TokioSleeper, || async {
+        let commands = queue.queued_for(device, project).await?;
+        Ok(if commands.is_empty() {
+            Look::NotYet(commands)
+        } else {
+            Look::Ready(commands)
+        })
+    })
     .await
 }
 
-/// Holds a long-poll request: answers `look()` once `subscription` fires or
-/// the hold bound passes, or earlier when a periodic look (every
-/// [`RelayApiConfig::recheck`]) is `ready`.
-async fn hold<T, E, F: Future<Output = Result<T, E>>>(
-    state: &HttpState,
-    mut subscription: Subscription,
-    look: impl Fn() -> F,
-    ready: impl Fn(&T) -> bool,
-) -> Result<T, E> {
-    let deadline = tokio::time::Instant::now() + hold_bound(state);
-    let recheck = state.config().relay.recheck.max(Duration::from_millis(10));
-    loop {
-        tokio::select! {
-            () = &mut subscription => return look().await,
-            () = tokio::time::sleep_until(deadline) => return look().await,
-            () = tokio::time::sleep(recheck) => {
-                let answer = look().await?;
-                if ready(&answer) {
-                    return Ok(answer);
-                }
-            }
-        }
-    }
+/// `hold` within this transport's bound ([`RelayApiConfig::hold`], and
+/// before the request timeout) and at its re-look pace
+/// ([`RelayApiConfig::recheck`]).
+fn bounded(state: &HttpState, mut hold: Hold) -> Hold {
+    hold.recheck = state.config().relay.recheck;
+    let now = state.mcp().queue().now();
+    hold.until_at_most(now.plus(hold_bound(state)))
 }
 
 /// `POST /commands/{id}/start`.
@@ -364,9 +345,6 @@ pub(crate) async fn control(
     let id = parse_command(&id)?;
     let body: ControlBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
-    let subscription = body
-        .long_poll
-        .then(|| queue.signals().subscribe(Topic::Command(id)));
     let control_error = |e: ControlError| {
         match e {
             ControlError::NotFound => ApiError::not_found(),
@@ -375,10 +353,8 @@ pub(crate) async fn control(
         .into_response()
     };
     let mut answer = queue.control(&device, &id).await.map_err(control_error)?;
-    if let Some(subscription) = subscription
-        && !settled(&answer)
-    {
-        answer = hold_control(&state, &device, &id, subscription)
+    if body.long_poll && !settled(&answer) {
+        answer = hold_control(&state, &device, &id)
             .await
             .map_err(control_error)?;
     }
@@ -392,20 +368,24 @@ fn settled(answer: &ControlAnswer) -> bool {
     answer.cancel_requested || answer.status.is_terminal()
 }
 
+/// A long-poll control request with nothing to say yet, held by the
+/// queue's rule ([`Queue::control_hold`]) within this transport's bound.
+/// Each look only reads (it neither renews the lease nor touches the device).
 async fn hold_control(
     state: &HttpState,
     device: &Device,
     id: &CommandId,
-    subscription: Subscription,
 ) -> Result<ControlAnswer, ControlError> {
     let queue: &Queue = state.mcp().queue();
-    // A read without touching the device, for the periodic look.
-    hold(
-        state,
-        subscription,
-        || queue.peek_control(device, id),
-        settled,
-    )
+    let hold = bounded(state, queue.control_hold(id));
+    hold.run(queue.signals(), &**queue.clock(), &TokioSleeper, || async {
+        let answer = queue.peek_control(device, id).await?;
+        Ok(if settled(&answer) {
+            Look::Ready(answer)
+        } else {
+            Look::NotYet(answer)
+        })
+    })
     .await
 }
 
