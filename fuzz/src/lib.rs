@@ -747,6 +747,7 @@ pub fn relay_events(data: &[u8]) {
                                         } else {
                                             session(n).slug.to_string()
                                         },
+                                        agent: None,
                                     }
                                 });
                                 // Only this project's queued commands, each once.
