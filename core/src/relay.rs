@@ -3187,7 +3187,10 @@ mod tests {
     #[test]
     fn a_cancel_on_the_desktop_stops_the_execution_once_and_ends_cancelled() {
         let (mut r, c) = executing_relay();
-        assert!(!r.handle_local_cancel(command_id(2), secs(1)), "not the current run");
+        assert!(
+            !r.handle_local_cancel(command_id(2), secs(1)),
+            "not the current run"
+        );
         assert!(r.handle_local_cancel(c.id, secs(1)));
         assert_eq!(
             drain(&mut r),
@@ -3244,7 +3247,11 @@ mod tests {
         assert_eq!(envelope.status, FinishStatus::Cancelled);
         assert!(error_of(envelope).is_some_and(|e| e.starts_with(CANCELLED_ON_THE_DESKTOP)));
         r.handle_approval(c.id, ApprovalDecision::Approved, secs(3));
-        assert!(!drain(&mut r).iter().any(|x| matches!(x, Action::Execute(_))));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
     }
 
     #[test]

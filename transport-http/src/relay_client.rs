@@ -447,7 +447,6 @@ impl LocalCanceller {
     }
 }
 
-
 /// The latest progress report of one execution that the driver has not
 /// taken yet.
 type ProgressSlot = Arc<Mutex<Option<ProgressReport>>>;

@@ -483,15 +483,23 @@ mod tests {
         let id = "67e55044-10b1-426f-9247-bb680e5fe0c8";
         let old = json!({"command_id": id, "graph_session_id": "gs_0123456789abcdef0123456789abcdef",
             "project_id": "p1", "arguments": {"n": 1}, "slug": "drafts", "channel": format!("graph:external:{id}")});
-        let parsed: WireCommand = serde_json::from_value(old.clone()).expect("an older server's command");
+        let parsed: WireCommand =
+            serde_json::from_value(old.clone()).expect("an older server's command");
         assert_eq!(parsed.agent_id, None);
         assert_eq!(parsed.clone().into_relay_command().agent, None);
-        assert_eq!(serde_json::to_value(&parsed).expect("JSON"), old, "absent stays absent");
+        assert_eq!(
+            serde_json::to_value(&parsed).expect("JSON"),
+            old,
+            "absent stays absent"
+        );
 
         let mut new = old;
         new["agent_id"] = json!("assistant");
         let parsed: WireCommand = serde_json::from_value(new).expect("a command naming its agent");
         let command = parsed.into_relay_command();
-        assert_eq!(command.agent.map(|a| a.to_string()).as_deref(), Some("assistant"));
+        assert_eq!(
+            command.agent.map(|a| a.to_string()).as_deref(),
+            Some("assistant")
+        );
     }
 }
