@@ -790,7 +790,7 @@ button{margin-right:.4em;padding:.3em .8em;border-radius:4px;border:1px solid #8
 button.approve{background:#1f883d;color:#fff;border-color:#1a7f37}
 button.deny,button.cancel{background:#cf222e;color:#fff;border-color:#a40e26}
 progress{width:12em;vertical-align:middle}
-.status-completed{color:#1a7f37;font-weight:600}.status-failed{color:#cf222e;font-weight:600}.status-cancelled{color:#9a6700;font-weight:600}
+.note{font-weight:normal;color:#1d2330}.status-completed{color:#1a7f37;font-weight:600}.status-failed{color:#cf222e;font-weight:600}.status-cancelled{color:#9a6700;font-weight:600}
 </style>
 </head><body>
 <h1>graph-relay console</h1>
