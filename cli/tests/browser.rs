@@ -63,12 +63,13 @@ struct Browser {
 
 impl Browser {
     fn start() -> Self {
+        let chromium = chromium();
         let peers = peers();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/browser/driver.cjs");
         let mut child = Command::new(&peers.node)
             .arg(&script)
             .env("NODE_PATH", &peers.playwright)
-            .env("GRAPH_RELAY_CHROMIUM", chromium())
+            .env("GRAPH_RELAY_CHROMIUM", chromium)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
