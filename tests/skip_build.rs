@@ -1,5 +1,5 @@
 // Shared by the build scripts of the crates whose tests need an outside
-// dependency (Postgres, the real MCP peers). `GRAPH_RELAY_SKIP` is a
+// dependency (Postgres, the real MCP peers, a chromium browser). `GRAPH_RELAY_SKIP` is a
 // comma-separated list of what a machine cannot provide; each name turns on
 // a `cfg` under which the tests that need it are compiled as `#[ignore]`d
 // with the reason, so `cargo test` lists them as ignored instead of
@@ -9,6 +9,7 @@
 const SKIPPABLE: &[(&str, &str)] = &[
     ("postgres", "graph_relay_skip_postgres"),
     ("peers", "graph_relay_skip_peers"),
+    ("browser", "graph_relay_skip_browser"),
 ];
 
 fn main() {
@@ -21,7 +22,7 @@ fn main() {
         match SKIPPABLE.iter().find(|(known, _)| *known == name) {
             Some((_, cfg)) => println!("cargo::rustc-cfg={cfg}"),
             None => println!(
-                "cargo::warning=GRAPH_RELAY_SKIP names `{name}`, which is not one of: postgres, peers"
+                "cargo::warning=GRAPH_RELAY_SKIP names `{name}`, which is not one of: postgres, peers, browser"
             ),
         }
     }

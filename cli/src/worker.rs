@@ -17,6 +17,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use graph_relay_core::Clock;
+use graph_relay_core::executor::{Approver, Executor};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::SqliteOutbox;
@@ -26,7 +27,7 @@ use graph_relay_transport_http::relay_client::{
 };
 
 use crate::approval::HookApprover;
-use crate::console::{Console, ConsoleApprover};
+use crate::console::{Console, ConsoleApprover, ConsoleExecutor};
 use crate::graphs::{self, Graphs};
 use crate::process_executor::ProcessExecutor;
 
@@ -61,7 +62,8 @@ pub struct WorkerArgs {
     #[arg(long, default_value_t = 5)]
     pub grace_seconds: u64,
     /// Serve the local console (approve or decline runs waiting for
-    /// approval) on this loopback address, e.g. 127.0.0.1:8788; off by
+    /// approval, watch and cancel the running run, see the last 50
+    /// finished runs) on this loopback address, e.g. 127.0.0.1:8788; off by
     /// default. Its URL, with a secret drawn at start, is printed once.
     #[arg(long, value_name = "127.0.0.1:PORT")]
     pub console: Option<std::net::SocketAddr>,
@@ -139,7 +141,8 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     };
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
-    let executor = Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
+    let process: Arc<dyn Executor> =
+        Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
     let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
@@ -151,33 +154,35 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         ..RelayConfig::default()
     };
     let relay = Relay::new(config, graphs.shared.clone(), clock.now());
-    let driver = RelayDriver::new(
-        relay,
-        transport,
-        outbox.clone(),
-        executor,
-        clock,
-        DriverOptions {
-            shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
-        },
-    );
+    let options = DriverOptions {
+        shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
+    };
     let (shared_tx, shared_rx) = tokio::sync::watch::channel(graphs.shared);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let approver: Arc<dyn graph_relay_core::executor::Approver> = match args.console {
-            Some(address) => {
-                let console = Console::start(address).await?;
-                status(&format!(
-                    "console: {} (approve or decline runs waiting for approval; keep this URL private)",
-                    console.url()
-                ));
-                Arc::new(ConsoleApprover::new(console, hook))
-            }
-            None => Arc::new(hook),
+        let console = match args.console {
+            Some(address) => Some(Console::start(address).await?),
+            None => None,
         };
-        let driver = driver.with_approver(approver);
+        // With a console, the runs it shows are watched as they run.
+        let (executor, approver): (Arc<dyn Executor>, Arc<dyn Approver>) = match &console {
+            Some(console) => (
+                Arc::new(ConsoleExecutor::new(console.clone(), process)),
+                Arc::new(ConsoleApprover::new(console.clone(), hook)),
+            ),
+            None => (process, Arc::new(hook)),
+        };
+        let driver = RelayDriver::new(relay, transport, outbox.clone(), executor, clock, options)
+            .with_approver(approver);
+        if let Some(console) = &console {
+            console.attach(driver.local_canceller());
+            status(&format!(
+                "console: {} (approve, decline or cancel runs; keep this URL private)",
+                console.url()
+            ));
+        }
         status(&format!(
             "worker: relaying {} for {} ({:?} mode; outbox {})",
             args.graphs.display(),
@@ -196,6 +201,9 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         let mut reach = Reachability::default();
         driver
             .run(shared_rx, crate::shutdown_signal(), |event| {
+                if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
+                    console.observe(event);
+                }
                 if let Some(line) = reach.filter(&event) {
                     status(&line);
                 }
@@ -285,6 +293,9 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             }
             RelayEvent::CancelSent { command } => {
                 format!("cancelling {command}: the agent asked to stop it")
+            }
+            RelayEvent::CancelledOnTheDesktop { command } => {
+                format!("cancelling {command}: the owner cancelled it on the desktop")
             }
             RelayEvent::ApprovalRequested { command, until } => format!(
                 "waiting for the owner's approval of {command} (until {})",

@@ -25,13 +25,29 @@ struct Env {
     http: reqwest::Client,
 }
 
+/// A Graph that reports progress every 0.1 s until `stop.<command id>` exists.
+const LONG: &str = r#"cat > /dev/null
+echo ran > "ran.$GRAPH_RELAY_COMMAND_ID"
+i=0
+while [ ! -f "stop.$GRAPH_RELAY_COMMAND_ID" ]; do
+  i=$((i + 1))
+  printf '{"message": "step %s", "percent": %s}\n' "$i" "$((i % 101))" >&"$GRAPH_RELAY_PROGRESS_FD"
+  sleep 0.1
+done
+echo '{"ran": true}'
+"#;
+
 impl Env {
     fn new() -> Self {
-        let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
-        relay.script(
-            "g",
+        Self::with_script(
             "cat > /dev/null\necho ran > \"ran.$GRAPH_RELAY_COMMAND_ID\"\necho '{\"ran\": true}'\n",
-        );
+        )
+    }
+
+    /// As [`Env::new`], the Graph running `script`.
+    fn with_script(script: &str) -> Self {
+        let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
+        relay.script("g", script);
         relay.write_graphs(&[(GS, "g", &["p1"])], "approval = \"always\"\n");
         let (server, url) = relay.serve("127.0.0.1:0", &["--db", "queue.db"]);
         let worker = relay.worker(&url, "outbox.db", "2", &["--console", "127.0.0.1:0"]);
@@ -75,6 +91,58 @@ impl Env {
             assert!(Instant::now() < deadline, "{id} never listed: {list}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// `GET api/runs`.
+    async fn runs(&self) -> Value {
+        self.http
+            .get(format!("{}api/runs", self.console))
+            .send()
+            .await
+            .expect("answer")
+            .json()
+            .await
+            .expect("JSON")
+    }
+
+    /// Polls `api/runs` until `pick` finds something in it; returns that.
+    async fn until(&self, what: &str, pick: impl Fn(&Value) -> Option<Value>) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let runs = self.runs().await;
+            if let Some(found) = pick(&runs) {
+                return found;
+            }
+            assert!(Instant::now() < deadline, "{what} never shown: {runs}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The anti-CSRF token.
+    async fn csrf(&self) -> String {
+        let session: Value = self
+            .http
+            .get(format!("{}api/session", self.console))
+            .send()
+            .await
+            .expect("session")
+            .json()
+            .await
+            .expect("JSON");
+        session["csrf"].as_str().expect("token").to_owned()
+    }
+
+    /// `POST api/runs/{id}/{verb}` with the token; returns the status.
+    async fn press(&self, id: &str, verb: &str, body: Value) -> u16 {
+        self.http
+            .post(format!("{}api/runs/{id}/{verb}", self.console))
+            .header("x-graph-relay-csrf", self.csrf().await)
+            .json(&body)
+            .send()
+            .await
+            .expect("answer")
+            .status()
+            .as_u16()
     }
 
     async fn waiting_count(&self) -> usize {
@@ -273,6 +341,107 @@ async fn the_console_refuses_other_paths_hosts_origins_and_posts_without_the_tok
         .unwrap();
     assert_eq!(status(r), 200);
     env.relay.wait_status(&env.url, &id, "completed").await;
+}
+
+/// The entry of `id` in the list `list` of an `api/runs` answer.
+fn entry(runs: &Value, list: &str, id: &str) -> Option<Value> {
+    runs[list]
+        .as_array()?
+        .iter()
+        .find(|e| e["command_id"] == id)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_console_shows_progress_cancels_on_the_desktop_and_keeps_the_finished_runs() {
+    let env = Env::with_script(LONG);
+    let id = env
+        .relay
+        .run(&env.url, GS, "console-key-live", json!({"to": "carol"}))
+        .await;
+    let waiting = env
+        .until("the waiting run", |r| entry(r, "waiting", &id))
+        .await;
+    assert_eq!(waiting["agent_id"], "assistant", "{waiting}");
+    assert_eq!(waiting["graph"], "g");
+    assert_eq!(env.press(&id, "approve", json!({})).await, 200);
+
+    // Running, with progress that moves.
+    let first = env
+        .until("progress", |r| {
+            entry(r, "running", &id).filter(|e| e["progress"]["percent"].is_number())
+        })
+        .await;
+    assert_eq!(first["agent_id"], "assistant");
+    assert_eq!(first["project_id"], "p1");
+    assert_eq!(first["arguments"], json!({"to": "carol"}));
+    assert_eq!(first["cancelling"], false);
+    let message = first["progress"]["message"].clone();
+    assert!(
+        message.as_str().is_some_and(|m| m.starts_with("step ")),
+        "{first}"
+    );
+    env.until("progress moving on", |r| {
+        entry(r, "running", &id).filter(|e| e["progress"]["message"] != message)
+    })
+    .await;
+
+    // The cancel button: refused without the token, then the run stops and
+    // the agent reads who cancelled it.
+    let r = env
+        .http
+        .post(format!("{}api/runs/{id}/cancel", env.console))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 403);
+    assert_eq!(env.press(&id, "cancel", json!({})).await, 200);
+    let run = env.relay.wait_status(&env.url, &id, "cancelled").await;
+    assert_eq!(
+        run["error"], "Cancelled on the desktop by the owner",
+        "{run}"
+    );
+    env.worker
+        .wait_line("the owner cancelled it on the desktop");
+    let finished = env
+        .until("the finished run", |r| entry(r, "finished", &id))
+        .await;
+    assert_eq!(finished["status"], "cancelled");
+    assert_eq!(finished["note"], "Cancelled on the desktop by the owner");
+    assert_eq!(finished["agent_id"], "assistant");
+    assert_eq!(entry(&env.runs().await, "running", &id), None);
+    assert_eq!(
+        env.press(&id, "cancel", json!({})).await,
+        404,
+        "ended: nothing to cancel"
+    );
+    let unknown = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+    assert_eq!(env.press(unknown, "cancel", json!({})).await, 404);
+
+    // A declined run is listed with its status and the owner's reason, newest first.
+    let id2 = env
+        .relay
+        .run(&env.url, GS, "console-key-live-2", json!({}))
+        .await;
+    env.until("the second waiting run", |r| entry(r, "waiting", &id2))
+        .await;
+    assert_eq!(
+        env.press(&id2, "deny", json!({"reason": "not now"})).await,
+        200
+    );
+    let runs = env
+        .until("the declined run", |r| {
+            entry(r, "finished", &id2).map(|_| r.clone())
+        })
+        .await;
+    assert_eq!(runs["finished"][0]["command_id"], id2.as_str());
+    assert_eq!(runs["finished"][0]["status"], "failed");
+    assert_eq!(
+        runs["finished"][0]["note"],
+        "Declined on the desktop: not now"
+    );
+    assert_eq!(runs["finished"][1]["command_id"], id.as_str());
+    assert!(!env.relay.path(&format!("ran.{id2}")).exists());
 }
 
 #[test]

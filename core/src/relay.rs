@@ -91,6 +91,14 @@
 //!
 //! Nothing runs before it is approved.
 //!
+//! # Cancel on the desktop
+//! The owner may cancel the current run on the desktop
+//! ([`Relay::handle_local_cancel`], the console's cancel button). It ends
+//! like an agent's cancel: the engine is asked to stop once, and the run is
+//! reported `cancelled` (fenced by its execution id, through the outbox)
+//! with [`CANCELLED_ON_THE_DESKTOP`] as its error, so the agent reads who
+//! cancelled it. A run waiting for approval is withdrawn and never runs.
+//!
 //! # Refusals
 //! Whether a refused request is tried again is the server's word: its
 //! `retryable` flag, carried by a [`Refusal`] and mapped onto [`PostOutcome`],
@@ -105,7 +113,7 @@ use serde_json::{Map, Value};
 use crate::command::{CommandStatus, InvalidProgress};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use crate::executor::ProgressReport;
-use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use crate::ids::{AgentId, CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::outbox::{OutboxItem, RelayReport};
 use crate::queue::ControlAnswer;
 use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
@@ -229,6 +237,9 @@ pub const DECLINED_ON_THE_DESKTOP: &str = "Declined on the desktop";
 pub const APPROVED_ON_THE_DESKTOP: &str = "Approved on the desktop; the Graph is starting";
 /// How the error of a run nobody approved in time begins.
 pub const NOT_APPROVED_IN_TIME: &str = "Not approved on the desktop in time";
+/// The error of a run the owner cancelled on the desktop (the console's
+/// cancel button); the run ends `cancelled`.
+pub const CANCELLED_ON_THE_DESKTOP: &str = "Cancelled on the desktop by the owner";
 /// How the error of a run given up because the worker stopped begins.
 pub const WORKER_STOPPED_BEFORE_APPROVAL: &str =
     "The desktop's worker stopped before the owner approved the run";
@@ -255,6 +266,11 @@ pub struct RelayCommand {
     pub arguments: Map<String, Value>,
     /// The session's slug when it was queued (empty if unknown).
     pub slug: String,
+    /// The agent that queued the run, for the owner's eyes on the desktop
+    /// (the console shows it). `None` when the server did not say (a
+    /// server from before the relay API carried `agent_id`). Never part
+    /// of an identity: the desktop decides nothing by it.
+    pub agent: Option<AgentId>,
 }
 
 impl From<&crate::command::CommandRecord> for RelayCommand {
@@ -278,6 +294,7 @@ impl From<&crate::command::CommandRecord> for RelayCommand {
     /// );
     /// let command = RelayCommand::from(&record);
     /// assert_eq!((command.id, command.project), (record.id, record.project));
+    /// assert_eq!(command.agent.map(|a| a.to_string()).as_deref(), Some("assistant"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn from(c: &crate::command::CommandRecord) -> Self {
@@ -287,6 +304,7 @@ impl From<&crate::command::CommandRecord> for RelayCommand {
             graph_session_id: c.graph_session_id.clone(),
             arguments: (*c.arguments).clone(),
             slug: c.slug.to_string(),
+            agent: Some(c.agent.clone()),
         }
     }
 }
@@ -496,6 +514,12 @@ pub enum RelayEvent {
         /// The command.
         command: CommandId,
     },
+    /// The owner cancelled the run on the desktop
+    /// ([`Relay::handle_local_cancel`]); it ends `cancelled`.
+    CancelledOnTheDesktop {
+        /// The command.
+        command: CommandId,
+    },
     /// The server closed the run while it was executing here (its lease
     /// lapsed, or it was closed after a restart): the engine was asked to
     /// stop, and nothing will be reported.
@@ -677,6 +701,8 @@ enum Awaiting {
 struct Current {
     job: Job,
     cancel_sent: bool,
+    /// The owner cancelled the run on the desktop: its report says so.
+    cancelled_locally: bool,
     /// [`Action::Execute`] was emitted and the execution has not finished.
     executing: bool,
     control_in_flight: bool,
@@ -717,6 +743,7 @@ impl Current {
         Self {
             job,
             cancel_sent: false,
+            cancelled_locally: false,
             executing: false,
             control_in_flight: false,
             next_control_at: None,
@@ -1193,13 +1220,71 @@ impl Relay {
         } else {
             outcome.status.unwrap_or(FinishStatus::Completed)
         };
+        let error = if current.cancelled_locally {
+            Some(CANCELLED_ON_THE_DESKTOP.to_owned())
+        } else {
+            outcome.error
+        };
         let body = EnvelopeBody {
             result: outcome.result,
             total_tokens: outcome.total_tokens,
             reported_cost: outcome.reported_cost,
-            error: outcome.error,
+            error,
         };
         self.record_completion(command, status, body, now);
+    }
+
+    /// The owner cancelled the run on the desktop (say, the console's
+    /// cancel button). The run ends `cancelled` with
+    /// [`CANCELLED_ON_THE_DESKTOP`], the way an agent's cancel ends it:
+    /// - executing: the engine is asked to stop once
+    ///   ([`Action::CancelExecution`]), and the report says `cancelled`
+    ///   even if the Graph finished between the click and the stop;
+    /// - waiting for approval: the prompt is withdrawn and nothing runs.
+    ///
+    /// The report is fenced by the run's execution id like any other.
+    /// Returns `false`, changing nothing, when `command` is not the current
+    /// run, or is already being stopped (the agent cancelled, the server
+    /// closed it) or reported.
+    pub fn handle_local_cancel(&mut self, command: CommandId, now: Timestamp) -> bool {
+        if self.awaiting != Awaiting::Execution(command) {
+            return false;
+        }
+        let Some(current) = self.current.as_mut().filter(|c| {
+            c.job.command.id == command
+                && c.report.is_none()
+                && c.closed_by_server.is_none()
+                && !c.cancel_sent
+        }) else {
+            return false;
+        };
+        if current.approval_until.is_some() {
+            current.cancel_sent = true;
+            current.cancelled_locally = true;
+            self.actions.push_back(Action::WithdrawApproval { command });
+            self.events
+                .push_back(RelayEvent::CancelledOnTheDesktop { command });
+            self.finish_unstarted(
+                command,
+                FinishStatus::Cancelled,
+                format!(
+                    "{CANCELLED_ON_THE_DESKTOP} while the run waited for approval; the Graph did not run."
+                ),
+                now,
+            );
+            return true;
+        }
+        if !current.executing {
+            return false;
+        }
+        current.cancel_sent = true;
+        current.cancelled_locally = true;
+        current.progress.pending = None;
+        self.actions.push_back(Action::CancelExecution { command });
+        self.events
+            .push_back(RelayEvent::CancelledOnTheDesktop { command });
+        self.drive(now);
+        true
     }
 
     /// The owner's answer to [`Action::AskApproval`]. Approved: the consent
@@ -1858,6 +1943,7 @@ mod tests {
             graph_session_id: session(n, slug).graph_session_id,
             arguments: Map::new(),
             slug: slug.into(),
+            agent: None,
         }
     }
 
@@ -3096,6 +3182,91 @@ mod tests {
                 .iter()
                 .any(|x| matches!(x, Action::Execute(_)))
         );
+    }
+
+    #[test]
+    fn a_cancel_on_the_desktop_stops_the_execution_once_and_ends_cancelled() {
+        let (mut r, c) = executing_relay();
+        assert!(
+            !r.handle_local_cancel(command_id(2), secs(1)),
+            "not the current run"
+        );
+        assert!(r.handle_local_cancel(c.id, secs(1)));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        assert_eq!(
+            std::iter::from_fn(|| r.poll_event())
+                .filter(|e| matches!(e, RelayEvent::CancelledOnTheDesktop { .. }))
+                .count(),
+            1
+        );
+        // A second click, or the agent's cancel afterwards, stops nothing twice.
+        assert!(!r.handle_local_cancel(c.id, secs(2)));
+        r.handle_timeout(secs(3));
+        for action in drain(&mut r) {
+            assert!(matches!(action, Action::Control { .. }), "{action:?}");
+            r.handle_control_response(c.id, Ok(cancel_asked()), secs(3));
+        }
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::CancelExecution { .. }))
+        );
+        // The Graph finished between the click and the stop: still cancelled,
+        // with the owner's word for it, under the run's execution id.
+        let outcome = ExecutionOutcome {
+            status: Some(FinishStatus::Completed),
+            result: json!("done"),
+            error: Some("terminated by SIGTERM".into()),
+            ..Default::default()
+        };
+        let execution = execution_of(&r);
+        r.handle_execution_finished(c.id, outcome, secs(4));
+        let a = drain(&mut r);
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert_eq!(envelope.execution_id, execution);
+        assert_eq!(error_of(envelope), Some(CANCELLED_ON_THE_DESKTOP));
+        assert!(!r.handle_local_cancel(c.id, secs(5)), "already reported");
+    }
+
+    #[test]
+    fn a_cancel_on_the_desktop_while_waiting_withdraws_the_prompt_and_runs_nothing() {
+        let (mut r, c, _) = waiting_relay();
+        assert!(r.handle_local_cancel(c.id, secs(2)));
+        let a = drain(&mut r);
+        assert_eq!(a[0], Action::WithdrawApproval { command: c.id });
+        assert!(
+            !a.iter()
+                .any(|x| matches!(x, Action::Execute(_) | Action::CancelExecution { .. })),
+            "{a:?}"
+        );
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        assert!(error_of(envelope).is_some_and(|e| e.starts_with(CANCELLED_ON_THE_DESKTOP)));
+        r.handle_approval(c.id, ApprovalDecision::Approved, secs(3));
+        assert!(
+            !drain(&mut r)
+                .iter()
+                .any(|x| matches!(x, Action::Execute(_)))
+        );
+    }
+
+    #[test]
+    fn a_cancel_on_the_desktop_after_the_server_closed_the_run_changes_nothing() {
+        let (mut r, c) = executing_relay();
+        r.handle_timeout(secs(3));
+        drain(&mut r);
+        let closed = ControlAnswer {
+            cancel_requested: false,
+            status: CommandStatus::Failed,
+        };
+        r.handle_control_response(c.id, Ok(closed), secs(3));
+        drain(&mut r);
+        assert!(!r.handle_local_cancel(c.id, secs(4)));
+        assert!(drain(&mut r).is_empty());
     }
 
     #[test]

@@ -31,8 +31,9 @@ use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::RelayReport;
 use graph_relay_core::relay::{
-    APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome,
-    Relay, RelayCommand, RelayConfig, RelayMode, SharedSet, SyncFailure, WAITING_FOR_APPROVAL,
+    APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
+    ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,
+    SyncFailure, WAITING_FOR_APPROVAL,
 };
 use graph_relay_core::session::SessionMeta;
 use graph_relay_core::testkit::{World, meta, model, p1, p2};
@@ -261,6 +262,8 @@ enum Step {
     /// The owner answers the question about the run waiting for approval
     /// (even: approve; odd: deny).
     Approve(u8),
+    /// The owner cancels the current run (executing or waiting) on the desktop.
+    OwnerCancels,
 }
 
 fn session(n: u8) -> SessionMeta {
@@ -400,6 +403,8 @@ struct Seen {
     may_remove: HashMap<CommandId, bool>,
     latest_progress: HashMap<CommandId, ProgressReport>,
     last_progress_post: HashMap<CommandId, Timestamp>,
+    /// Runs the owner cancelled on the desktop (the cancel was taken).
+    owner_cancelled: BTreeSet<CommandId>,
 }
 
 /// Drives the relay state machine with arbitrary answers in arbitrary order
@@ -663,6 +668,19 @@ pub fn relay_events(data: &[u8]) {
                         !seen.told_closed.contains(&item.command),
                         "nothing is reported of a run the server closed"
                     );
+                    if seen.owner_cancelled.contains(&item.command)
+                        && let RelayReport::Completion { envelope } = &item.report
+                    {
+                        assert_eq!(envelope.status, FinishStatus::Cancelled);
+                        assert!(
+                            envelope
+                                .body
+                                .as_ref()
+                                .and_then(|b| b.error.as_deref())
+                                .is_some_and(|e| e.starts_with(CANCELLED_ON_THE_DESKTOP)),
+                            "a run the owner cancelled says so: {envelope:?}"
+                        );
+                    }
                     if seen
                         .asking
                         .as_ref()
@@ -747,6 +765,7 @@ pub fn relay_events(data: &[u8]) {
                                         } else {
                                             session(n).slug.to_string()
                                         },
+                                        agent: None,
                                     }
                                 });
                                 // Only this project's queued commands, each once.
@@ -987,6 +1006,15 @@ pub fn relay_events(data: &[u8]) {
                     ApprovalDecision::Denied((o % 4 == 1).then(|| "not now".to_owned()))
                 };
                 relay.handle_approval(command, decision, now);
+            }
+            Step::OwnerCancels => {
+                let Some((command, _)) = seen.running.clone().or_else(|| seen.asking.clone())
+                else {
+                    continue;
+                };
+                if relay.handle_local_cancel(command, now) {
+                    seen.owner_cancelled.insert(command);
+                }
             }
             Step::AnswerProgress(o) => {
                 if flight.progress.is_empty() {

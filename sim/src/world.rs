@@ -963,5 +963,6 @@ pub fn relay_command(c: &CommandRecord) -> RelayCommand {
         graph_session_id: c.graph_session_id.clone(),
         arguments: (*c.arguments).clone(),
         slug: c.slug.to_string(),
+        agent: Some(c.agent.clone()),
     }
 }

@@ -21,6 +21,10 @@
 //! so a Graph reporting a thousand times a second costs the driver a
 //! bounded queue; the state machine decides when one is posted.
 //!
+//! The owner may cancel the current run on the desktop through a
+//! [`LocalCanceller`] ([`RelayDriver::local_canceller`]); the state machine
+//! decides what that means.
+//!
 //! [`FaultyTransport`] wraps a transport and loses completion POSTs on
 //! purpose, for tests of the outbox.
 
@@ -44,7 +48,7 @@ use graph_relay_core::relay::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 use crate::relay_wire::{
@@ -417,6 +421,30 @@ enum Input {
     Progress(CommandId, ExecutionId),
     ProgressPosted(CommandId, PostOutcome),
     Approval(CommandId, ApprovalDecision),
+    /// The owner cancelled the run on the desktop; the sender learns
+    /// whether that changed anything.
+    LocalCancel(CommandId, oneshot::Sender<bool>),
+}
+
+/// Cancels the current run on the desktop from outside the driver (the
+/// worker's console): the state machine decides, through
+/// [`Relay::handle_local_cancel`], and the run ends `cancelled`.
+#[derive(Debug, Clone)]
+pub struct LocalCanceller {
+    tx: mpsc::UnboundedSender<Input>,
+}
+
+impl LocalCanceller {
+    /// Asks the driver to cancel `command`. `true` when the run is now
+    /// being cancelled; `false` when `command` is not the current run, is
+    /// already being stopped or reported, or the driver has ended.
+    pub async fn cancel(&self, command: CommandId) -> bool {
+        let (reply, answer) = oneshot::channel();
+        if self.tx.send(Input::LocalCancel(command, reply)).is_err() {
+            return false;
+        }
+        answer.await.unwrap_or(false)
+    }
 }
 
 /// The latest progress report of one execution that the driver has not
@@ -481,6 +509,14 @@ impl RelayDriver {
             progress: None,
             posts_in_flight: 0,
             stopping: false,
+        }
+    }
+
+    /// A handle that cancels runs on the desktop (see [`LocalCanceller`]);
+    /// it works while [`RelayDriver::run`] runs.
+    pub fn local_canceller(&self) -> LocalCanceller {
+        LocalCanceller {
+            tx: self.tx.clone(),
         }
     }
 
@@ -645,6 +681,9 @@ impl RelayDriver {
                     self.asking = None;
                 }
                 self.relay.handle_approval(command, decision, now);
+            }
+            Input::LocalCancel(command, reply) => {
+                let _ = reply.send(self.relay.handle_local_cancel(command, now));
             }
         }
     }

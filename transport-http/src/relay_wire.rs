@@ -20,7 +20,7 @@
 //! whether sending the same request again can ever succeed.
 
 use graph_relay_core::command::CommandRecord;
-use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use graph_relay_core::ids::{AgentId, CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::limits;
 use graph_relay_core::relay::RelayCommand;
 use graph_relay_core::session::SessionMeta;
@@ -82,6 +82,11 @@ pub struct WireCommand {
     pub slug: String,
     /// `graph:external:<command id>`.
     pub channel: String,
+    /// The agent that queued the run (its name under the device's owner),
+    /// for the owner's console. Optional on the wire: a server from before
+    /// this field sends none, and a relay from before it ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<AgentId>,
 }
 
 impl WireCommand {
@@ -94,6 +99,7 @@ impl WireCommand {
             arguments: (*c.arguments).clone(),
             slug: c.slug.to_string(),
             channel: c.id.channel(),
+            agent_id: Some(c.agent.clone()),
         }
     }
 
@@ -105,6 +111,7 @@ impl WireCommand {
             graph_session_id: self.graph_session_id,
             arguments: self.arguments,
             slug: self.slug,
+            agent: self.agent_id,
         }
     }
 }
@@ -286,7 +293,8 @@ pub fn openapi() -> Value {
                         "project_id": string,
                         "arguments": {"type": "object"},
                         "slug": string,
-                        "channel": {"type": "string", "description": "graph:external:<command id>"}
+                        "channel": {"type": "string", "description": "graph:external:<command id>"},
+                        "agent_id": {"type": "string", "description": "The agent that queued the run (its name under the device's owner), for the owner's eyes on the desktop. Optional: a server from before this field sends none."}
                     }
                 },
                 "SyncReply": {
@@ -464,4 +472,34 @@ fn group(n: usize) -> String {
         out.push(c);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_without_agent_id_still_reads_and_one_with_it_carries_it() {
+        let id = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        let old = json!({"command_id": id, "graph_session_id": "gs_0123456789abcdef0123456789abcdef",
+            "project_id": "p1", "arguments": {"n": 1}, "slug": "drafts", "channel": format!("graph:external:{id}")});
+        let parsed: WireCommand =
+            serde_json::from_value(old.clone()).expect("an older server's command");
+        assert_eq!(parsed.agent_id, None);
+        assert_eq!(parsed.clone().into_relay_command().agent, None);
+        assert_eq!(
+            serde_json::to_value(&parsed).expect("JSON"),
+            old,
+            "absent stays absent"
+        );
+
+        let mut new = old;
+        new["agent_id"] = json!("assistant");
+        let parsed: WireCommand = serde_json::from_value(new).expect("a command naming its agent");
+        let command = parsed.into_relay_command();
+        assert_eq!(
+            command.agent.map(|a| a.to_string()).as_deref(),
+            Some("assistant")
+        );
+    }
 }

@@ -295,6 +295,10 @@ async fn sync_hands_out_queued_commands_and_validates_sessions() {
     assert_eq!(command["arguments"], json!({"n": 1}));
     assert_eq!(command["slug"], "drafts");
     assert_eq!(command["channel"], format!("graph:external:{id}"));
+    assert_eq!(
+        command["agent_id"], "assistant",
+        "the desktop sees who queued it"
+    );
 
     let many: Vec<Value> = (0..101)
         .map(|i| json!({"graph_session_id": format!("gs_{i:032x}"), "name": "g", "slug": "g"}))

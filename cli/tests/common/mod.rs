@@ -327,19 +327,21 @@ impl Relay {
 }
 
 /// Where the real MCP peers are: a Python with `mcp` 2.3.0, Node 22, the
-/// conformance suite's `dist/index.js`, and the `node_modules` folder that
-/// holds the authorization server `oidc-provider`.
+/// conformance suite's `dist/index.js`, the `node_modules` folder that
+/// holds the authorization server `oidc-provider`, and the one that holds
+/// `playwright-core` (which drives the system's chromium).
 #[derive(Debug, Clone)]
 pub struct Peers {
     pub python: PathBuf,
     pub node: PathBuf,
     pub conformance: PathBuf,
     pub oidc_provider: PathBuf,
+    pub playwright: PathBuf,
 }
 
 /// The real MCP peers: from `GRAPH_RELAY_PYTHON`, `GRAPH_RELAY_NODE`,
-/// `GRAPH_RELAY_CONFORMANCE` and `GRAPH_RELAY_OIDC_PROVIDER` when all four
-/// are set, else installed by
+/// `GRAPH_RELAY_CONFORMANCE`, `GRAPH_RELAY_OIDC_PROVIDER` and
+/// `GRAPH_RELAY_PLAYWRIGHT` when all five are set, else installed by
 /// `.ci/mcp-peers.sh` into the target directory (once: test binaries take
 /// turns on a lock file, and a finished install returns at once). Panics,
 /// saying what is missing, when they cannot be had; a machine without
@@ -351,17 +353,19 @@ pub fn peers() -> Peers {
 
 fn install_peers() -> Peers {
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let (Some(python), Some(node), Some(conformance), Some(oidc_provider)) = (
+    if let (Some(python), Some(node), Some(conformance), Some(oidc_provider), Some(playwright)) = (
         var("GRAPH_RELAY_PYTHON"),
         var("GRAPH_RELAY_NODE"),
         var("GRAPH_RELAY_CONFORMANCE"),
         var("GRAPH_RELAY_OIDC_PROVIDER"),
+        var("GRAPH_RELAY_PLAYWRIGHT"),
     ) {
         return Peers {
             python: python.into(),
             node: node.into(),
             conformance: conformance.into(),
             oidc_provider: oidc_provider.into(),
+            playwright: playwright.into(),
         };
     }
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -385,8 +389,9 @@ fn install_peers() -> Peers {
         out.status.success(),
         "the real MCP peers could not be installed by {} (it needs python3 with venv and pip, \
          and npm with access to the npm registry); install what is missing, set \
-         GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE, GRAPH_RELAY_CONFORMANCE and \
-         GRAPH_RELAY_OIDC_PROVIDER, or opt out with GRAPH_RELAY_SKIP=peers.\n{}",
+         GRAPH_RELAY_PYTHON, GRAPH_RELAY_NODE, GRAPH_RELAY_CONFORMANCE, \
+         GRAPH_RELAY_OIDC_PROVIDER and GRAPH_RELAY_PLAYWRIGHT, or opt out with \
+         GRAPH_RELAY_SKIP=peers.\n{}",
         script.display(),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -403,5 +408,6 @@ fn install_peers() -> Peers {
         node: find("GRAPH_RELAY_NODE"),
         conformance: find("GRAPH_RELAY_CONFORMANCE"),
         oidc_provider: find("GRAPH_RELAY_OIDC_PROVIDER"),
+        playwright: find("GRAPH_RELAY_PLAYWRIGHT"),
     }
 }
