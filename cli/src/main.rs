@@ -9,6 +9,7 @@
 mod approval;
 mod config;
 mod console;
+mod demo;
 mod graphs;
 mod orphans;
 mod process_executor;
@@ -100,6 +101,10 @@ enum Command {
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
         max_wait_seconds: Option<u32>,
     },
+    /// The whole system in one command: a server, a worker with sample
+    /// Graphs and a scripted agent, in a temporary folder; then snippets to
+    /// connect real clients to it.
+    Demo(demo::DemoArgs),
     /// Serve one MCP client over stdin/stdout as a configured agent.
     Stdio {
         #[command(flatten)]
@@ -237,21 +242,28 @@ enum CliError {
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
     #[error(transparent)]
+    Demo(#[from] demo::DemoError),
+    #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
     #[error(transparent)]
     Plot(#[from] graph_relay_sim::plot::PlotError),
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints its own steps; the server's log would drown them.
+    let default_filter = match cli.command {
+        Command::Demo(_) => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GRAPH_RELAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_ansi(false)
         .init();
-    let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -290,6 +302,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         } => stdio(&store, &config, &agent, max_line_bytes),
         Command::Token { config, command } => token(&config, command),
         Command::Worker(args) => Ok(worker::run(args)?),
+        Command::Demo(args) => Ok(demo::run(args)?),
         Command::Approve { console, command } => answer(&console, &command, true, None),
         Command::Deny {
             console,
