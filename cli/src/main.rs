@@ -252,8 +252,11 @@ enum CliError {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own steps; the server's log would drown them.
-    let default_filter = match cli.command {
+    // The worker prints its own status lines: only warnings from the log
+    // unless it is asked to be verbose.
+    let default_filter = match &cli.command {
         Command::Demo(_) => "warn",
+        Command::Worker(args) if !args.verbose => "warn",
         _ => "info",
     };
     tracing_subscriber::fmt()
