@@ -13,6 +13,7 @@ mod demo;
 mod graphs;
 mod orphans;
 mod process_executor;
+mod status;
 mod worker;
 
 use std::net::SocketAddr;
@@ -100,11 +101,21 @@ enum Command {
         /// request timeout (30 s unless configured).
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
         max_wait_seconds: Option<u32>,
+        /// Serve `GET /metrics` (Prometheus) on a listener of its own at this
+        /// address, e.g. 127.0.0.1:9187 (or `[server] metrics_listen`). Its
+        /// figures are totals over every owner: keep it where only the
+        /// operator reaches it.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
     /// The whole system in one command: a server, a worker with sample
     /// Graphs and a scripted agent, in a temporary folder; then snippets to
     /// connect real clients to it.
     Demo(demo::DemoArgs),
+    /// An operator's view of a server's SQLite database (read-only):
+    /// desktops, shared sessions, the queue, the last hour's runs and
+    /// pickup latency.
+    Status(status::StatusArgs),
     /// Serve one MCP client over stdin/stdout as a configured agent.
     Stdio {
         #[command(flatten)]
@@ -244,6 +255,8 @@ enum CliError {
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
     #[error(transparent)]
+    Status(#[from] graph_relay_store_sqlite::stats::StatsError),
+    #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
     #[error(transparent)]
     Plot(#[from] graph_relay_sim::plot::PlotError),
@@ -286,6 +299,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             lease_seconds,
             lease_controls,
             max_wait_seconds,
+            metrics,
         } => serve(
             listen,
             &store,
@@ -296,7 +310,9 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 controls: lease_controls,
             },
             max_wait_seconds,
+            metrics,
         ),
+        Command::Status(args) => Ok(status::run(&args)?),
         Command::Stdio {
             store,
             config,
@@ -442,6 +458,7 @@ fn serve(
     anonymous: Option<String>,
     leases: Leases,
     max_wait_seconds: Option<u32>,
+    metrics: Option<SocketAddr>,
 ) -> Result<(), CliError> {
     if !config_path.exists() {
         bootstrap(config_path, listen)?;
@@ -486,6 +503,11 @@ fn serve(
     if let Some(controls) = leases.controls.or(file.server.lease_interval_controls) {
         queue.lease_interval_controls = controls;
     }
+    let metrics = metrics.or(file.server.metrics_listen);
+    // The store's figures for the metrics: SQLite only (the file, read-only).
+    let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
+        (metrics.is_some() && !store.memory && store.postgres.is_none())
+            .then(|| status::SqliteFigures::new(store.db.clone()) as _);
     let server = open_any_store(store, &runtime, queue, max_wait_seconds)?;
     let maintained = server.queue().clone();
     runtime.spawn(maintain(maintained));
@@ -529,6 +551,11 @@ fn serve(
             None => auth,
         };
         let state = HttpState::new(server, auth, http);
+        let mut app = graph_relay_transport_http::router(state.clone());
+        let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
+        if let Some(address) = metrics {
+            app = serve_metrics(address, figures, state, app, stopped_rx).await?;
+        }
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
         // On SIGINT/SIGTERM every held request answers at once and waits
         // and listen streams end (`Queue::shut_down`); then the server
@@ -536,18 +563,46 @@ fn serve(
         let shutdown = async move {
             shutdown_signal().await;
             stopping.shut_down();
+            let _ = stopped_tx.send(true);
         };
-        graph_relay_transport_http::serve(
-            listener,
-            graph_relay_transport_http::router(state),
-            serve_config,
-            shutdown,
-        )
-        .await?;
+        graph_relay_transport_http::serve(listener, app, serve_config, shutdown).await?;
         tracing::info!("graph-relay stopped");
         Ok::<(), std::io::Error>(())
     })?;
     Ok(())
+}
+
+/// Starts the metrics listener at `address` (until `stopped` turns true);
+/// returns `app` with its requests counted.
+async fn serve_metrics(
+    address: SocketAddr,
+    figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>>,
+    state: HttpState,
+    app: axum::Router,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<axum::Router> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() {
+        tracing::warn!(%local, "metrics on a non-loopback address: they are totals over every owner; keep the port reachable by the operator only");
+    }
+    if figures.is_none() {
+        tracing::info!(
+            "metrics: the queue's figures need the SQLite store; serving the HTTP and in-process figures only"
+        );
+    }
+    let metrics = Arc::new(graph_relay_transport_http::metrics::Metrics::new(figures));
+    let app = metrics.instrument(app);
+    tokio::spawn(graph_relay_transport_http::serve(
+        listener,
+        metrics.router(state, local),
+        ServeConfig::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    tracing::info!(%local, "metrics at http://{local}/metrics");
+    Ok(app)
 }
 
 /// `approve` / `deny`: one request to the worker's local console.
