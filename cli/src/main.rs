@@ -170,6 +170,19 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Print the completion script of SHELL on stdout, e.g.
+    /// `graph-relay completions bash > /etc/bash_completion.d/graph-relay`.
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout, or write one page per command
+    /// into a folder (`graph-relay.1`, `graph-relay-serve.1`, …).
+    Man {
+        /// Write the pages into this folder instead.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Create, list and revoke tokens.
     Token {
         /// Configuration file.
@@ -313,6 +326,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
             metrics,
         ),
         Command::Status(args) => Ok(status::run(&args)?),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "graph-relay", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { out } => man(out.as_deref()),
         Command::Stdio {
             store,
             config,
@@ -603,6 +622,34 @@ async fn serve_metrics(
     ));
     tracing::info!(%local, "metrics at http://{local}/metrics");
     Ok(app)
+}
+
+/// `graph-relay man`: the page of the binary on stdout, or into `out` the
+/// pages of the binary and of each visible command.
+fn man(out: Option<&Path>) -> Result<(), CliError> {
+    let command = <Cli as clap::CommandFactory>::command();
+    let Some(dir) = out else {
+        clap_mangen::Man::new(command).render(&mut std::io::stdout())?;
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut pages = vec![("graph-relay".to_owned(), command.clone())];
+    for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("graph-relay-{}", sub.get_name());
+        pages.push((
+            name.clone(),
+            sub.clone()
+                .display_name(name)
+                .version(env!("CARGO_PKG_VERSION")),
+        ));
+    }
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut file = std::fs::File::create(&path)?;
+        clap_mangen::Man::new(page).render(&mut file)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// `approve` / `deny`: one request to the worker's local console.
