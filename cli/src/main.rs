@@ -13,6 +13,7 @@ mod demo;
 mod graphs;
 mod orphans;
 mod process_executor;
+mod run_status;
 mod status;
 mod worker;
 

@@ -29,6 +29,7 @@ use crate::approval::HookApprover;
 use crate::console::{Console, ConsoleApprover};
 use crate::graphs::{self, Graphs};
 use crate::process_executor::ProcessExecutor;
+use crate::run_status::{CurrentRun, Watched, report_long_runs};
 
 /// How the relay asks for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -122,6 +123,10 @@ pub struct WorkerArgs {
     /// default. Its URL, with a secret drawn at start, is printed once.
     #[arg(long, value_name = "127.0.0.1:PORT")]
     pub console: Option<std::net::SocketAddr>,
+    /// Seconds between status lines while a run runs (how long, and its
+    /// latest progress); 0 for none.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub progress_every: u64,
     /// Testing: lose this many completion POSTs before sending them.
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_lose_completion_posts: u32,
@@ -243,7 +248,11 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     };
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
-    let executor = Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
+    let current = CurrentRun::default();
+    let executor = Arc::new(Watched::new(
+        ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()),
+        current.clone(),
+    ));
     let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
@@ -297,6 +306,13 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             specs,
             move |line| status(&line),
         ));
+        if args.progress_every > 0 {
+            tokio::spawn(report_long_runs(
+                current,
+                Duration::from_secs(args.progress_every),
+                move |line| status(line),
+            ));
+        }
         let mut reach = Reachability::default();
         driver
             .run(shared_rx, crate::shutdown_signal(), |event| {

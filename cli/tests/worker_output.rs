@@ -2,8 +2,11 @@
 //! vocabulary (`long-poll`, `interval`), a warning when the graphs file
 //! shares nothing, the outbox in the platform's data directory by default
 //! (its path printed at start, nothing written in the current directory),
-//! and `--quiet`. No server is needed: the worker starts, says what it says
-//! and retries quietly; SIGINT ends it.
+//! and `--quiet` (no server is needed: the worker starts, says what it
+//! says and retries quietly; SIGINT ends it); and, against a server, the
+//! line a long run gets while it runs.
+
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -180,4 +183,26 @@ fn a_graph_shared_to_a_project_gets_no_warning_and_verbose_shows_passes() {
     let text = lines.join("\n");
     assert!(!text.contains("shares no Graph"), "{text}");
     assert!(text.contains("pass: started"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_run_gets_a_status_line_with_its_latest_progress() {
+    const AGENT: &str = "gra_output_agent_token_0123456789abcdef";
+    const DEVICE: &str = "grd_output_device_token_0123456789abcdef";
+    const GS: &str = "gs_dddddddddddddddddddddddddddddddd";
+    let relay = common::Relay::new(&[("assistant", AGENT)], DEVICE, Duration::from_secs(30));
+    relay.script(
+        "long",
+        "cat >/dev/null\necho '{\"message\": \"step 1 of 2\", \"percent\": 50}' >&3\nsleep 2.5\necho done\n",
+    );
+    relay.write_graphs(&[(GS, "long", &["p1"])], "");
+    let (_server, url) = relay.serve("127.0.0.1:0", &["--memory"]);
+    let worker = relay.worker(&url, "outbox.db", "1", &["--progress-every", "1"]);
+    worker.wait_line("sync: project p1");
+    let id = relay
+        .run(&url, GS, "long-run-key-0001", serde_json::json!({}))
+        .await;
+    let line = worker.wait_line(&format!("running {id} for "));
+    assert!(line.ends_with(": step 1 of 2 (50%)"), "{line}");
+    relay.wait_status(&url, &id, "completed").await;
 }
