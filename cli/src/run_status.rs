@@ -99,7 +99,7 @@ impl<E: Executor> Executor for Watched<E> {
         progress: ProgressSink,
     ) -> ExecutionOutcome {
         self.current.set(Some(RunningNow {
-            command: job.command.id.clone(),
+            command: job.command.id,
             since: Instant::now(),
             progress: None,
         }));
