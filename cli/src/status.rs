@@ -10,7 +10,7 @@ use std::time::Duration;
 use graph_relay_core::Clock;
 use graph_relay_core::time::{SystemClock, Timestamp};
 use graph_relay_store_sqlite::stats::{QueueStats, StatsError, finished_between};
-use graph_relay_transport_http::metrics::{QueueFigures, QueueSnapshot};
+use graph_relay_transport_http::metrics::{FinishedSample, QueueFigures, QueueSnapshot};
 use serde_json::{Value, json};
 
 /// Options of `graph-relay status`.
@@ -240,7 +240,14 @@ impl QueueFigures for SqliteFigures {
                 oldest_queued: stats.queue.first().map(|q| now.since(q.created_at)),
                 desktops_online: stats.desktops.iter().filter(|d| d.is_online(now)).count() as u64,
                 desktops_known: stats.desktops.len() as u64,
-                finished: finished.into_iter().map(|f| (f.status, f.pickup)).collect(),
+                finished: finished
+                    .into_iter()
+                    .map(|f| FinishedSample {
+                        status: f.status,
+                        pickup: f.pickup,
+                        cancel: f.cancel,
+                    })
+                    .collect(),
             })
         })
         .await

@@ -13,6 +13,7 @@ use serde_json::json;
 const AGENT_TOKEN: &str = "gra_metrics_agent_token_0123456789abcdef";
 const DEVICE_TOKEN: &str = "grd_metrics_device_token_0123456789abcdef";
 const GS: &str = "gs_cccccccccccccccccccccccccccccccc";
+const GS_SLOW: &str = "gs_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// The value of the sample `series` (name and labels exactly as exposed).
@@ -58,7 +59,11 @@ async fn scrape_until(
 async fn a_scrape_after_a_run_shows_the_figures_moved() {
     let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
     relay.script("echo", "cat\n");
-    relay.write_graphs(&[(GS, "echo", &["p1"])], "");
+    relay.script(
+        "slow",
+        "cat >/dev/null\necho started > slow.started\nsleep 30\n",
+    );
+    relay.write_graphs(&[(GS, "echo", &["p1"]), (GS_SLOW, "slow", &["p1"])], "");
     let (server, url) = relay.serve(
         "127.0.0.1:0",
         &["--db", "queue.db", "--metrics", "127.0.0.1:0"],
@@ -94,6 +99,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "graph_relay_queue_oldest_seconds",
         "graph_relay_runs_finished",
         "graph_relay_pickup_latency_seconds",
+        "graph_relay_cancel_latency_seconds",
         "graph_relay_desktops_online",
         "graph_relay_desktops_known",
         "graph_relay_held_requests",
@@ -184,6 +190,27 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
             "{series}:\n{text}"
         );
     }
+    // A run cancelled while it runs: the cancel latency moves.
+    let slow = relay
+        .run(&url, GS_SLOW, "metrics-key-0002", json!({}))
+        .await;
+    relay.wait_exists("slow.started", "the slow run").await;
+    relay.cancel(&url, &slow).await;
+    relay.wait_status(&url, &slow, "cancelled").await;
+    let text = scrape_until(http, &metrics, "the cancelled run", |t| {
+        sample(t, r#"graph_relay_runs_finished_total{status="cancelled"}"#) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "graph_relay_cancel_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_pickup_latency_seconds_count"),
+        Some(2.0),
+        "{text}"
+    );
     // The unknown path counts under one label, not its own.
     let _ = http.get(format!("{url}/no-such-path")).send().await;
     // The idle long-polling worker holds a sync.

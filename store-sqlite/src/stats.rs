@@ -106,6 +106,8 @@ pub struct FinishedRun {
     pub finished_at: Timestamp,
     /// Queued → running, if it ever ran.
     pub pickup: Option<Duration>,
+    /// Cancel requested → finished, if the agent asked to cancel it.
+    pub cancel: Option<Duration>,
 }
 
 /// A snapshot of a queue database.
@@ -289,7 +291,8 @@ pub fn finished_between(
     let after = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     let until = i64::try_from(until.as_millis()).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare(
-        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at')
+        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at'),
+                json_extract(record, '$.cancel_requested_at')
          FROM commands WHERE finished_at > ?1 AND finished_at <= ?2",
     )?;
     let rows = stmt.query_map(params![after, until], finished_row)?;
@@ -298,7 +301,8 @@ pub fn finished_between(
 
 fn finished_since(conn: &Connection, since: i64) -> Result<Vec<FinishedRun>, StatsError> {
     let mut stmt = conn.prepare(
-        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at')
+        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at'),
+                json_extract(record, '$.cancel_requested_at')
          FROM commands WHERE finished_at >= ?1",
     )?;
     let rows = stmt.query_map(params![since], finished_row)?;
@@ -306,15 +310,18 @@ fn finished_since(conn: &Connection, since: i64) -> Result<Vec<FinishedRun>, Sta
 }
 
 fn finished_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FinishedRun> {
+    let finished_at = stamp(r.get(1)?);
     let created: Option<i64> = r.get(2)?;
     let started: Option<i64> = r.get(3)?;
+    let cancel_requested: Option<i64> = r.get(4)?;
     Ok(FinishedRun {
         status: r.get(0)?,
-        finished_at: stamp(r.get(1)?),
+        finished_at,
         pickup: match (created, started) {
             (Some(c), Some(s)) => Some(stamp(s).since(stamp(c))),
             _ => None,
         },
+        cancel: cancel_requested.map(|t| finished_at.since(stamp(t))),
     })
 }
 

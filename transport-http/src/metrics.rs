@@ -24,6 +24,7 @@
 //! | `graph_relay_queue_oldest_seconds` | gauge | | age of the oldest queued run (0 when none) |
 //! | `graph_relay_runs_finished_total` | counter | `status` (`completed`, `failed`, `cancelled`) | runs that finished since the server started |
 //! | `graph_relay_pickup_latency_seconds` | histogram | | queued → running, observed when the run finishes |
+//! | `graph_relay_cancel_latency_seconds` | histogram | | cancel requested → run finished, for the runs whose agent asked to cancel them |
 //! | `graph_relay_desktops_online` | gauge | | desktops heard from within three expected sync gaps |
 //! | `graph_relay_desktops_known` | gauge | | desktops ever seen |
 //! | `graph_relay_held_requests` | gauge | | requests parked on the queue's wake-ups now: held syncs and control polls, `wait_seconds` calls, listen streams |
@@ -60,7 +61,7 @@ pub const METRICS_PATH: &str = "/metrics";
 /// How far behind the present a scrape counts finished runs.
 pub const SETTLE: Duration = Duration::from_secs(2);
 
-/// Upper bounds (seconds) of the pickup histogram's buckets: from a
+/// Upper bounds (seconds) of the latency histograms' buckets: from a
 /// long-polling desktop's milliseconds to an offline desktop's minutes.
 const PICKUP_BUCKETS: [f64; 16] = [
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0,
@@ -79,9 +80,19 @@ pub struct QueueSnapshot {
     pub desktops_online: u64,
     /// Desktops ever seen.
     pub desktops_known: u64,
-    /// Runs that finished in the interval asked for: status
-    /// (`completed`, `failed`, `cancelled`) and pickup latency, if it ran.
-    pub finished: Vec<(String, Option<Duration>)>,
+    /// Runs that finished in the interval asked for.
+    pub finished: Vec<FinishedSample>,
+}
+
+/// One finished run, as the metrics count it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedSample {
+    /// `completed`, `failed` or `cancelled`.
+    pub status: String,
+    /// Queued → running, if it ran.
+    pub pickup: Option<Duration>,
+    /// Cancel requested → finished, if its agent asked to cancel it.
+    pub cancel: Option<Duration>,
 }
 
 /// A store's figures for the metrics (the SQLite store offers them; a
@@ -118,6 +129,7 @@ pub struct Metrics {
     queue_oldest: Gauge<f64, AtomicU64>,
     finished: Family<StatusLabels, Counter>,
     pickup: Histogram,
+    cancel: Histogram,
     desktops_online: Gauge,
     desktops_known: Gauge,
     held: Gauge,
@@ -173,6 +185,12 @@ impl Metrics {
             "Queued to running, observed when the run finishes",
             pickup.clone(),
         );
+        let cancel = Histogram::new(PICKUP_BUCKETS);
+        registry.register(
+            "graph_relay_cancel_latency_seconds",
+            "Cancel requested to run finished, for runs their agent asked to cancel",
+            cancel.clone(),
+        );
         let desktops_online = Gauge::default();
         registry.register(
             "graph_relay_desktops_online",
@@ -222,6 +240,7 @@ impl Metrics {
             queue_oldest,
             finished,
             pickup,
+            cancel,
             desktops_online,
             desktops_known,
             held,
@@ -303,10 +322,15 @@ impl Metrics {
                         status: status.into(),
                     });
                 }
-                for (status, pickup) in snapshot.finished {
-                    self.finished.get_or_create(&StatusLabels { status }).inc();
-                    if let Some(pickup) = pickup {
+                for run in snapshot.finished {
+                    self.finished
+                        .get_or_create(&StatusLabels { status: run.status })
+                        .inc();
+                    if let Some(pickup) = run.pickup {
                         self.pickup.observe(pickup.as_secs_f64());
+                    }
+                    if let Some(cancel) = run.cancel {
+                        self.cancel.observe(cancel.as_secs_f64());
                     }
                 }
             }
