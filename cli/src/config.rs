@@ -64,6 +64,10 @@ pub struct ServerSection {
     /// intervals of 3 s (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_interval_controls: Option<u32>,
+    /// Serve `GET /metrics` (Prometheus) on this address, a listener of
+    /// its own (e.g. `127.0.0.1:9187`); off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// The whole file.

@@ -336,15 +336,31 @@ pub async fn watch(
                 if let Ok(mut table) = specs.write() {
                     *table = graphs.specs;
                 }
+                let warning = nothing_shared_warning(&path, &graphs.shared);
                 shared.send_replace(graphs.shared);
                 report(format!(
                     "graphs: reloaded {} ({count} graph(s))",
                     path.display()
                 ));
+                if let Some(warning) = warning {
+                    report(warning);
+                }
             }
             Err(e) => report(format!("graphs: {e}; keeping the previous set")),
         }
     }
+}
+
+/// The warning for a graphs file that shares no Graph with any project
+/// (none declared, or none listing a project): agents then see no sessions.
+pub fn nothing_shared_warning(path: &Path, shared: &SharedSet) -> Option<String> {
+    if shared.projects().any(|p| !shared.sessions(p).is_empty()) {
+        return None;
+    }
+    Some(format!(
+        "warning: {} shares no Graph: agents will see no sessions until a [[graph]] in it lists a project (see \"Writing a Graph script\" in the README)",
+        path.display()
+    ))
 }
 
 #[cfg(test)]

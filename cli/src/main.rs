@@ -9,9 +9,12 @@
 mod approval;
 mod config;
 mod console;
+mod demo;
 mod graphs;
 mod orphans;
 mod process_executor;
+mod run_status;
+mod status;
 mod worker;
 
 use std::net::SocketAddr;
@@ -99,7 +102,21 @@ enum Command {
         /// request timeout (30 s unless configured).
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
         max_wait_seconds: Option<u32>,
+        /// Serve `GET /metrics` (Prometheus) on a listener of its own at this
+        /// address, e.g. 127.0.0.1:9187 (or `[server] metrics_listen`). Its
+        /// figures are totals over every owner: keep it where only the
+        /// operator reaches it.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
+    /// The whole system in one command: a server, a worker with sample
+    /// Graphs and a scripted agent, in a temporary folder; then snippets to
+    /// connect real clients to it.
+    Demo(demo::DemoArgs),
+    /// An operator's view of a server's SQLite database (read-only):
+    /// desktops, shared sessions, the queue, the last hour's runs and
+    /// pickup latency.
+    Status(status::StatusArgs),
     /// Serve one MCP client over stdin/stdout as a configured agent.
     Stdio {
         #[command(flatten)]
@@ -153,6 +170,19 @@ enum Command {
         /// Why (at most 500 characters); the agent reads it.
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Print the completion script of SHELL on stdout, e.g.
+    /// `graph-relay completions bash > /etc/bash_completion.d/graph-relay`.
+    Completions {
+        /// bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) on stdout, or write one page per command
+    /// into a folder (`graph-relay.1`, `graph-relay-serve.1`, …).
+    Man {
+        /// Write the pages into this folder instead.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
     },
     /// Create, list and revoke tokens.
     Token {
@@ -237,21 +267,33 @@ enum CliError {
     #[error(transparent)]
     Worker(#[from] worker::WorkerError),
     #[error(transparent)]
+    Demo(#[from] demo::DemoError),
+    #[error(transparent)]
+    Status(#[from] graph_relay_store_sqlite::stats::StatsError),
+    #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
     #[error(transparent)]
     Plot(#[from] graph_relay_sim::plot::PlotError),
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints its own steps; the server's log would drown them.
+    // The worker prints its own status lines: only warnings from the log
+    // unless it is asked to be verbose.
+    let default_filter = match &cli.command {
+        Command::Demo(_) => "warn",
+        Command::Worker(args) if !args.verbose => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("GRAPH_RELAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .with_ansi(false)
         .init();
-    let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -271,6 +313,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             lease_seconds,
             lease_controls,
             max_wait_seconds,
+            metrics,
         } => serve(
             listen,
             &store,
@@ -281,7 +324,15 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 controls: lease_controls,
             },
             max_wait_seconds,
+            metrics,
         ),
+        Command::Status(args) => Ok(status::run(&args)?),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "graph-relay", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { out } => man(out.as_deref()),
         Command::Stdio {
             store,
             config,
@@ -290,6 +341,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         } => stdio(&store, &config, &agent, max_line_bytes),
         Command::Token { config, command } => token(&config, command),
         Command::Worker(args) => Ok(worker::run(args)?),
+        Command::Demo(args) => Ok(demo::run(args)?),
         Command::Approve { console, command } => answer(&console, &command, true, None),
         Command::Deny {
             console,
@@ -426,6 +478,7 @@ fn serve(
     anonymous: Option<String>,
     leases: Leases,
     max_wait_seconds: Option<u32>,
+    metrics: Option<SocketAddr>,
 ) -> Result<(), CliError> {
     if !config_path.exists() {
         bootstrap(config_path, listen)?;
@@ -470,6 +523,11 @@ fn serve(
     if let Some(controls) = leases.controls.or(file.server.lease_interval_controls) {
         queue.lease_interval_controls = controls;
     }
+    let metrics = metrics.or(file.server.metrics_listen);
+    // The store's figures for the metrics: SQLite only (the file, read-only).
+    let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
+        (metrics.is_some() && !store.memory && store.postgres.is_none())
+            .then(|| status::SqliteFigures::new(store.db.clone()) as _);
     let server = open_any_store(store, &runtime, queue, max_wait_seconds)?;
     let maintained = server.queue().clone();
     runtime.spawn(maintain(maintained));
@@ -513,6 +571,11 @@ fn serve(
             None => auth,
         };
         let state = HttpState::new(server, auth, http);
+        let mut app = graph_relay_transport_http::router(state.clone());
+        let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
+        if let Some(address) = metrics {
+            app = serve_metrics(address, figures, state, app, stopped_rx).await?;
+        }
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
         // On SIGINT/SIGTERM every held request answers at once and waits
         // and listen streams end (`Queue::shut_down`); then the server
@@ -520,17 +583,73 @@ fn serve(
         let shutdown = async move {
             shutdown_signal().await;
             stopping.shut_down();
+            let _ = stopped_tx.send(true);
         };
-        graph_relay_transport_http::serve(
-            listener,
-            graph_relay_transport_http::router(state),
-            serve_config,
-            shutdown,
-        )
-        .await?;
+        graph_relay_transport_http::serve(listener, app, serve_config, shutdown).await?;
         tracing::info!("graph-relay stopped");
         Ok::<(), std::io::Error>(())
     })?;
+    Ok(())
+}
+
+/// Starts the metrics listener at `address` (until `stopped` turns true);
+/// returns `app` with its requests counted.
+async fn serve_metrics(
+    address: SocketAddr,
+    figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>>,
+    state: HttpState,
+    app: axum::Router,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<axum::Router> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() {
+        tracing::warn!(%local, "metrics on a non-loopback address: they are totals over every owner; keep the port reachable by the operator only");
+    }
+    if figures.is_none() {
+        tracing::info!(
+            "metrics: the queue's figures need the SQLite store; serving the HTTP and in-process figures only"
+        );
+    }
+    let metrics = Arc::new(graph_relay_transport_http::metrics::Metrics::new(figures));
+    let app = metrics.instrument(app);
+    tokio::spawn(graph_relay_transport_http::serve(
+        listener,
+        metrics.router(state, local),
+        ServeConfig::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    tracing::info!(%local, "metrics at http://{local}/metrics");
+    Ok(app)
+}
+
+/// `graph-relay man`: the page of the binary on stdout, or into `out` the
+/// pages of the binary and of each visible command.
+fn man(out: Option<&Path>) -> Result<(), CliError> {
+    let command = <Cli as clap::CommandFactory>::command();
+    let Some(dir) = out else {
+        clap_mangen::Man::new(command).render(&mut std::io::stdout())?;
+        return Ok(());
+    };
+    std::fs::create_dir_all(dir)?;
+    let mut pages = vec![("graph-relay".to_owned(), command.clone())];
+    for sub in command.get_subcommands().filter(|c| !c.is_hide_set()) {
+        let name = format!("graph-relay-{}", sub.get_name());
+        pages.push((
+            name.clone(),
+            sub.clone()
+                .display_name(name)
+                .version(env!("CARGO_PKG_VERSION")),
+        ));
+    }
+    for (name, page) in pages {
+        let path = dir.join(format!("{name}.1"));
+        let mut file = std::fs::File::create(&path)?;
+        clap_mangen::Man::new(page).render(&mut file)?;
+        eprintln!("wrote {}", path.display());
+    }
     Ok(())
 }
 

@@ -30,6 +30,7 @@ use crate::approval::HookApprover;
 use crate::console::{Console, ConsoleApprover, ConsoleExecutor};
 use crate::graphs::{self, Graphs};
 use crate::process_executor::ProcessExecutor;
+use crate::run_status::{CurrentRun, Watched, report_long_runs};
 
 /// How the relay asks for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -38,6 +39,55 @@ pub enum Mode {
     LongPoll,
     /// The published relay: a pass every 20 s, a control poll every 3 s.
     Interval,
+}
+
+impl Mode {
+    /// The name on the command line and in status lines.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::LongPoll => "long-poll",
+            Mode::Interval => "interval",
+        }
+    }
+}
+
+/// How much the worker says on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verbosity {
+    /// Problems only: failed syncs and deliveries, refusals, warnings.
+    Quiet,
+    /// One line per run event, sync and problem (default).
+    Normal,
+    /// Also every pass, and the log of the HTTP client and the server code.
+    Verbose,
+}
+
+impl Verbosity {
+    /// Whether the line for `event` is shown at this verbosity.
+    pub fn shows(self, event: &DriverEvent) -> bool {
+        let problem = matches!(
+            event,
+            DriverEvent::OutboxError(_)
+                | DriverEvent::Relay(
+                    RelayEvent::SyncFailed { .. }
+                        | RelayEvent::ClaimRefused { .. }
+                        | RelayEvent::ClaimUnconfirmed { .. }
+                        | RelayEvent::ProgressRefused { .. }
+                        | RelayEvent::DeliveryFailed { .. }
+                        | RelayEvent::Dropped { .. }
+                        | RelayEvent::ClosedByServer { .. }
+                )
+        );
+        let pass = matches!(
+            event,
+            DriverEvent::Relay(RelayEvent::PassStarted | RelayEvent::PassFinished { .. })
+        );
+        match self {
+            Verbosity::Quiet => problem,
+            Verbosity::Normal => !pass,
+            Verbosity::Verbose => true,
+        }
+    }
 }
 
 /// Options of `graph-relay worker`.
@@ -55,9 +105,17 @@ pub struct WorkerArgs {
     /// long-poll (default) or interval.
     #[arg(long, value_enum, default_value = "long-poll")]
     pub mode: Mode,
-    /// SQLite file of the outbox (reports not yet delivered).
-    #[arg(long, default_value = "graph-relay-outbox.db")]
-    pub outbox: PathBuf,
+    /// SQLite file of the outbox (reports not yet delivered). Default: one
+    /// file per server and device token in the platform's data directory
+    /// (e.g. ~/.local/share/graph-relay/ on Linux), printed at start.
+    #[arg(long, value_name = "FILE")]
+    pub outbox: Option<PathBuf>,
+    /// Print only problems (failed syncs and deliveries, refusals, warnings).
+    #[arg(long, short, conflicts_with = "verbose")]
+    pub quiet: bool,
+    /// Also print every pass and the log of the HTTP client.
+    #[arg(long, short)]
+    pub verbose: bool,
     /// Seconds between SIGTERM and SIGKILL when a run is cancelled.
     #[arg(long, default_value_t = 5)]
     pub grace_seconds: u64,
@@ -67,6 +125,10 @@ pub struct WorkerArgs {
     /// default. Its URL, with a secret drawn at start, is printed once.
     #[arg(long, value_name = "127.0.0.1:PORT")]
     pub console: Option<std::net::SocketAddr>,
+    /// Seconds between status lines while a run runs (how long, and its
+    /// latest progress); 0 for none.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub progress_every: u64,
     /// Testing: lose this many completion POSTs before sending them.
     #[arg(long, default_value_t = 0, hide = true)]
     pub fault_lose_completion_posts: u32,
@@ -103,15 +165,58 @@ pub enum WorkerError {
     /// The runtime could not start.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// No `--outbox` and no platform data directory (no home directory).
+    #[error("no data directory for the outbox (is HOME set?); pass --outbox FILE")]
+    NoDataDir,
+}
+
+impl WorkerArgs {
+    /// What the worker prints.
+    pub fn verbosity(&self) -> Verbosity {
+        match (self.quiet, self.verbose) {
+            (true, _) => Verbosity::Quiet,
+            (false, true) => Verbosity::Verbose,
+            (false, false) => Verbosity::Normal,
+        }
+    }
+}
+
+/// The default outbox for a worker of `server` with `token`:
+/// `outbox-<12 hex>.db` in the platform's data directory for graph-relay
+/// (created if missing). The name is the start of SHA-256 over the server
+/// URL and the token, so two workers of different devices or servers on one
+/// machine never share an outbox (a shared one would deliver one device's
+/// reports with another's token, and a starting worker ends the processes
+/// recorded in its outbox), while the same worker finds its pending reports
+/// again after a restart.
+pub fn default_outbox(server: &str, token: &str) -> Result<PathBuf, WorkerError> {
+    let dirs =
+        directories::ProjectDirs::from("", "", "graph-relay").ok_or(WorkerError::NoDataDir)?;
+    let dir = dirs.data_dir();
+    std::fs::create_dir_all(dir)?;
+    let key = graph_relay_transport_http::auth::hash_token(&format!(
+        "{}\n{token}",
+        server.trim_end_matches('/')
+    ));
+    Ok(dir.join(format!("outbox-{}.db", &key[..12])))
 }
 
 /// Runs the worker until SIGINT/SIGTERM.
 pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
+    let verbosity = args.verbosity();
+    let status = move |line: &str| {
+        if verbosity != Verbosity::Quiet || line.starts_with("warning:") {
+            print_status(line);
+        }
+    };
     let graphs = Graphs::load(&args.graphs)?;
+    if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
+        status(&warning);
+    }
     for (id, spec) in &graphs.specs {
         if spec.approval.as_ref().is_some_and(|a| a.command.is_none()) {
             status(&format!(
-                "graphs: graph {id} needs the owner's approval but has no approval_command: its runs wait {} s for an approval that this worker cannot ask for, then fail",
+                "warning: graph {id} needs the owner's approval but has no approval_command: its runs wait {} s for an approval that this worker cannot ask for, then fail",
                 spec.approval.as_ref().map_or(0, |a| a.timeout.as_secs())
             ));
         }
@@ -123,9 +228,13 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         })?
         .trim()
         .to_owned();
+    let outbox_path = match &args.outbox {
+        Some(path) => path.clone(),
+        None => default_outbox(&args.server, &token)?,
+    };
     let outbox = Arc::new(
-        SqliteOutbox::open(&args.outbox).map_err(|e| WorkerError::Outbox {
-            path: args.outbox.clone(),
+        SqliteOutbox::open(&outbox_path).map_err(|e| WorkerError::Outbox {
+            path: outbox_path.clone(),
             message: e.to_string(),
         })?,
     );
@@ -141,8 +250,11 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     };
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
-    let process: Arc<dyn Executor> =
-        Arc::new(ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()));
+    let current = CurrentRun::default();
+    let process: Arc<dyn Executor> = Arc::new(Watched::new(
+        ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()),
+        current.clone(),
+    ));
     let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
     let config = RelayConfig {
@@ -184,11 +296,11 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             ));
         }
         status(&format!(
-            "worker: relaying {} for {} ({:?} mode; outbox {})",
+            "worker: relaying {} for {} ({}; outbox {})",
             args.graphs.display(),
             args.server,
-            args.mode,
-            args.outbox.display()
+            args.mode.as_str(),
+            outbox_path.display()
         ));
         crate::orphans::end_left_over(&outbox, grace, |line| status(&line)).await;
         tokio::spawn(graphs::watch(
@@ -196,16 +308,27 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             Duration::from_secs(1),
             shared_tx,
             specs,
-            |line| status(&line),
+            move |line| status(&line),
         ));
+        if args.progress_every > 0 {
+            tokio::spawn(report_long_runs(
+                current,
+                Duration::from_secs(args.progress_every),
+                move |line| status(line),
+            ));
+        }
         let mut reach = Reachability::default();
         driver
             .run(shared_rx, crate::shutdown_signal(), |event| {
                 if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
                     console.observe(event);
                 }
-                if let Some(line) = reach.filter(&event) {
-                    status(&line);
+                // Every event goes through `reach` (it tracks the outage);
+                // the server's return is said even when quiet.
+                if let Some(line) = reach.filter(&event)
+                    && (verbosity.shows(&event) || line.starts_with("server reachable again"))
+                {
+                    print_status(&line);
                 }
             })
             .await;
@@ -215,7 +338,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     Ok(())
 }
 
-fn status(line: &str) {
+fn print_status(line: &str) {
     eprintln!("{line}");
 }
 

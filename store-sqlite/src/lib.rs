@@ -157,6 +157,7 @@ mod database;
 pub mod graph_processes;
 mod outbox;
 mod schema;
+pub mod stats;
 mod store;
 
 pub use crate::graph_processes::GraphProcess;

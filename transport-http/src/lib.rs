@@ -68,6 +68,7 @@ pub mod authority;
 mod gate;
 mod listen;
 mod mcp_endpoint;
+pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
 pub mod relay_client;

@@ -1,0 +1,227 @@
+//! `serve --metrics`: a Prometheus endpoint on a listener of its own. A
+//! scrape after a run shows the figures moved (finished runs, the pickup
+//! histogram, desktops online, HTTP requests by route, held requests);
+//! the MCP port does not serve them, and a foreign `Host` is refused.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Relay;
+use serde_json::json;
+
+const AGENT_TOKEN: &str = "gra_metrics_agent_token_0123456789abcdef";
+const DEVICE_TOKEN: &str = "grd_metrics_device_token_0123456789abcdef";
+const GS: &str = "gs_cccccccccccccccccccccccccccccccc";
+const GS_SLOW: &str = "gs_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The value of the sample `series` (name and labels exactly as exposed).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+async fn scrape(http: &reqwest::Client, url: &str) -> String {
+    let response = http.get(url).send().await.expect("scrape");
+    assert_eq!(response.status(), 200);
+    let kind = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    response.text().await.expect("body")
+}
+
+/// Scrapes until `check` holds for the text; returns it.
+async fn scrape_until(
+    http: &reqwest::Client,
+    url: &str,
+    what: &str,
+    check: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let text = scrape(http, url).await;
+        if check(&text) {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{what} never showed:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scrape_after_a_run_shows_the_figures_moved() {
+    let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
+    relay.script("echo", "cat\n");
+    relay.script(
+        "slow",
+        "cat >/dev/null\necho started > slow.started\nsleep 30\n",
+    );
+    relay.write_graphs(&[(GS, "echo", &["p1"]), (GS_SLOW, "slow", &["p1"])], "");
+    let (server, url) = relay.serve(
+        "127.0.0.1:0",
+        &["--db", "queue.db", "--metrics", "127.0.0.1:0"],
+    );
+    let line = server.wait_line("metrics at http://");
+    let metrics = line
+        .split("metrics at ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("metrics URL")
+        .to_owned();
+    let http = &relay.http;
+
+    let before = scrape(http, &metrics).await;
+    assert_eq!(
+        sample(
+            &before,
+            r#"graph_relay_runs_finished_total{status="completed"}"#
+        ),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(
+        sample(&before, "graph_relay_pickup_latency_seconds_count"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(sample(&before, "graph_relay_desktops_known"), Some(0.0));
+    // Every metric is documented with HELP.
+    for name in [
+        "graph_relay_runs",
+        "graph_relay_queue_depth",
+        "graph_relay_queue_oldest_seconds",
+        "graph_relay_runs_finished",
+        "graph_relay_pickup_latency_seconds",
+        "graph_relay_cancel_latency_seconds",
+        "graph_relay_desktops_online",
+        "graph_relay_desktops_known",
+        "graph_relay_held_requests",
+        "graph_relay_mcp_sessions",
+        "graph_relay_listen_streams",
+        "graph_relay_http_requests",
+        "graph_relay_metrics_store_errors",
+    ] {
+        assert!(
+            before.contains(&format!("# HELP {name} ")),
+            "{name}:\n{before}"
+        );
+    }
+
+    // Not on the MCP port: its figures are every owner's.
+    let on_mcp = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .expect("GET");
+    assert_ne!(on_mcp.status(), 200);
+    // A page that rebinds a name to loopback is refused.
+    let rebound = http
+        .get(&metrics)
+        .header("host", "evil.example:80")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(rebound.status(), 403);
+
+    let worker = relay.worker(&url, "outbox.db", "1", &[]);
+    worker.wait_line("sync: project p1");
+    let id = relay
+        .run(&url, GS, "metrics-key-0001", json!({"n": 1}))
+        .await;
+    relay.wait_status(&url, &id, "completed").await;
+    let text = scrape_until(http, &metrics, "the finished run", |t| {
+        sample(t, r#"graph_relay_runs_finished_total{status="completed"}"#) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "graph_relay_pickup_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(
+        sample(&text, "graph_relay_pickup_latency_seconds_sum").is_some_and(|s| s < 5.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_desktops_online"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_desktops_known"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_queue_depth"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"graph_relay_runs{status="running"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"graph_relay_http_requests_total{route="/mcp",method="POST",status="200"}"#
+        )
+        .is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    for route in [
+        "sync",
+        "commands/{command_id}/start",
+        "commands/{command_id}/complete",
+    ] {
+        let series = format!(
+            r#"graph_relay_http_requests_total{{route="/external-assistants/graph-relays/{route}",method="POST",status="200"}}"#
+        );
+        assert!(
+            sample(&text, &series).is_some_and(|n| n >= 1.0),
+            "{series}:\n{text}"
+        );
+    }
+    // A run cancelled while it runs: the cancel latency moves.
+    let slow = relay
+        .run(&url, GS_SLOW, "metrics-key-0002", json!({}))
+        .await;
+    relay.wait_exists("slow.started", "the slow run").await;
+    relay.cancel(&url, &slow).await;
+    relay.wait_status(&url, &slow, "cancelled").await;
+    let text = scrape_until(http, &metrics, "the cancelled run", |t| {
+        sample(t, r#"graph_relay_runs_finished_total{status="cancelled"}"#) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "graph_relay_cancel_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_pickup_latency_seconds_count"),
+        Some(2.0),
+        "{text}"
+    );
+    // The unknown path counts under one label, not its own.
+    let _ = http.get(format!("{url}/no-such-path")).send().await;
+    // The idle long-polling worker holds a sync.
+    let text = scrape_until(http, &metrics, "a held request", |t| {
+        sample(t, "graph_relay_held_requests").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(r#"graph_relay_http_requests_total{route="unmatched""#)),
+        "{text}"
+    );
+    assert!(!text.contains("no-such-path"), "{text}");
+}

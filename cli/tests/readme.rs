@@ -1,0 +1,473 @@
+//! The README, run. Every fenced block in README.md carries a marker on the
+//! line before it, `<!-- readme-test: NAME -->` for a block this test runs
+//! or `<!-- readme-test: skip: REASON -->`; a block without one fails the
+//! test, so a new snippet cannot go untested unnoticed.
+//!
+//! What runs, extracted from the README itself:
+//! - `first-commands`: the `demo` line (with `--once`, so it ends); its
+//!   `serve` line starts the quick start's server;
+//! - the quick start end to end, in an empty folder: `serve` as written
+//!   (plus `--listen 127.0.0.1:0`, so that the test needs no fixed port;
+//!   every `127.0.0.1:8787` in the snippets becomes the bound address), the
+//!   device token it prints saved in `device.token`, `quickstart-graphs` as
+//!   `graphs.toml`, `echo-script` as `echo.sh`, the `quickstart-worker`
+//!   command, the `quickstart-python` client (its `TOKEN` set to the agent
+//!   token `serve` printed) with the Python of the real MCP peers, and
+//!   `status-command` on the database it left;
+//! - the configuration examples: `config-server` and `config-oauth` load
+//!   as `graph-relay.toml`, `graphs-reference` loads in a worker, and the
+//!   `stdio-config` client configuration starts `graph-relay stdio`.
+//!
+//! `cargo run --release -p graph-relay --` and a leading `graph-relay`
+//! become this build's binary. Nothing is written outside temporary
+//! folders (HOME and XDG_DATA_HOME point into them for the worker).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A fenced block of the README.
+#[derive(Debug, Clone)]
+struct Block {
+    /// The info string's first word (`sh`, `python`, …).
+    language: String,
+    /// Its text, without the fences (and without a list item's indent).
+    text: String,
+    /// Line of the opening fence (1-based).
+    line: usize,
+}
+
+/// The README's blocks by marker name; panics on a block without a marker.
+fn readme_blocks() -> BTreeMap<String, Block> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&path).expect("README.md");
+    let lines: Vec<&str> = readme.lines().collect();
+    let mut blocks = BTreeMap::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let fence = lines[i].trim_start();
+        if !fence.starts_with("```") {
+            i += 1;
+            continue;
+        }
+        let indent = lines[i].len() - fence.len();
+        let language = fence
+            .trim_start_matches('`')
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let marker = i
+            .checked_sub(1)
+            .map(|p| lines[p].trim())
+            .and_then(|l| l.strip_prefix("<!-- readme-test: "))
+            .and_then(|l| l.strip_suffix(" -->"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "README.md:{}: a ```{language} block without a `<!-- readme-test: NAME -->` \
+                     (or `skip: REASON`) line before it",
+                    i + 1
+                )
+            })
+            .to_owned();
+        let start = i;
+        i += 1;
+        let mut text = String::new();
+        while i < lines.len() && !lines[i].trim_start().starts_with("```") {
+            let line = lines[i];
+            text.push_str(line.get(indent.min(line.len())..).unwrap_or(line));
+            text.push('\n');
+            i += 1;
+        }
+        assert!(i < lines.len(), "README.md:{}: unclosed block", start + 1);
+        i += 1;
+        if marker.starts_with("skip:") {
+            assert!(
+                marker.len() > "skip: ".len() + 3,
+                "README.md:{}: say why the block is not run",
+                start + 1
+            );
+            continue;
+        }
+        let block = Block {
+            language,
+            text,
+            line: start + 1,
+        };
+        assert!(
+            blocks.insert(marker.clone(), block).is_none(),
+            "two README blocks named {marker}"
+        );
+    }
+    blocks
+}
+
+fn block(blocks: &BTreeMap<String, Block>, name: &str, language: &str) -> Block {
+    let b = blocks
+        .get(name)
+        .unwrap_or_else(|| panic!("README.md has no block marked `{name}`"))
+        .clone();
+    assert_eq!(b.language, language, "README.md:{}: `{name}`", b.line);
+    b
+}
+
+/// The `graph-relay` arguments of a README command line (`cargo run
+/// --release -p graph-relay -- …` or `graph-relay …`), comment removed.
+fn command_args(line: &str) -> Option<Vec<String>> {
+    let line = line.split(" #").next()?.trim();
+    let rest = line
+        .strip_prefix("cargo run --release -p graph-relay -- ")
+        .or_else(|| line.strip_prefix("graph-relay "))?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The one line of `block` that runs the `graph-relay` command `command`.
+fn command_line(block: &Block, command: &str) -> Vec<String> {
+    block
+        .text
+        .lines()
+        .filter_map(command_args)
+        .find(|args| args.first().is_some_and(|a| a == command))
+        .unwrap_or_else(|| {
+            panic!(
+                "README.md:{}: no `{command}` command in:\n{}",
+                block.line, block.text
+            )
+        })
+}
+
+/// A child whose stderr lines are collected.
+struct Proc {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    fn spawn(args: &[String], cwd: &Path, env: &[(&str, &Path)]) -> Self {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("GRAPH_RELAY_LOG")
+            .env_remove("XDG_DATA_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("spawn graph-relay");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("lines").push(line);
+            }
+        });
+        Self { child, lines }
+    }
+
+    fn wait_line(&self, needle: &str) -> String {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(l) = self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .find(|l| l.contains(needle))
+            {
+                return l.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no line with `{needle}`:\n{}",
+                self.lines.lock().expect("lines").join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn text(&self) -> String {
+        self.lines.lock().expect("lines").join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_ok(args: &[String], cwd: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run graph-relay");
+    assert!(
+        out.status.success(),
+        "graph-relay {args:?} exited {}:\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn every_readme_block_is_run_or_says_why_not() {
+    let blocks = readme_blocks();
+    for name in [
+        "first-commands",
+        "quickstart-python",
+        "quickstart-graphs",
+        "quickstart-worker",
+        "echo-script",
+        "status-command",
+        "stdio-config",
+        "config-server",
+        "config-oauth",
+        "graphs-reference",
+    ] {
+        assert!(blocks.contains_key(name), "no README block `{name}`");
+    }
+    assert_eq!(
+        blocks.len(),
+        10,
+        "a README block is marked but not run: {:?}",
+        blocks.keys()
+    );
+}
+
+#[test]
+fn the_first_command_runs_the_demo() {
+    let blocks = readme_blocks();
+    let first = block(&blocks, "first-commands", "sh");
+    let mut demo = command_line(&first, "demo");
+    demo.push("--once".into());
+    let cwd = tempfile::tempdir().expect("cwd");
+    let stdout = run_ok(&demo, cwd.path());
+    assert!(stdout.contains("The scripted flow is done."), "{stdout}");
+    assert_eq!(std::fs::read_dir(cwd.path()).expect("cwd").count(), 0);
+}
+
+#[test]
+fn the_configuration_examples_load() {
+    let blocks = readme_blocks();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["config-server", "config-oauth"] {
+        let b = block(&blocks, name, "toml");
+        let config = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&config, &b.text).expect("config");
+        run_ok(
+            &[
+                "token".into(),
+                "list".into(),
+                "--config".into(),
+                config.display().to_string(),
+            ],
+            dir.path(),
+        );
+    }
+
+    // The full graphs.toml reference loads in a worker.
+    let b = block(&blocks, "graphs-reference", "toml");
+    std::fs::write(dir.path().join("graphs.toml"), &b.text).expect("graphs");
+    std::fs::write(dir.path().join("device.token"), "grd_readme\n").expect("token");
+    let home = tempfile::tempdir().expect("home");
+    let worker = Proc::spawn(
+        &[
+            "worker",
+            "--server",
+            "http://127.0.0.1:9",
+            "--token-file",
+            "device.token",
+            "--graphs",
+            "graphs.toml",
+        ]
+        .map(String::from),
+        dir.path(),
+        &[("HOME", home.path())],
+    );
+    worker.wait_line("worker: relaying graphs.toml");
+    assert!(
+        !worker.text().contains("graph-relay: "),
+        "{}",
+        worker.text()
+    );
+    drop(worker);
+
+    // The stdio client configuration starts a server over stdio that ends
+    // when its client closes stdin.
+    let b = block(&blocks, "stdio-config", "json");
+    let folder = format!("{}/", dir.path().display());
+    let config: serde_json::Value =
+        serde_json::from_str(&b.text.replace("/path/to/", &folder)).expect("JSON");
+    let server = &config["mcpServers"]["graph-relay"];
+    assert_eq!(server["command"], "graph-relay");
+    let args: Vec<String> = server["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_owned())
+        .collect();
+    // Its configuration holds the development agent, as `serve` writes it.
+    let boot = Proc::spawn(
+        &["serve", "--listen", "127.0.0.1:0"].map(String::from),
+        dir.path(),
+        &[],
+    );
+    boot.wait_line("serving MCP at");
+    drop(boot);
+    let out = Command::new(BIN)
+        .args(&args)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("stdio");
+    assert!(
+        out.status.success(),
+        "graph-relay {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[cfg_attr(graph_relay_skip_peers, ignore = "GRAPH_RELAY_SKIP names peers")]
+fn the_quick_start_runs_as_written() {
+    let blocks = readme_blocks();
+    let python = common::peers().python;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = tempfile::tempdir().expect("home");
+    let cwd = dir.path();
+
+    // `serve`, as the first commands say (on a free port).
+    let mut serve = command_line(&block(&blocks, "first-commands", "sh"), "serve");
+    serve.extend(["--listen".into(), "127.0.0.1:0".into()]);
+    let server = Proc::spawn(&serve, cwd, &[]);
+    let line = server.wait_line("serving MCP at http://");
+    let address = line
+        .split("serving MCP at http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .expect("address")
+        .to_owned();
+    let token = |kind: &str| {
+        server
+            .wait_line(kind)
+            .split_whitespace()
+            .last()
+            .expect("token")
+            .to_owned()
+    };
+    let agent_token = token("agent  dev-agent");
+    let device_token = token("device dev-desktop");
+    let local = |text: &str| text.replace("127.0.0.1:8787", &address);
+
+    // "save the device token printed by `serve` in `device.token`, declare
+    // each Graph in `graphs.toml`, and start the relay".
+    std::fs::write(cwd.join("device.token"), format!("{device_token}\n")).expect("token");
+    let graphs = block(&blocks, "quickstart-graphs", "toml");
+    std::fs::write(cwd.join("graphs.toml"), &graphs.text).expect("graphs");
+    let echo = block(&blocks, "echo-script", "sh");
+    let script = cwd.join("echo.sh");
+    std::fs::write(&script, &echo.text).expect("echo.sh");
+    set_executable(&script);
+    let worker_block = block(&blocks, "quickstart-worker", "sh");
+    let worker_args: Vec<String> = command_line(&worker_block, "worker")
+        .iter()
+        .map(|a| local(a))
+        .collect();
+    let data = home.path().join("data");
+    let worker = Proc::spawn(
+        &worker_args,
+        cwd,
+        &[("HOME", home.path()), ("XDG_DATA_HOME", &data)],
+    );
+    worker.wait_line("sync: project default");
+
+    // The Python client, as written, with the printed agent token.
+    let client = block(&blocks, "quickstart-python", "python");
+    let mut code = local(&client.text);
+    let token_line = code
+        .lines()
+        .find(|l| l.starts_with("TOKEN = "))
+        .expect("the TOKEN line")
+        .to_owned();
+    code = code.replace(&token_line, &format!("TOKEN = \"{agent_token}\""));
+    let path = cwd.join("quickstart.py");
+    std::fs::write(&path, code).expect("quickstart.py");
+    let out = Command::new(&python)
+        .arg(&path)
+        .current_dir(cwd)
+        .output()
+        .expect("python");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the quick start's Python failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "run_graph_session",
+        "'project_id': 'default'",
+        "'name': 'Echo'",
+        "Queued ticket, not a result",
+    ] {
+        assert!(stdout.contains(needle), "no `{needle}` in:\n{stdout}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(
+        ["queued", "running", "completed"].contains(&last.trim()),
+        "the run's status: {stdout}"
+    );
+    worker.wait_line("delivered ");
+    assert!(worker.text().contains(": completed"), "{}", worker.text());
+
+    // `graph-relay status` on the database the quick start left.
+    let status = command_line(&block(&blocks, "status-command", "sh"), "status");
+    let text = run_ok(&status, cwd);
+    assert!(text.contains("dev-desktop"), "{text}");
+    assert!(text.contains("online"), "{text}");
+    assert!(text.contains("completed 1"), "{text}");
+
+    // The outbox went to the data directory, nothing to the real HOME.
+    assert!(data.join("graph-relay").is_dir());
+    drop(worker);
+    drop(server);
+    let mut left: Vec<String> = std::fs::read_dir(cwd)
+        .expect("cwd")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("graph-relay.db"))
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        vec![
+            "device.token",
+            "echo.sh",
+            "graph-relay.toml",
+            "graphs.toml",
+            "quickstart.py"
+        ]
+    );
+}
+
+fn set_executable(path: &PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut permissions = std::fs::metadata(path).expect("metadata").permissions();
+    permissions.set_mode(0o755);
+    std::fs::set_permissions(path, permissions).expect("chmod");
+}

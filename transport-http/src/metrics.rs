@@ -1,0 +1,411 @@
+//! Prometheus metrics of a serving graph-relay: `GET /metrics` in the
+//! OpenMetrics text format (which Prometheus scrapes as its text format).
+//!
+//! The endpoint is meant for its **own listener** (`serve --metrics
+//! 127.0.0.1:9187`), never the MCP port: its figures are totals over every
+//! owner, so an agent or desktop of one owner must not be able to read how
+//! busy the others are. No metric carries an owner, agent, desktop,
+//! project or command in its labels; labels are fixed sets (a status, a
+//! route pattern, a method, an HTTP status code).
+//!
+//! Gauges are computed when scraped: the queue's figures from the store
+//! (through [`QueueFigures`], when the store offers them), held requests
+//! from the queue's wake-ups, sessions and listen streams from the HTTP
+//! state. Counters and the pickup histogram accumulate from scrape to
+//! scrape: each scrape adds the runs that finished since the previous one
+//! (up to [`SETTLE`] ago, so a write whose clock reading precedes its
+//! commit is not missed). HTTP requests are counted by the middleware
+//! [`Metrics::instrument`] puts on the MCP router.
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `graph_relay_runs` | gauge | `status` (`queued`, `running`) | runs in the queue now |
+//! | `graph_relay_queue_depth` | gauge | | queued runs (all owners) |
+//! | `graph_relay_queue_oldest_seconds` | gauge | | age of the oldest queued run (0 when none) |
+//! | `graph_relay_runs_finished_total` | counter | `status` (`completed`, `failed`, `cancelled`) | runs that finished since the server started |
+//! | `graph_relay_pickup_latency_seconds` | histogram | | queued → running, observed when the run finishes |
+//! | `graph_relay_cancel_latency_seconds` | histogram | | cancel requested → run finished, for the runs whose agent asked to cancel them |
+//! | `graph_relay_desktops_online` | gauge | | desktops heard from within three expected sync gaps |
+//! | `graph_relay_desktops_known` | gauge | | desktops ever seen |
+//! | `graph_relay_held_requests` | gauge | | requests parked on the queue's wake-ups now: held syncs and control polls, `wait_seconds` calls, listen streams |
+//! | `graph_relay_mcp_sessions` | gauge | | initialize-era MCP sessions |
+//! | `graph_relay_listen_streams` | gauge | | open `subscriptions/listen` streams |
+//! | `graph_relay_http_requests_total` | counter | `route`, `method`, `status` | answered HTTP requests by route pattern (`unmatched` for unknown paths) |
+//! | `graph_relay_metrics_store_errors_total` | counter | | scrapes whose store figures could not be read |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use graph_relay_core::Clock;
+use graph_relay_core::time::{SystemClock, Timestamp};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::HttpState;
+
+/// The path of the metrics endpoint.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// How far behind the present a scrape counts finished runs.
+pub const SETTLE: Duration = Duration::from_secs(2);
+
+/// Upper bounds (seconds) of the latency histograms' buckets: from a
+/// long-polling desktop's milliseconds to an offline desktop's minutes.
+const PICKUP_BUCKETS: [f64; 16] = [
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0,
+];
+
+/// The queue's figures as a store can tell them at scrape time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueSnapshot {
+    /// Queued runs.
+    pub queued: u64,
+    /// Running runs.
+    pub running: u64,
+    /// Age of the oldest queued run.
+    pub oldest_queued: Option<Duration>,
+    /// Desktops heard from recently enough to count as online.
+    pub desktops_online: u64,
+    /// Desktops ever seen.
+    pub desktops_known: u64,
+    /// Runs that finished in the interval asked for.
+    pub finished: Vec<FinishedSample>,
+}
+
+/// One finished run, as the metrics count it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedSample {
+    /// `completed`, `failed` or `cancelled`.
+    pub status: String,
+    /// Queued → running, if it ran.
+    pub pickup: Option<Duration>,
+    /// Cancel requested → finished, if its agent asked to cancel it.
+    pub cancel: Option<Duration>,
+}
+
+/// A store's figures for the metrics (the SQLite store offers them; a
+/// server without a source exposes the HTTP and in-process metrics only).
+#[async_trait]
+pub trait QueueFigures: Send + Sync {
+    /// The figures at `now`, with the runs that finished after `after` and
+    /// no later than `until`.
+    async fn snapshot(
+        &self,
+        now: Timestamp,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> Result<QueueSnapshot, String>;
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    route: String,
+    method: String,
+    status: String,
+}
+
+/// The registry and its metrics.
+pub struct Metrics {
+    registry: Registry,
+    runs: Family<StatusLabels, Gauge>,
+    queue_depth: Gauge,
+    queue_oldest: Gauge<f64, AtomicU64>,
+    finished: Family<StatusLabels, Counter>,
+    pickup: Histogram,
+    cancel: Histogram,
+    desktops_online: Gauge,
+    desktops_known: Gauge,
+    held: Gauge,
+    sessions: Gauge,
+    listen_streams: Gauge,
+    http_requests: Family<HttpLabels, Counter>,
+    store_errors: Counter,
+    figures: Option<Arc<dyn QueueFigures>>,
+    /// Finished runs up to this time are counted.
+    counted_until: tokio::sync::Mutex<Timestamp>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("figures", &self.figures.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// Metrics whose queue figures come from `figures` (if any); runs that
+    /// finished before now are not counted.
+    pub fn new(figures: Option<Arc<dyn QueueFigures>>) -> Self {
+        let mut registry = Registry::default();
+        let runs = Family::<StatusLabels, Gauge>::default();
+        registry.register(
+            "graph_relay_runs",
+            "Runs in the queue now, by status (queued, running)",
+            runs.clone(),
+        );
+        let queue_depth = Gauge::default();
+        registry.register(
+            "graph_relay_queue_depth",
+            "Queued runs, all owners",
+            queue_depth.clone(),
+        );
+        let queue_oldest = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "graph_relay_queue_oldest_seconds",
+            "Age of the oldest queued run in seconds (0 when none)",
+            queue_oldest.clone(),
+        );
+        let finished = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "graph_relay_runs_finished",
+            "Runs that finished since the server started, by status",
+            finished.clone(),
+        );
+        let pickup = Histogram::new(PICKUP_BUCKETS);
+        registry.register(
+            "graph_relay_pickup_latency_seconds",
+            "Queued to running, observed when the run finishes",
+            pickup.clone(),
+        );
+        let cancel = Histogram::new(PICKUP_BUCKETS);
+        registry.register(
+            "graph_relay_cancel_latency_seconds",
+            "Cancel requested to run finished, for runs their agent asked to cancel",
+            cancel.clone(),
+        );
+        let desktops_online = Gauge::default();
+        registry.register(
+            "graph_relay_desktops_online",
+            "Desktops heard from within three expected sync gaps",
+            desktops_online.clone(),
+        );
+        let desktops_known = Gauge::default();
+        registry.register(
+            "graph_relay_desktops_known",
+            "Desktops ever seen",
+            desktops_known.clone(),
+        );
+        let held = Gauge::default();
+        registry.register(
+            "graph_relay_held_requests",
+            "Requests parked on the queue's wake-ups (held syncs and control polls, waiting calls, listen streams)",
+            held.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register(
+            "graph_relay_mcp_sessions",
+            "Initialize-era MCP sessions",
+            sessions.clone(),
+        );
+        let listen_streams = Gauge::default();
+        registry.register(
+            "graph_relay_listen_streams",
+            "Open subscriptions/listen streams",
+            listen_streams.clone(),
+        );
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        registry.register(
+            "graph_relay_http_requests",
+            "Answered HTTP requests by route pattern, method and status",
+            http_requests.clone(),
+        );
+        let store_errors = Counter::default();
+        registry.register(
+            "graph_relay_metrics_store_errors",
+            "Scrapes whose store figures could not be read",
+            store_errors.clone(),
+        );
+        Self {
+            registry,
+            runs,
+            queue_depth,
+            queue_oldest,
+            finished,
+            pickup,
+            cancel,
+            desktops_online,
+            desktops_known,
+            held,
+            sessions,
+            listen_streams,
+            http_requests,
+            store_errors,
+            figures,
+            counted_until: tokio::sync::Mutex::new(SystemClock.now()),
+        }
+    }
+
+    /// `router` with every answered request counted by route pattern,
+    /// method and status.
+    pub fn instrument(self: &Arc<Self>, router: Router) -> Router {
+        router.layer(axum::middleware::from_fn_with_state(
+            self.clone(),
+            count_request,
+        ))
+    }
+
+    /// The router of the metrics listener bound at `local`: `GET /metrics`
+    /// reading `state`. On a loopback listener only a loopback `Host` with
+    /// its port is answered (403 otherwise), so a web page cannot read the
+    /// figures through DNS rebinding.
+    pub fn router(self: &Arc<Self>, state: HttpState, local: SocketAddr) -> Router {
+        Router::new()
+            .route(METRICS_PATH, axum::routing::get(scrape))
+            .with_state(Scrape {
+                metrics: self.clone(),
+                state,
+                local,
+            })
+    }
+
+    /// Brings every gauge up to date and returns the text exposition.
+    pub async fn render(&self, state: &HttpState) -> String {
+        self.refresh(state).await;
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            // Writing into a String does not fail; keep what was written.
+            tracing::warn!("metrics: encoding failed");
+        }
+        text
+    }
+
+    async fn refresh(&self, state: &HttpState) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.held
+            .set(gauge(state.mcp().queue().signals().waiting()));
+        self.sessions.set(gauge(state.session_count()));
+        self.listen_streams.set(gauge(state.listen_count()));
+        let Some(figures) = &self.figures else {
+            return;
+        };
+        // One scrape at a time counts finished runs, each exactly once.
+        let mut counted_until = self.counted_until.lock().await;
+        let now = SystemClock.now();
+        let until = now.minus(SETTLE).max(*counted_until);
+        match figures.snapshot(now, *counted_until, until).await {
+            Ok(snapshot) => {
+                *counted_until = until;
+                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                for (status, n) in [("queued", snapshot.queued), ("running", snapshot.running)] {
+                    self.runs
+                        .get_or_create(&StatusLabels {
+                            status: status.into(),
+                        })
+                        .set(count(n));
+                }
+                self.queue_depth.set(count(snapshot.queued));
+                self.queue_oldest
+                    .set(snapshot.oldest_queued.map_or(0.0, |d| d.as_secs_f64()));
+                self.desktops_online.set(count(snapshot.desktops_online));
+                self.desktops_known.set(count(snapshot.desktops_known));
+                for status in ["completed", "failed", "cancelled"] {
+                    // Present from the first scrape, so rates start at 0.
+                    let _ = self.finished.get_or_create(&StatusLabels {
+                        status: status.into(),
+                    });
+                }
+                for run in snapshot.finished {
+                    self.finished
+                        .get_or_create(&StatusLabels { status: run.status })
+                        .inc();
+                    if let Some(pickup) = run.pickup {
+                        self.pickup.observe(pickup.as_secs_f64());
+                    }
+                    if let Some(cancel) = run.cancel {
+                        self.cancel.observe(cancel.as_secs_f64());
+                    }
+                }
+            }
+            Err(e) => {
+                self.store_errors.inc();
+                tracing::warn!(error = %e, "metrics: cannot read the queue's figures");
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Scrape {
+    metrics: Arc<Metrics>,
+    state: HttpState,
+    local: SocketAddr,
+}
+
+/// Whether `host` (a `Host` header) may read the metrics of `local`.
+fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
+    if !local.ip().is_loopback() {
+        return true;
+    }
+    let port = local.port();
+    host.is_some_and(|h| {
+        [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+        ]
+        .iter()
+        .any(|allowed| allowed.eq_ignore_ascii_case(h))
+    })
+}
+
+async fn scrape(State(scrape): State<Scrape>, headers: axum::http::HeaderMap) -> Response {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if !host_allowed(host, scrape.local) {
+        return (StatusCode::FORBIDDEN, "Host not allowed\n").into_response();
+    }
+    let text = scrape.metrics.render(&scrape.state).await;
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn count_request(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    // A fixed set: a client inventing methods must not grow the label set.
+    let method = match request.method().as_str() {
+        m @ ("GET" | "POST" | "DELETE" | "HEAD" | "OPTIONS" | "PUT" | "PATCH") => m,
+        _ => "other",
+    }
+    .to_owned();
+    let response = next.run(request).await;
+    metrics
+        .http_requests
+        .get_or_create(&HttpLabels {
+            route,
+            method,
+            status: response.status().as_u16().to_string(),
+        })
+        .inc();
+    response
+}
