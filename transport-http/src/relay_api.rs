@@ -8,14 +8,15 @@
 //! touches another owner's projects or another device's commands.
 //!
 //! # Held requests
-//! A long-poll sync subscribes to [`Topic::DeviceWork`] *before* it syncs;
-//! if the sync found nothing it waits until the topic fires (then answers at
-//! once with what is queued for the project, possibly nothing, so the relay
-//! starts a fresh pass), until the hold bound passes, or until a periodic
-//! look at the store (every [`RelayApiConfig::recheck`]) finds a command
-//! queued by another process on the same database. A long-poll control
-//! request does the same on [`Topic::Command`] and answers as soon as
-//! cancellation is requested or the command ended.
+//! A long-poll sync or control request is a core [`Hold`] made by
+//! [`Queue::sync_hold`] or [`Queue::control_hold`]: it subscribes to the
+//! topics that can change its answer *before* it looks, answers at once
+//! when work is queued (sync) or cancellation was requested or the command
+//! ended (control), and otherwise waits until a topic fires (a sync then
+//! answers with what is queued, possibly nothing, so the relay starts a
+//! fresh pass), until the hold bound passes, or until a periodic look at
+//! the store (every [`RelayApiConfig::recheck`] at most) finds a change
+//! made by another process on the same database.
 
 use std::time::Duration;
 
