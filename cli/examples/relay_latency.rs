@@ -30,10 +30,8 @@ use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
-use graph_relay_transport_http::relay_client::{
-    DriverOptions, HttpRelayConfig, HttpRelayTransport, RelayDriver,
-};
-use graph_relay_transport_http::{HttpConfig, HttpState, router};
+use graph_relay_transport_http::relay_client::{HttpRelayConfig, HttpRelayTransport, RelayDriver};
+use graph_relay_transport_http::{HttpConfig, HttpState, TokioSleeper, router};
 use tokio::sync::mpsc;
 
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";
@@ -162,7 +160,6 @@ async fn main() {
         HttpRelayTransport::new(HttpRelayConfig::new(format!("http://{addr}"), DEVICE_TOKEN))
             .expect("client");
     let outbox = SqliteOutbox::open(dir.path().join("outbox.db")).expect("outbox");
-    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     let driver = RelayDriver::new(
         Relay::new(RelayConfig::default(), shared, SystemClock.now()),
         Arc::new(transport),
@@ -171,11 +168,10 @@ async fn main() {
             started: started_tx,
         }),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let relay = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },

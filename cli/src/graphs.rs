@@ -41,6 +41,7 @@ use std::time::{Duration, SystemTime};
 
 use graph_relay_core::ids::{GraphSessionId, ProjectId};
 use graph_relay_core::relay::SharedSet;
+use graph_relay_core::relay::driver::SharedSetSender;
 use graph_relay_core::session::SessionMeta;
 use serde::Deserialize;
 
@@ -315,16 +316,13 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 pub async fn watch(
     path: PathBuf,
     every: Duration,
-    shared: tokio::sync::watch::Sender<SharedSet>,
+    shared: SharedSetSender,
     specs: SpecTable,
     mut report: impl FnMut(String) + Send,
 ) {
     let mut last = stamp(&path);
     loop {
         tokio::time::sleep(every).await;
-        if shared.is_closed() {
-            return;
-        }
         let now = stamp(&path);
         if now == last {
             continue;
@@ -337,7 +335,10 @@ pub async fn watch(
                     *table = graphs.specs;
                 }
                 let warning = nothing_shared_warning(&path, &graphs.shared);
-                shared.send_replace(graphs.shared);
+                if !shared.send(graphs.shared) {
+                    // The driver has ended.
+                    return;
+                }
                 report(format!(
                     "graphs: reloaded {} ({count} graph(s))",
                     path.display()

@@ -21,9 +21,9 @@ use graph_relay_core::executor::{Approver, Executor};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::SqliteOutbox;
+use graph_relay_transport_http::TokioSleeper;
 use graph_relay_transport_http::relay_client::{
-    DriverEvent, DriverOptions, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver,
-    RelayTransport,
+    DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
 };
 
 use crate::approval::HookApprover;
@@ -263,13 +263,10 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             Mode::Interval => RelayMode::Interval,
         },
         seed: uuid::Uuid::new_v4().as_u128() as u64,
+        shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
         ..RelayConfig::default()
     };
     let relay = Relay::new(config, graphs.shared.clone(), clock.now());
-    let options = DriverOptions {
-        shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
-    };
-    let (shared_tx, shared_rx) = tokio::sync::watch::channel(graphs.shared);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -286,8 +283,16 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             ),
             None => (process, Arc::new(hook)),
         };
-        let driver = RelayDriver::new(relay, transport, outbox.clone(), executor, clock, options)
-            .with_approver(approver);
+        let driver = RelayDriver::new(
+            relay,
+            transport,
+            outbox.clone(),
+            executor,
+            clock,
+            Arc::new(TokioSleeper),
+        )
+        .with_approver(approver);
+        let shared_tx = driver.shared_set_sender();
         if let Some(console) = &console {
             console.attach(driver.local_canceller());
             status(&format!(
@@ -319,7 +324,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         }
         let mut reach = Reachability::default();
         driver
-            .run(shared_rx, crate::shutdown_signal(), |event| {
+            .run(crate::shutdown_signal(), |event| {
                 if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
                     console.observe(event);
                 }
@@ -462,15 +467,20 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             RelayEvent::Dropped { command, reason } => {
                 format!("report for {command} dropped: {reason}")
             }
+            RelayEvent::Stopping { running } => match running {
+                Some(c) => format!("stopping: cancelling {c}"),
+                None => "stopping".into(),
+            },
+            RelayEvent::GaveUpWaiting { command } => {
+                format!(
+                    "stopping: gave up waiting for {command} (its report stays in the outbox if stored)"
+                )
+            }
+            RelayEvent::Stopped { delivered, kept } => {
+                format!("outbox flushed: {delivered} delivered, {kept} kept")
+            }
         },
         DriverEvent::OutboxError(e) => format!("outbox: {e}"),
-        DriverEvent::Stopping { running } => match running {
-            Some(c) => format!("stopping: cancelling {c}"),
-            None => "stopping".into(),
-        },
-        DriverEvent::Flushed { delivered, kept } => {
-            format!("outbox flushed: {delivered} delivered, {kept} kept")
-        }
     })
 }
 

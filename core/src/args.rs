@@ -24,6 +24,44 @@ pub struct RunArgs {
     pub idempotency_key: IdempotencyKey,
 }
 
+impl RunArgs {
+    /// The arguments of a run, checked as `run_graph_session` checks them:
+    /// `arguments` must be a JSON object of at most
+    /// [`MAX_ARGUMENTS_BYTES`] bytes of compact JSON.
+    pub fn new(
+        graph_session_id: GraphSessionId,
+        arguments: Value,
+        idempotency_key: IdempotencyKey,
+    ) -> Result<Self, ArgError> {
+        Ok(Self {
+            graph_session_id,
+            arguments: checked_arguments(&arguments)?,
+            idempotency_key,
+        })
+    }
+}
+
+/// The `arguments` of a run, if they are an object within the size limit.
+fn checked_arguments(value: &Value) -> Result<Map<String, Value>, ArgError> {
+    let Value::Object(map) = value else {
+        return Err(ArgError::WrongType {
+            field: "arguments",
+            expected: "an object",
+        });
+    };
+    let size = serde_json::to_vec(map)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_ARGUMENTS_BYTES {
+        return Err(ArgError::TooLarge {
+            field: "arguments",
+            size,
+            limit: MAX_ARGUMENTS_BYTES,
+        });
+    }
+    Ok(map.clone())
+}
+
 /// Arguments of `list_graph_sessions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListArgs {
@@ -185,25 +223,7 @@ impl ToolArgs {
                 let idempotency_key = IdempotencyKey::parse(f.string("idempotency_key")?)?;
                 let arguments = match f.map.get("arguments") {
                     None => Map::new(),
-                    Some(Value::Object(map)) => {
-                        let size = serde_json::to_vec(map)
-                            .map(|v| v.len())
-                            .unwrap_or(usize::MAX);
-                        if size > MAX_ARGUMENTS_BYTES {
-                            return Err(ArgError::TooLarge {
-                                field: "arguments",
-                                size,
-                                limit: MAX_ARGUMENTS_BYTES,
-                            });
-                        }
-                        map.clone()
-                    }
-                    Some(_) => {
-                        return Err(ArgError::WrongType {
-                            field: "arguments",
-                            expected: "an object",
-                        });
-                    }
+                    Some(value) => checked_arguments(value)?,
                 };
                 Ok(Self::Run(RunArgs {
                     graph_session_id,
@@ -259,6 +279,31 @@ mod tests {
 
     fn run(v: Value) -> Result<ToolArgs, ArgError> {
         ToolArgs::decode(ToolKind::RunGraphSession, Some(&v), None)
+    }
+
+    #[test]
+    fn run_args_built_in_code_are_checked_as_decoded_ones() {
+        let (gs, key) = (
+            GraphSessionId::parse(GS).unwrap(),
+            IdempotencyKey::parse("key-0001").unwrap(),
+        );
+        let ok = RunArgs::new(gs.clone(), json!({"a": 1}), key.clone()).unwrap();
+        assert_eq!(ok.arguments.get("a"), Some(&json!(1)));
+        assert!(matches!(
+            RunArgs::new(gs.clone(), json!([1]), key.clone()),
+            Err(ArgError::WrongType {
+                field: "arguments",
+                ..
+            })
+        ));
+        let huge = json!({"x": "y".repeat(MAX_ARGUMENTS_BYTES)});
+        assert!(matches!(
+            RunArgs::new(gs, huge, key),
+            Err(ArgError::TooLarge {
+                field: "arguments",
+                ..
+            })
+        ));
     }
 
     #[test]

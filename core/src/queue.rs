@@ -537,6 +537,12 @@ pub struct ControlAnswer {
 }
 
 impl ControlAnswer {
+    /// True when the relay has something to act on: cancellation was
+    /// requested or the command ended (a held control request answers then).
+    pub fn is_settled(&self) -> bool {
+        self.cancel_requested || self.status.is_terminal()
+    }
+
     /// The answer for `command` as it stands.
     pub fn of(command: &CommandRecord) -> Self {
         Self {
@@ -898,6 +904,65 @@ impl Queue {
             recheck: self.config.hold_recheck,
             answer_on_notify: true,
         }
+    }
+
+    /// A relay's sync, held when it asks for long-poll and nothing is
+    /// queued: [`Queue::sync`], then (if `request.long_poll` and it found
+    /// nothing) the hold of [`Queue::sync_hold`], shaped by `limit` (a
+    /// transport cuts it to its own bound), sleeping on `sleeper`. The
+    /// answer is what is queued when the hold ends, possibly nothing. The
+    /// HTTP relay API and the in-process transport both answer with it.
+    pub async fn sync_held(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        limit: impl FnOnce(Hold) -> Hold,
+        sleeper: &dyn Sleeper,
+    ) -> Result<SyncResponse, SyncError> {
+        let mut response = self.sync(device, request).await?;
+        if request.long_poll && response.commands.is_empty() {
+            let hold = limit(self.sync_hold(device));
+            response.commands = hold
+                .run(&self.signals, &*self.clock, sleeper, || async {
+                    let commands = self.queued_for(device, &request.project).await?;
+                    Ok::<_, StoreError>(if commands.is_empty() {
+                        Look::NotYet(commands)
+                    } else {
+                        Look::Ready(commands)
+                    })
+                })
+                .await?;
+        }
+        Ok(response)
+    }
+
+    /// A relay's control request, held when it asks for long-poll and there
+    /// is nothing to say yet: [`Queue::control`] (which renews the lease),
+    /// then the hold of [`Queue::control_hold`] shaped by `limit`, until
+    /// cancellation is requested or the command ended. Each look of the
+    /// hold only reads.
+    pub async fn control_held(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        long_poll: bool,
+        limit: impl FnOnce(Hold) -> Hold,
+        sleeper: &dyn Sleeper,
+    ) -> Result<ControlAnswer, ControlError> {
+        let answer = self.control(device, id).await?;
+        if !long_poll || answer.is_settled() {
+            return Ok(answer);
+        }
+        let hold = limit(self.control_hold(id));
+        hold.run(&self.signals, &*self.clock, sleeper, || async {
+            let answer = self.peek_control(device, id).await?;
+            Ok(if answer.is_settled() {
+                Look::Ready(answer)
+            } else {
+                Look::NotYet(answer)
+            })
+        })
+        .await
     }
 
     /// How an agent's wait for run `id` is held: for `wait`, looking again

@@ -48,6 +48,19 @@ pub struct InvalidSession {
 }
 
 impl SessionMeta {
+    /// A session named `name` with the stable short name `slug`, status
+    /// `ready`, no description and no version label.
+    pub fn new(graph_session_id: GraphSessionId, name: &str, slug: &str) -> Self {
+        Self {
+            graph_session_id,
+            name: name.into(),
+            description: "".into(),
+            slug: slug.into(),
+            version: "".into(),
+            status: "ready".into(),
+        }
+    }
+
     /// Checks the length rules; `index` is the position used in the error.
     pub fn validate(&self, index: usize) -> Result<(), InvalidSession> {
         let fields: [(&'static str, &str, usize, usize, &'static str); 5] = [

@@ -25,15 +25,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use graph_relay_core::command::CommandRecord;
 use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::envelope::ResultEnvelope;
-use graph_relay_core::hold::{Hold, Look};
-use graph_relay_core::ids::{CommandId, ProjectId};
+use graph_relay_core::hold::Hold;
+use graph_relay_core::ids::CommandId;
 use graph_relay_core::principal::Device;
 use graph_relay_core::queue::{
-    CompleteAck, CompleteError, ControlAnswer, ControlError, DeclineAck, DeclineError, ProgressAck,
-    ProgressError, Queue, StartError, SyncError, SyncRequest,
+    CompleteAck, CompleteError, ControlError, DeclineAck, DeclineError, ProgressAck, ProgressError,
+    StartError, SyncError, SyncRequest,
 };
 use graph_relay_core::store::StoreError;
 use serde::de::DeserializeOwned;
@@ -246,52 +245,31 @@ pub(crate) async fn sync(
         restarted: body.restarted,
         running: body.running_command_id,
     };
-    let response = queue.sync(&device, &request).await.map_err(|e| {
-        match e {
-            SyncError::Store(e) => ApiError::store(&e),
-            e @ SyncError::TooManyProjects { .. } => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "too_many_projects",
-                e.to_string(),
-            ),
-            other => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_sessions",
-                other.to_string(),
-            ),
-        }
-        .into_response()
-    })?;
-    let mut commands = response.commands;
-    if request.long_poll && commands.is_empty() {
-        commands = hold_sync(&state, &device, &request.project)
-            .await
-            .map_err(|e| ApiError::store(&e).into_response())?;
-    }
+    let limit = |hold| bounded(&state, hold);
+    let response = queue
+        .sync_held(&device, &request, limit, &TokioSleeper)
+        .await
+        .map_err(|e| {
+            match e {
+                SyncError::Store(e) => ApiError::store(&e),
+                e @ SyncError::TooManyProjects { .. } => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "too_many_projects",
+                    e.to_string(),
+                ),
+                other => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_sessions",
+                    other.to_string(),
+                ),
+            }
+            .into_response()
+        })?;
+    let commands = response.commands;
     Ok(axum::Json(SyncReply {
         commands: commands.iter().map(WireCommand::from_record).collect(),
         poll_after_seconds: response.poll_after.as_secs(),
     }))
-}
-
-/// A long-poll sync that found nothing, held by the queue's rule
-/// ([`Queue::sync_hold`]) within this transport's bound.
-async fn hold_sync(
-    state: &HttpState,
-    device: &Device,
-    project: &ProjectId,
-) -> Result<Vec<CommandRecord>, StoreError> {
-    let queue: &Queue = state.mcp().queue();
-    let hold = bounded(state, queue.sync_hold(device));
-    hold.run(queue.signals(), &**queue.clock(), &TokioSleeper, || async {
-        let commands = queue.queued_for(device, project).await?;
-        Ok(if commands.is_empty() {
-            Look::NotYet(commands)
-        } else {
-            Look::Ready(commands)
-        })
-    })
-    .await
 }
 
 /// `hold` within this transport's bound ([`RelayApiConfig::hold`], and
@@ -353,41 +331,15 @@ pub(crate) async fn control(
         }
         .into_response()
     };
-    let mut answer = queue.control(&device, &id).await.map_err(control_error)?;
-    if body.long_poll && !settled(&answer) {
-        answer = hold_control(&state, &device, &id)
-            .await
-            .map_err(control_error)?;
-    }
+    let limit = |hold| bounded(&state, hold);
+    let answer = queue
+        .control_held(&device, &id, body.long_poll, limit, &TokioSleeper)
+        .await
+        .map_err(control_error)?;
     Ok(axum::Json(ControlReply {
         cancel_requested: answer.cancel_requested,
         status: answer.status.as_str().to_owned(),
     }))
-}
-
-fn settled(answer: &ControlAnswer) -> bool {
-    answer.cancel_requested || answer.status.is_terminal()
-}
-
-/// A long-poll control request with nothing to say yet, held by the
-/// queue's rule ([`Queue::control_hold`]) within this transport's bound.
-/// Each look only reads (it neither renews the lease nor touches the device).
-async fn hold_control(
-    state: &HttpState,
-    device: &Device,
-    id: &CommandId,
-) -> Result<ControlAnswer, ControlError> {
-    let queue: &Queue = state.mcp().queue();
-    let hold = bounded(state, queue.control_hold(id));
-    hold.run(queue.signals(), &**queue.clock(), &TokioSleeper, || async {
-        let answer = queue.peek_control(device, id).await?;
-        Ok(if settled(&answer) {
-            Look::Ready(answer)
-        } else {
-            Look::NotYet(answer)
-        })
-    })
-    .await
 }
 
 /// `POST /commands/{id}/complete`.

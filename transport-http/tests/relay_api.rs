@@ -16,11 +16,10 @@ use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
 use graph_relay_transport_http::relay_client::{
-    DriverEvent, DriverOptions, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver,
-    RelayTransport,
+    DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
 };
 use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX, openapi};
-use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, router};
+use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, TokioSleeper, router};
 use serde_json::{Value, json};
 
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";
@@ -933,7 +932,6 @@ async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_out
     let executor = Arc::new(EchoExecutor(Mutex::new(Vec::new())));
     let mut shared = SharedSet::new();
     shared.share(ProjectId::parse("p1").unwrap(), session());
-    let (shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
     let driver = RelayDriver::new(
         relay,
@@ -941,13 +939,12 @@ async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_out
         outbox.clone(),
         executor.clone(),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },
@@ -989,7 +986,6 @@ async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_out
         .filter(|e| matches!(e, DriverEvent::Relay(RelayEvent::DeliveryFailed { .. })))
         .count();
     assert_eq!(failures, 2, "{:?}", events.lock().unwrap());
-    drop(shared_tx);
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
@@ -1000,7 +996,7 @@ async fn the_driver_runs_a_command_and_redelivers_a_lost_completion_from_the_out
             .lock()
             .unwrap()
             .iter()
-            .any(|e| matches!(e, DriverEvent::Flushed { kept: 0, .. }))
+            .any(|e| matches!(e, DriverEvent::Relay(RelayEvent::Stopped { kept: 0, .. })))
     );
 }
 
@@ -1153,7 +1149,6 @@ async fn a_report_refused_for_good_is_dropped_from_the_outbox_with_the_servers_m
         Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
     let mut shared = SharedSet::new();
     shared.share(ProjectId::parse("p1").unwrap(), session());
-    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     let relay = Relay::new(
         RelayConfig {
             mode: graph_relay_core::relay::RelayMode::Interval,
@@ -1168,13 +1163,12 @@ async fn a_report_refused_for_good_is_dropped_from_the_outbox_with_the_servers_m
         outbox.clone(),
         Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },
@@ -1216,7 +1210,6 @@ async fn the_first_sync_of_a_driver_says_it_restarted_and_later_ones_do_not() {
         Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
     let mut shared = SharedSet::new();
     shared.share(ProjectId::parse("p1").unwrap(), session());
-    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     // Long-poll: the stand-in answers every sync at once, so passes follow
     // each other without waiting.
     let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
@@ -1226,11 +1219,10 @@ async fn the_first_sync_of_a_driver_says_it_restarted_and_later_ones_do_not() {
         outbox,
         Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },
@@ -1282,7 +1274,6 @@ async fn a_driver_announces_its_restart_only_once_the_reports_from_before_are_de
         Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
     let mut shared = SharedSet::new();
     shared.share(ProjectId::parse("p1").unwrap(), session());
-    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     let relay = Relay::new(RelayConfig::default(), shared, SystemClock.now());
     let driver = RelayDriver::new(
         relay,
@@ -1290,11 +1281,10 @@ async fn a_driver_announces_its_restart_only_once_the_reports_from_before_are_de
         outbox.clone(),
         Arc::new(EchoExecutor(Mutex::new(Vec::new()))),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },
@@ -1377,7 +1367,6 @@ async fn a_run_whose_lease_lapsed_is_stopped_by_the_driver_and_nothing_is_report
         Arc::new(HttpRelayTransport::new(HttpRelayConfig::new(&s.base, DEVICE)).unwrap());
     let mut shared = SharedSet::new();
     shared.share(ProjectId::parse("p1").unwrap(), session());
-    let (_shared_tx, shared_rx) = tokio::sync::watch::channel(shared.clone());
     let relay = Relay::new(
         RelayConfig {
             mode: graph_relay_core::relay::RelayMode::Interval,
@@ -1395,13 +1384,12 @@ async fn a_run_whose_lease_lapsed_is_stopped_by_the_driver_and_nothing_is_report
             stopped: stopped.clone(),
         }),
         Arc::new(SystemClock),
-        DriverOptions::default(),
+        Arc::new(TokioSleeper),
     );
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(driver.run(
-        shared_rx,
         async move {
             let _ = stop_rx.await;
         },

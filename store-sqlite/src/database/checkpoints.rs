@@ -69,9 +69,22 @@ pub(super) fn wal_hook(wal: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> ru
         });
     }
     if pages >= WRITER_CHECKPOINT_PAGES {
-        // A failure (e.g. another process checkpoints) leaves it to the
+        // The checkpoint thread may hold the checkpoint lock while it is not
+        // scheduled; then the writer's checkpoint is refused at once. The
+        // writer waits for it a little, a pause at a time, so that the
+        // thread gets the CPU and the WAL does not grow meanwhile. Any
+        // other failure (e.g. another process checkpoints) leaves it to the
         // checkpoint thread, as before.
-        let _ = wal.checkpoint_v2(rusqlite::hooks::CheckpointMode::PASSIVE);
+        for _ in 0..WRITER_CHECKPOINT_TRIES {
+            match wal.checkpoint_v2(rusqlite::hooks::CheckpointMode::PASSIVE) {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+                {
+                    std::thread::sleep(WRITER_CHECKPOINT_PAUSE);
+                }
+                _ => break,
+            }
+        }
     }
     Ok(())
 }
@@ -79,6 +92,13 @@ pub(super) fn wal_hook(wal: &rusqlite::hooks::Wal, pages: std::ffi::c_int) -> ru
 /// WAL size (in pages) at which the writer stops leaving the checkpoint to
 /// the checkpoint thread: four times [`CHECKPOINT_PAGES`] (about 16 MB).
 const WRITER_CHECKPOINT_PAGES: i32 = 4 * CHECKPOINT_PAGES;
+
+/// How often the writer tries its own checkpoint while the checkpoint
+/// thread holds the lock, and the pause in between (at most 100 ms of
+/// writer stall per commit, only once the WAL is past
+/// [`WRITER_CHECKPOINT_PAGES`]).
+const WRITER_CHECKPOINT_TRIES: usize = 50;
+const WRITER_CHECKPOINT_PAUSE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// Passive checkpoints in a row, at most, before the `FULL` one.
 const PASSIVE_ROUNDS: usize = 4;

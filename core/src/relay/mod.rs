@@ -119,6 +119,9 @@ use crate::queue::ControlAnswer;
 use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
 use crate::time::{Timestamp, splitmix64};
 
+pub mod driver;
+pub mod in_process;
+
 /// How the relay asks for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RelayMode {
@@ -147,6 +150,10 @@ pub struct RelayConfig {
     pub seed: u64,
     /// Shortest time between two progress posts of one run (1 s).
     pub progress_interval: Duration,
+    /// On shutdown, how long the relay waits for the running command to end
+    /// and its report to be posted before it gives up on it (the outbox
+    /// keeps whatever was stored) (30 s).
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for RelayConfig {
@@ -159,6 +166,26 @@ impl Default for RelayConfig {
             backoff_max: Duration::from_secs(30),
             seed: 0x6772_6170_6872_656c,
             progress_interval: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// A relay in `mode` whose cadence is the one `queue` announces, so the
+    /// queue's hints (`poll_after_seconds`, the offline rule, leases in
+    /// interval mode) agree with what the relay does: the pass interval is
+    /// [`QueueConfig::sync_interval`](crate::queue::QueueConfig::sync_interval),
+    /// the control poll [`QueueConfig::control_interval`](crate::queue::QueueConfig::control_interval)
+    /// and the progress interval [`QueueConfig::progress_interval`](crate::queue::QueueConfig::progress_interval).
+    /// The one place an in-process desktop takes its cadence from.
+    pub fn matching(queue: &crate::queue::QueueConfig, mode: RelayMode) -> Self {
+        Self {
+            mode,
+            pass_interval: queue.sync_interval,
+            control_interval: queue.control_interval,
+            progress_interval: queue.progress_interval,
+            ..Self::default()
         }
     }
 }
@@ -243,6 +270,9 @@ pub const CANCELLED_ON_THE_DESKTOP: &str = "Cancelled on the desktop by the owne
 /// How the error of a run given up because the worker stopped begins.
 pub const WORKER_STOPPED_BEFORE_APPROVAL: &str =
     "The desktop's worker stopped before the owner approved the run";
+/// The error of a run the server granted while the worker was stopping.
+pub const WORKER_STOPPED_BEFORE_START: &str =
+    "The desktop's worker stopped before the Graph started; the Graph did not run.";
 
 /// The owner's answer to [`Action::AskApproval`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,6 +363,16 @@ pub struct ExecutionOutcome {
     pub reported_cost: Option<f64>,
     /// Why it failed.
     pub error: Option<String>,
+}
+
+impl ExecutionOutcome {
+    /// A completed execution with `result` (no tokens, cost or error known).
+    pub fn completed(result: Value) -> Self {
+        Self {
+            result,
+            ..Self::default()
+        }
+    }
 }
 
 /// Something the driver must do.
@@ -571,6 +611,26 @@ pub enum RelayEvent {
         /// The server's reason.
         reason: String,
     },
+    /// Shutdown began ([`Relay::handle_shutdown`]): nothing new is synced or
+    /// claimed; the running command, if any, is being stopped.
+    Stopping {
+        /// The command running at that moment.
+        running: Option<CommandId>,
+    },
+    /// The running command did not end and report within
+    /// [`RelayConfig::shutdown_timeout`]; the relay stops without it.
+    GaveUpWaiting {
+        /// The command.
+        command: CommandId,
+    },
+    /// The relay stopped ([`Relay::is_stopped`]) after one last delivery
+    /// attempt of the outbox.
+    Stopped {
+        /// Reports delivered (or refused for good and dropped) by that attempt.
+        delivered: usize,
+        /// Reports still in the outbox.
+        kept: usize,
+    },
 }
 
 /// Why a sync brought nothing.
@@ -800,8 +860,22 @@ pub struct Relay {
     /// before their first sync; forgotten after an empty sync succeeded).
     synced: BTreeSet<ProjectId>,
     rng: u64,
+    /// Set by [`Relay::handle_shutdown`].
+    stop: Option<Stop>,
     actions: VecDeque<Action>,
     events: VecDeque<RelayEvent>,
+}
+
+/// How far shutdown got.
+#[derive(Debug, Clone, PartialEq)]
+struct Stop {
+    /// The running command is given up then.
+    deadline: Timestamp,
+    /// The last delivery attempt of the outbox began.
+    flushing: bool,
+    delivered: usize,
+    kept: usize,
+    done: bool,
 }
 
 impl Relay {
@@ -829,6 +903,7 @@ impl Relay {
             outbox_clear: false,
             synced: BTreeSet::new(),
             rng,
+            stop: None,
             actions: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -873,6 +948,17 @@ impl Relay {
         self.in_pass
     }
 
+    /// True once shutdown finished: the running command ended and was
+    /// reported (or was given up after [`RelayConfig::shutdown_timeout`]),
+    /// and the outbox had its last delivery attempt. The driver may return.
+    pub fn is_stopped(&self) -> bool {
+        self.stop.as_ref().is_some_and(|s| s.done)
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.is_some()
+    }
+
     /// The next thing to do, if any.
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
@@ -887,6 +973,12 @@ impl Relay {
     pub fn poll_timeout(&self) -> Option<Timestamp> {
         let mut deadline: Option<Timestamp> = None;
         let mut consider = |t: Timestamp| deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        if let Some(stop) = &self.stop {
+            if !stop.flushing {
+                consider(stop.deadline);
+            }
+            return deadline;
+        }
         if !self.in_pass {
             match self.config.mode {
                 RelayMode::Interval => consider(self.next_tick),
@@ -924,6 +1016,20 @@ impl Relay {
     /// Timers: a pass tick, a back-off, a control poll, a progress post, the
     /// end of a wait for approval.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        if let Some(stop) = &self.stop {
+            if !stop.flushing && now >= stop.deadline {
+                // Give up on what is still in flight; the outbox keeps any
+                // stored report for the last delivery attempt.
+                if let Some(current) = self.current.take() {
+                    self.events.push_back(RelayEvent::GaveUpWaiting {
+                        command: current.job.command.id,
+                    });
+                }
+                self.awaiting = Awaiting::Nothing;
+                self.drive(now);
+            }
+            return;
+        }
         if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
             && c.approval_until.is_some_and(|t| t <= now)
         {
@@ -949,6 +1055,9 @@ impl Relay {
             return;
         }
         self.shared = shared;
+        if self.stopping() {
+            return;
+        }
         match self.config.mode {
             RelayMode::Interval => {
                 if !self.in_pass {
@@ -1054,6 +1163,19 @@ impl Relay {
         }
         self.awaiting = Awaiting::Nothing;
         match outcome {
+            ClaimOutcome::Granted if self.stopping() => {
+                // The server gave us the command as we stop: it never starts.
+                if let Some(current) = self.current.as_mut() {
+                    current.executing = false;
+                }
+                self.finish_unstarted(
+                    command,
+                    FinishStatus::Failed,
+                    WORKER_STOPPED_BEFORE_START.to_owned(),
+                    now,
+                );
+                return;
+            }
             ClaimOutcome::Granted => {
                 // The re-check again, now that the command is ours: the owner may
                 // have withdrawn consent while the claim was in flight.
@@ -1364,19 +1486,87 @@ impl Relay {
         }
     }
 
-    /// The driver is stopping. A run waiting for approval is given up: the
-    /// prompt is withdrawn and the run ends `failed` with
-    /// [`WORKER_STOPPED_BEFORE_APPROVAL`]. (A run that executes is stopped
-    /// by the driver through its executor.)
+    /// The relay is to stop (the driver's shutdown signal). From now on
+    /// nothing is synced, claimed, polled for control or posted as progress:
+    /// - a held sync is aborted ([`Action::AbortHeldSync`]);
+    /// - a run waiting for approval is given up: the prompt is withdrawn
+    ///   and the run ends `failed` with [`WORKER_STOPPED_BEFORE_APPROVAL`];
+    /// - a run that executes is stopped ([`Action::CancelExecution`]; the
+    ///   executor applies its grace) and reported as it ends;
+    /// - a claim the server grants now never starts: the run ends `failed`
+    ///   with [`WORKER_STOPPED_BEFORE_START`];
+    /// - then every report in the outbox gets one last delivery attempt,
+    ///   after which [`Relay::is_stopped`] is true.
+    ///
+    /// What is still in flight after [`RelayConfig::shutdown_timeout`] is
+    /// given up (the outbox keeps what was stored). Calling it again does
+    /// nothing.
     pub fn handle_shutdown(&mut self, now: Timestamp) {
-        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting)
-            && c.approval_until.is_some()
-        {
-            let command = *command;
-            self.actions.push_back(Action::WithdrawApproval { command });
-            let error = format!("{WORKER_STOPPED_BEFORE_APPROVAL}; the Graph did not run.");
-            self.finish_unstarted(command, FinishStatus::Failed, error, now);
+        if self.stopping() {
+            return;
         }
+        self.stop = Some(Stop {
+            deadline: now.plus(self.config.shutdown_timeout),
+            flushing: false,
+            delivered: 0,
+            kept: 0,
+            done: false,
+        });
+        self.events.push_back(RelayEvent::Stopping {
+            running: self.running(),
+        });
+        self.commands.clear();
+        self.projects.clear();
+        self.unconfirmed = None;
+        if matches!(self.awaiting, Awaiting::Sync { .. }) {
+            self.actions.push_back(Action::AbortHeldSync);
+        }
+        if let (Some(c), Awaiting::Execution(command)) = (&self.current, &self.awaiting) {
+            let command = *command;
+            if c.approval_until.is_some() {
+                self.actions.push_back(Action::WithdrawApproval { command });
+                let error = format!("{WORKER_STOPPED_BEFORE_APPROVAL}; the Graph did not run.");
+                self.finish_unstarted(command, FinishStatus::Failed, error, now);
+            } else if c.executing && !c.cancel_sent {
+                self.actions.push_back(Action::CancelExecution { command });
+            }
+        }
+        if let Some(current) = self.current.as_mut() {
+            current.progress.pending = None;
+        }
+        self.drive(now);
+    }
+
+    /// Shutdown's last steps, once nothing else is awaited: load the outbox,
+    /// post each report once, then stop.
+    fn drive_stop(&mut self) {
+        let Some(stop) = self.stop.as_mut() else {
+            return;
+        };
+        if stop.done || self.awaiting != Awaiting::Nothing {
+            return;
+        }
+        if self.current.is_some() {
+            // The run still executes (or waits for its cancel to land).
+            return;
+        }
+        if !stop.flushing {
+            stop.flushing = true;
+            self.retry_queue.clear();
+            self.awaiting = Awaiting::OutboxLoad;
+            self.actions.push_back(Action::LoadOutbox);
+            return;
+        }
+        if let Some(item) = self.retry_queue.pop_front() {
+            self.awaiting = Awaiting::OutboxPost(item.command);
+            self.actions.push_back(Action::PostReport(item));
+            return;
+        }
+        stop.done = true;
+        let (delivered, kept) = (stop.delivered, stop.kept);
+        self.in_pass = false;
+        self.events
+            .push_back(RelayEvent::Stopped { delivered, kept });
     }
 
     /// The outbox write asked by [`Action::StoreReport`] finished. The report
@@ -1412,6 +1602,12 @@ impl Relay {
         }
         let from_pass_start = matches!(self.awaiting, Awaiting::OutboxPost(_));
         self.awaiting = Awaiting::Nothing;
+        if let Some(stop) = self.stop.as_mut().filter(|s| s.flushing) {
+            match outcome {
+                PostOutcome::Retry(_) => stop.kept += 1,
+                PostOutcome::Acknowledged | PostOutcome::Rejected(_) => stop.delivered += 1,
+            }
+        }
         match outcome {
             PostOutcome::Acknowledged => {
                 self.events.push_back(RelayEvent::Delivered { command });
@@ -1592,6 +1788,9 @@ impl Relay {
     /// Posts the current run's pending progress if its interval has passed
     /// and no post is in flight.
     fn maybe_send_progress(&mut self, now: Timestamp) {
+        if self.stopping() {
+            return;
+        }
         let interval = self.config.progress_interval;
         let Some(current) = self.current.as_mut() else {
             return;
@@ -1645,6 +1844,9 @@ impl Relay {
     }
 
     fn maybe_send_control(&mut self, now: Timestamp) {
+        if self.stopping() {
+            return;
+        }
         let long_poll = self.config.mode == RelayMode::LongPoll;
         let Awaiting::Execution(_) = self.awaiting else {
             return;
@@ -1730,6 +1932,10 @@ impl Relay {
 
     /// Moves the pass forward until it must wait for an answer.
     fn drive(&mut self, now: Timestamp) {
+        if self.stopping() {
+            self.drive_stop();
+            return;
+        }
         loop {
             if self.awaiting != Awaiting::Nothing {
                 return;
@@ -3316,9 +3522,130 @@ mod tests {
                 .unwrap()
                 .starts_with(WORKER_STOPPED_BEFORE_APPROVAL)
         );
-        // Without a run waiting, nothing happens.
-        let (mut r, _) = executing_relay();
+    }
+
+    #[test]
+    fn shutdown_stops_the_run_reports_it_flushes_the_outbox_once_and_then_stops() {
+        let (mut r, c) = executing_relay();
         r.handle_shutdown(secs(1));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        assert!(!r.is_stopped());
+        // Nothing new is asked for while the run ends: no control, no pass.
+        r.handle_timeout(secs(25));
+        assert!(drain(&mut r).is_empty());
+        r.handle_execution_finished(
+            c.id,
+            ExecutionOutcome {
+                status: Some(FinishStatus::Cancelled),
+                ..Default::default()
+            },
+            secs(26),
+        );
+        let a = drain(&mut r);
+        let envelope = stored_completion(&a).expect("the run's report");
+        assert_eq!(envelope.status, FinishStatus::Cancelled);
+        let item = match &a[..] {
+            [Action::StoreReport(item)] => item.clone(),
+            other => panic!("{other:?}"),
+        };
+        r.handle_report_stored(c.id, secs(26));
+        assert_eq!(drain(&mut r), vec![Action::PostReport(item.clone())]);
+        r.handle_report_posted(c.id, PostOutcome::Retry("down".into()), secs(27));
+        // The report stays in the outbox, which gets one last attempt.
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::RecordAttempt(c.id), Action::LoadOutbox]
+        );
+        let older = OutboxItem {
+            command: command_id(9),
+            report: RelayReport::Declined,
+            stored_at: secs(0),
+            attempts: 3,
+        };
+        r.handle_outbox_loaded(vec![older.clone(), item.clone()], secs(27));
+        assert_eq!(drain(&mut r), vec![Action::PostReport(older.clone())]);
+        r.handle_report_posted(older.command, PostOutcome::Acknowledged, secs(27));
+        assert_eq!(
+            drain(&mut r),
+            vec![
+                Action::RemoveReport(older.command),
+                Action::PostReport(item)
+            ]
+        );
+        r.handle_report_posted(c.id, PostOutcome::Retry("still down".into()), secs(28));
+        assert_eq!(drain(&mut r), vec![Action::RecordAttempt(c.id)]);
+        assert!(r.is_stopped());
+        let events: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
+        assert!(events.contains(&RelayEvent::Stopping {
+            running: Some(c.id)
+        }));
+        assert_eq!(
+            events.last(),
+            Some(&RelayEvent::Stopped {
+                delivered: 1,
+                kept: 1
+            })
+        );
+        assert_eq!(r.poll_timeout(), None);
+        // Later calls change nothing.
+        r.handle_shutdown(secs(30));
+        r.handle_timeout(secs(90));
+        assert!(drain(&mut r).is_empty());
+    }
+
+    #[test]
+    fn shutdown_gives_up_a_run_that_does_not_end_in_time() {
+        let (mut r, c) = executing_relay();
+        r.handle_shutdown(secs(1));
+        assert_eq!(
+            drain(&mut r),
+            vec![Action::CancelExecution { command: c.id }]
+        );
+        let deadline = secs(1).plus(RelayConfig::default().shutdown_timeout);
+        assert_eq!(r.poll_timeout(), Some(deadline));
+        r.handle_timeout(deadline);
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], deadline);
+        assert!(r.is_stopped());
+        let events: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
+        assert!(events.contains(&RelayEvent::GaveUpWaiting { command: c.id }));
+    }
+
+    #[test]
+    fn a_claim_granted_while_stopping_never_runs() {
+        let mut r = Relay::new(interval(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        let c = command(1, 1, "a");
+        pass_with(&mut r, secs(0), vec![c.clone()]);
+        r.handle_shutdown(secs(1));
+        assert!(drain(&mut r).is_empty(), "the claim is in flight");
+        r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(2));
+        let a = drain(&mut r);
+        assert!(!a.iter().any(|x| matches!(x, Action::Execute(_))), "{a:?}");
+        let envelope = stored_completion(&a).expect("a completion");
+        assert_eq!(envelope.status, FinishStatus::Failed);
+        assert_eq!(error_of(envelope), Some(WORKER_STOPPED_BEFORE_START));
+    }
+
+    #[test]
+    fn shutdown_aborts_a_held_sync_and_syncs_nothing_more() {
+        let mut r = Relay::new(RelayConfig::default(), shared(&[(1, "a")]), secs(0));
+        r.handle_timeout(secs(0));
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], secs(0));
+        let a = drain(&mut r);
+        assert!(matches!(a.as_slice(), [Action::Sync { .. }]), "{a:?}");
+        r.handle_shutdown(secs(1));
+        assert_eq!(drain(&mut r), vec![Action::AbortHeldSync]);
+        r.handle_sync_response(Err(SyncFailure::Aborted), secs(1));
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], secs(1));
+        assert!(r.is_stopped());
+        r.handle_shared_set(shared(&[(1, "a"), (2, "b")]), secs(2));
+        r.handle_timeout(secs(100));
         assert!(drain(&mut r).is_empty());
     }
 
