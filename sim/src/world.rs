@@ -16,13 +16,11 @@ use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::envelope::FinishStatus;
 use graph_relay_core::executor::ProgressReport;
+use graph_relay_core::hold::Hold;
 use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
-use graph_relay_core::queue::{
-    CompleteError, ControlAnswer, DeclineError, ProgressError, Queue, QueueConfig, RunView,
-    StartError, SyncError, SyncRequest,
-};
+use graph_relay_core::queue::{ControlAnswer, Queue, QueueConfig, RunView, SyncRequest};
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,
     RelayConfig, RelayMode, SharedSet, SyncFailure,
@@ -195,20 +193,23 @@ impl Ord for Scheduled {
     }
 }
 
-/// A long-poll request the server is holding (for the desktop process of `epoch`).
-enum Held {
-    Sync {
-        epoch: u64,
-        project: ProjectId,
-        subscription: Subscription,
-        generation: u64,
-    },
-    Control {
-        epoch: u64,
-        command: CommandId,
-        subscription: Subscription,
-        generation: u64,
-    },
+/// A long-poll request the server is holding (for the desktop process of
+/// `epoch`), under the queue's own [`Hold`] rule: subscribed to its topics
+/// before the look that found nothing, answered with the next look when a
+/// topic fires (both relay holds answer on notify) or at the hold's `until`.
+/// The simulated clock stands in for the hold's timer; the periodic re-look
+/// for writes of other processes has nothing to find in one process.
+struct Held {
+    epoch: u64,
+    kind: HeldKind,
+    subscriptions: Vec<Subscription>,
+    generation: u64,
+}
+
+/// What the held request will look at when it answers.
+enum HeldKind {
+    Sync(ProjectId),
+    Control(CommandId),
 }
 
 /// One simulated world: an owner, one desktop with one project and one
@@ -557,7 +558,7 @@ impl World {
                     }
                 }
                 Action::AbortHeldSync => {
-                    self.held.retain(|h| !matches!(h, Held::Sync { .. }));
+                    self.held.retain(|h| !matches!(h.kind, HeldKind::Sync(_)));
                     self.relay
                         .handle_sync_response(Err(SyncFailure::Aborted), now);
                 }
@@ -775,11 +776,7 @@ impl World {
                 );
             }
             Event::HoldExpired { generation } => {
-                let Some(index) = self.held.iter().position(|h| match h {
-                    Held::Sync { generation: g, .. } | Held::Control { generation: g, .. } => {
-                        *g == generation
-                    }
-                }) else {
+                let Some(index) = self.held.iter().position(|h| h.generation == generation) else {
                     return;
                 };
                 let held = self.held.remove(index);
@@ -794,30 +791,23 @@ impl World {
         let device = self.device.clone();
         match request {
             Request::Sync(request) => {
-                let topic = Topic::DeviceWork(device.owner.clone(), device.id.clone());
-                let subscription = self.queue.signals().subscribe(topic);
+                // Subscribed before the look, as the queue's hold does.
+                let hold = self.queue.sync_hold(&device);
+                let subscriptions = self.subscribe(&hold);
                 let answer = match block_on(self.queue.sync(&device, &request)) {
                     Ok(response) if request.long_poll && response.commands.is_empty() => {
-                        self.hold(Held::Sync {
-                            epoch,
-                            project: request.project,
-                            subscription,
-                            generation: 0,
-                        });
+                        self.hold(epoch, HeldKind::Sync(request.project), subscriptions, &hold);
                         return;
                     }
-                    Ok(response) => Ok(response.commands.iter().map(relay_command).collect()),
-                    Err(e) => {
-                        let retryable = matches!(e, SyncError::Store(_));
-                        Err(refusal(retryable, e).into())
-                    }
+                    Ok(response) => Ok(response.commands.iter().map(RelayCommand::from).collect()),
+                    Err(e) => Err(refusal(e.is_retryable(), e).into()),
                 };
                 self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
             Request::Claim { command, execution } => {
                 let outcome = match block_on(self.queue.start(&device, &command, &execution)) {
                     Ok(_) => ClaimOutcome::Granted,
-                    Err(e) => refusal(matches!(e, StartError::Store(_)), e).into(),
+                    Err(e) => refusal(e.is_retryable(), e).into(),
                 };
                 self.schedule(
                     reply_at,
@@ -825,15 +815,11 @@ impl World {
                 );
             }
             Request::Control { command, long_poll } => {
-                let subscription = self.queue.signals().subscribe(Topic::Command(command));
+                let hold = self.queue.control_hold(&command);
+                let subscriptions = self.subscribe(&hold);
                 let answer = match block_on(self.queue.control(&device, &command)) {
-                    Ok(a) if long_poll && !a.cancel_requested && !a.status.is_terminal() => {
-                        self.hold(Held::Control {
-                            epoch,
-                            command,
-                            subscription,
-                            generation: 0,
-                        });
+                    Ok(a) if long_poll && !a.is_settled() => {
+                        self.hold(epoch, HeldKind::Control(command), subscriptions, &hold);
                         return;
                     }
                     Ok(a) => Ok(a),
@@ -857,7 +843,7 @@ impl World {
                     report.percent,
                 )) {
                     Ok(_) => PostOutcome::Acknowledged,
-                    Err(e) => refusal(matches!(e, ProgressError::Store(_)), e).into(),
+                    Err(e) => refusal(e.is_retryable(), e).into(),
                 };
                 self.schedule(
                     reply_at,
@@ -869,13 +855,13 @@ impl World {
                     RelayReport::Completion { envelope } => {
                         match block_on(self.queue.complete(&device, &item.command, envelope)) {
                             Ok(_) => PostOutcome::Acknowledged,
-                            Err(e) => refusal(matches!(e, CompleteError::Store(_)), e).into(),
+                            Err(e) => refusal(e.is_retryable(), e).into(),
                         }
                     }
                     RelayReport::Declined => {
                         match block_on(self.queue.decline(&device, &item.command)) {
                             Ok(_) => PostOutcome::Acknowledged,
-                            Err(e) => refusal(matches!(e, DeclineError::Store(_)), e).into(),
+                            Err(e) => refusal(e.is_retryable(), e).into(),
                         }
                     }
                 };
@@ -887,29 +873,38 @@ impl World {
         }
     }
 
-    fn hold(&mut self, mut held: Held) {
+    /// Subscriptions to every topic of `hold`.
+    fn subscribe(&self, hold: &Hold) -> Vec<Subscription> {
+        let signals = self.queue.signals();
+        hold.topics
+            .iter()
+            .map(|t| signals.subscribe(t.clone()))
+            .collect()
+    }
+
+    /// Parks a request under `hold` until a topic fires or `hold.until`.
+    fn hold(&mut self, epoch: u64, kind: HeldKind, subscriptions: Vec<Subscription>, hold: &Hold) {
+        debug_assert!(hold.answer_on_notify, "relay holds answer on notify");
         self.hold_generation += 1;
         let generation = self.hold_generation;
-        match &mut held {
-            Held::Sync { generation: g, .. } | Held::Control { generation: g, .. } => {
-                *g = generation
-            }
-        }
-        self.held.push(held);
-        let at = self.now().plus(self.config.hold);
-        self.schedule(at, Event::HoldExpired { generation });
+        self.held.push(Held {
+            epoch,
+            kind,
+            subscriptions,
+            generation,
+        });
+        self.schedule(hold.until, Event::HoldExpired { generation });
     }
 
     /// Answers held requests whose topic was notified.
     fn wake_held(&mut self) {
         let mut index = 0;
         while index < self.held.len() {
-            let ready = match &mut self.held[index] {
-                Held::Sync { subscription, .. } | Held::Control { subscription, .. } => {
-                    subscription.now_or_never().is_some()
-                }
-            };
-            if ready {
+            let notified = self.held[index]
+                .subscriptions
+                .iter_mut()
+                .any(|s| s.now_or_never().is_some());
+            if notified {
                 let held = self.held.remove(index);
                 self.answer_held(held);
             } else {
@@ -921,14 +916,15 @@ impl World {
     fn answer_held(&mut self, held: Held) {
         let reply_at = self.after_latency();
         let device = self.device.clone();
-        match held {
-            Held::Sync { epoch, project, .. } => {
+        let epoch = held.epoch;
+        match held.kind {
+            HeldKind::Sync(project) => {
                 let answer = block_on(self.queue.queued_for(&device, &project))
-                    .map(|cs| cs.iter().map(relay_command).collect())
+                    .map(|cs| cs.iter().map(RelayCommand::from).collect())
                     .map_err(|e| SyncFailure::Network(e.to_string()));
                 self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
-            Held::Control { epoch, command, .. } => {
+            HeldKind::Control(command) => {
                 // As the HTTP server does: the held request renewed the lease
                 // when it arrived; its answer only looks.
                 let answer =
@@ -953,16 +949,4 @@ impl World {
 /// mapping, exactly as over HTTP.
 fn refusal(retryable: bool, error: impl std::fmt::Display) -> Refusal {
     Refusal::new(Some(retryable), error.to_string())
-}
-
-/// What a sync hands the relay for one command.
-pub fn relay_command(c: &CommandRecord) -> RelayCommand {
-    RelayCommand {
-        id: c.id,
-        project: c.project.clone(),
-        graph_session_id: c.graph_session_id.clone(),
-        arguments: (*c.arguments).clone(),
-        slug: c.slug.to_string(),
-        agent: Some(c.agent.clone()),
-    }
 }
