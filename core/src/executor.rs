@@ -29,6 +29,36 @@ use crate::time::Timestamp;
 
 /// Runs jobs. Implementations must return once the job ended, including
 /// after a cancellation (typically with status `cancelled`).
+///
+/// An executor that works in steps, reports progress after each, and stops
+/// between steps when cancelled:
+///
+/// ```
+/// use futures::FutureExt;
+/// use graph_relay_core::envelope::FinishStatus;
+/// use graph_relay_core::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
+/// use graph_relay_core::relay::{ExecutionOutcome, Job};
+///
+/// struct Steps(u32);
+///
+/// #[async_trait::async_trait]
+/// impl Executor for Steps {
+///     async fn execute(&self, job: Job, cancel: CancelSignal, progress: ProgressSink) -> ExecutionOutcome {
+///         let mut cancel = cancel.fuse();
+///         for step in 1..=self.0 {
+///             if (&mut cancel).now_or_never().is_some() {
+///                 return ExecutionOutcome { status: Some(FinishStatus::Cancelled), ..Default::default() };
+///             }
+///             // … one step of real work on job.command.arguments …
+///             progress.report(ProgressReport {
+///                 message: Some(format!("step {step} of {}", self.0)),
+///                 percent: Some(f64::from(step) * 100.0 / f64::from(self.0)),
+///             });
+///         }
+///         ExecutionOutcome::completed(serde_json::json!({"steps": self.0, "slug": job.command.slug}))
+///     }
+/// }
+/// ```
 #[async_trait]
 pub trait Executor: Send + Sync {
     /// Runs `job` to its end. When `cancel` resolves the executor must stop

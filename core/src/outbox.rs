@@ -57,6 +57,49 @@ pub enum OutboxError {
 }
 
 /// Durable storage of pending reports on the desktop.
+///
+/// An implementation keeps at most one item per command and must not lose
+/// an item it acknowledged ([`Outbox::put`] returns once it is durable);
+/// the project methods have defaults for outboxes that do not remember
+/// projects. `graph-relay-store-sqlite` has the durable one; the
+/// [`outbox_conformance_suite!`](crate::outbox_conformance_suite) (feature
+/// `testkit`) checks any other. A minimal one in memory (not durable, so
+/// only for tests):
+///
+/// ```
+/// use std::sync::Mutex;
+/// use graph_relay_core::ids::CommandId;
+/// use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
+///
+/// #[derive(Default)]
+/// struct InMemory(Mutex<Vec<OutboxItem>>);
+///
+/// #[async_trait::async_trait]
+/// impl Outbox for InMemory {
+///     async fn put(&self, item: &OutboxItem) -> Result<(), OutboxError> {
+///         let mut items = self.0.lock().unwrap();
+///         items.retain(|i| i.command != item.command);
+///         items.push(item.clone());
+///         Ok(())
+///     }
+///     async fn pending(&self) -> Result<Vec<OutboxItem>, OutboxError> {
+///         Ok(self.0.lock().unwrap().clone())
+///     }
+///     async fn record_attempt(&self, command: &CommandId) -> Result<(), OutboxError> {
+///         for item in self.0.lock().unwrap().iter_mut().filter(|i| i.command == *command) {
+///             item.attempts += 1;
+///         }
+///         Ok(())
+///     }
+///     async fn remove(&self, command: &CommandId) -> Result<(), OutboxError> {
+///         self.0.lock().unwrap().retain(|i| i.command != *command);
+///         Ok(())
+///     }
+/// }
+///
+/// let outbox = InMemory::default();
+/// assert!(futures::executor::block_on(outbox.pending()).unwrap().is_empty());
+/// ```
 #[async_trait]
 pub trait Outbox: Send + Sync {
     /// Stores `item`, replacing any item for the same command. Returns only

@@ -110,6 +110,25 @@ pub struct PruneReport {
 }
 
 /// Durable state of the queue. See the module docs for the contract.
+///
+/// Three implementations ship (`graph-relay-store-memory`, `-sqlite`,
+/// `-postgres`); a new one, or a wrapper around one, proves itself with the
+/// store conformance suite (feature `testkit`):
+/// `graph_relay_core::store_conformance_suite!(block_on, async { fresh_store() })`
+/// in a test file generates one test per scenario of the contract
+/// (`store-sqlite/tests/conformance.rs` runs it on a wrapper of
+/// `SqliteStore` that owns its temporary file).
+///
+/// The queue uses a store only through this trait:
+///
+/// ```
+/// use std::sync::Arc;
+/// use graph_relay_core::prelude::*;
+///
+/// fn queue_on(store: Arc<dyn Store>) -> Queue {
+///     Queue::new(store, Arc::new(SystemClock), Arc::new(RandomIds), QueueConfig::default())
+/// }
+/// ```
 #[async_trait]
 pub trait Store: Send + Sync {
     /// The live (unexpired at `now`) idempotency key for (owner, agent, key), if any.

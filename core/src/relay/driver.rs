@@ -15,7 +15,7 @@
 //! so a Graph reporting a thousand times a second costs the driver a
 //! bounded queue; the state machine decides when one is posted.
 //!
-//! Transports: transport-http supplies the HTTP one; [`QueueTransport`]
+//! Transports: transport-http supplies the HTTP one; [`QueueTransport`](super::in_process::QueueTransport)
 //! (in [`super::in_process`]) calls a [`Queue`](crate::queue::Queue) in the
 //! same process, long-poll holds included.
 //!
