@@ -62,7 +62,7 @@ pub enum OutboxError {
 /// an item it acknowledged ([`Outbox::put`] returns once it is durable);
 /// the project methods have defaults for outboxes that do not remember
 /// projects. `graph-relay-store-sqlite` has the durable one; the
-/// [`outbox_conformance_suite!`](crate::outbox_conformance_suite) (feature
+/// `outbox_conformance_suite!` (feature
 /// `testkit`) checks any other. A minimal one in memory (not durable, so
 /// only for tests):
 ///
