@@ -414,7 +414,7 @@ fn open_any_store(
             let server = mcp_server(Arc::new(pg.clone()), queue, max_wait_seconds)?;
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
-            let _listener = pg.wakeups(server.queue().signals().clone()).install();
+            let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
             tracing::info!(schema = ?pg.schema(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
             Ok(server)
         }

@@ -7,7 +7,7 @@
 //! ```text
 //!  serve A ─┐                         ┌─ serve B
 //!   Queue ──┼── PostgresStore (pool) ─┼── Queue
-//!   Signals ◄── Wakeups: LISTEN ◄─────┼── NOTIFY graph_relay ◄── Signals
+//!   Signals ◄── SignalBridge: LISTEN ◄─────┼── NOTIFY graph_relay ◄── Signals
 //! ```
 //!
 //! * [`PostgresStore`] keeps commands, idempotency keys, shared sessions
@@ -22,7 +22,7 @@
 //!   recorded in `schema_migrations`, and applied under an advisory lock, so
 //!   servers starting together migrate once; a database migrated by a newer
 //!   build is refused untouched.
-//! * [`Wakeups`] carries the core's [`Signals`](graph_relay_core::signals::Signals)
+//! * [`SignalBridge`] carries the core's [`Signals`](graph_relay_core::signals::Signals)
 //!   across processes: every local notification is published with
 //!   `NOTIFY graph_relay, '<topic>'` and every other process's notification
 //!   wakes the local waiters. Topics travel as `w/<owner>/<device>` and
@@ -38,14 +38,14 @@
 //! most that delay; a delivered one wakes the waiter within a round trip.
 
 mod schema;
+mod signal_bridge;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod wakeups;
 
 pub use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
-pub use crate::store::{ConnectError, DropSchemaError, PostgresOptions, PostgresStore};
-pub use crate::wakeups::{
-    CHANNEL, TopicDecodeError, WakeupForwarder, WakeupHandle, WakeupListener, WakeupStats,
-    WakeupStatus, Wakeups, decode_topic, encode_topic,
+pub use crate::signal_bridge::{
+    CHANNEL, SignalBridge, SignalBridgeHandle, SignalForwarder, SignalListener, SignalStats,
+    SignalStatus, TopicDecodeError, decode_topic, encode_topic,
 };
+pub use crate::store::{ConnectError, DropSchemaError, PostgresOptions, PostgresStore};

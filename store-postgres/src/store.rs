@@ -20,7 +20,7 @@ use graph_relay_core::time::Timestamp;
 use tokio_postgres::{NoTls, Row};
 
 use crate::schema;
-use crate::wakeups::Wakeups;
+use crate::signal_bridge::SignalBridge;
 
 /// How to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,9 +207,9 @@ impl PostgresStore {
     }
 
     /// Cross-instance wake-ups for `signals` on this store's database,
-    /// without TLS. See [`Wakeups`].
-    pub fn wakeups(&self, signals: Arc<Signals>) -> Wakeups<NoTls> {
-        Wakeups::new(self.config.clone(), NoTls, signals)
+    /// without TLS. See [`SignalBridge`].
+    pub fn signal_bridge(&self, signals: Arc<Signals>) -> SignalBridge<NoTls> {
+        SignalBridge::new(self.config.clone(), NoTls, signals)
     }
 
     /// Number of commands stored, in every state.

@@ -214,8 +214,10 @@ impl Relay {
         &self.shared
     }
 
-    /// The command running now, if any.
-    pub fn running(&self) -> Option<CommandId> {
+    /// The command the relay is handling, if any: from its claim until its
+    /// report was acknowledged (it may be waiting for approval, executing,
+    /// or reported and not yet acknowledged, so not necessarily running).
+    pub fn current_command(&self) -> Option<CommandId> {
         self.current.as_ref().map(|c| c.job.command.id)
     }
 
@@ -789,7 +791,7 @@ impl Relay {
             done: false,
         });
         self.events.push_back(RelayEvent::Stopping {
-            running: self.running(),
+            running: self.current_command(),
         });
         self.commands.clear();
         self.projects.clear();

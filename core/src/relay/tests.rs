@@ -1550,7 +1550,7 @@ fn one_command_at_a_time() {
     for c in &cs {
         assert_eq!(a.len(), 1);
         assert!(matches!(&a[0], Action::Claim { command, .. } if *command == c.id));
-        assert!(r.running() == Some(c.id));
+        assert!(r.current_command() == Some(c.id));
         r.handle_claim_response(c.id, ClaimOutcome::Granted, secs(1));
         assert!(matches!(drain(&mut r).as_slice(), [Action::Execute(_)]));
         r.handle_execution_finished(c.id, ExecutionOutcome::default(), secs(2));

@@ -3,12 +3,12 @@
 //! Each server has its own [`Signals`]: a held request subscribes to a
 //! [`Topic`] there, and the queue notifies the topic after a write. With
 //! several servers on one database the write may happen on another server.
-//! [`Wakeups`] closes that gap with one dedicated connection per server:
+//! [`SignalBridge`] closes that gap with one dedicated connection per server:
 //!
-//! * [`WakeupForwarder`], installed with [`Signals::set_forwarder`], hands
+//! * [`SignalForwarder`], installed with [`Signals::set_forwarder`], hands
 //!   every local notification to the listener task without blocking (a
 //!   bounded queue; when it is full the hint is dropped and counted);
-//! * [`WakeupListener::run`] `LISTEN`s on [`CHANNEL`], publishes the queued
+//! * [`SignalListener::run`] `LISTEN`s on [`CHANNEL`], publishes the queued
 //!   topics with `pg_notify` (several per statement), and calls
 //!   [`Signals::notify_local`] for each notification another server sent.
 //!   Its own notifications come back with its own backend process id and
@@ -85,9 +85,9 @@ pub fn decode_topic(payload: &str) -> Result<Topic, TopicDecodeError> {
     }
 }
 
-/// Counters of one [`Wakeups`], for tests and metrics.
+/// Counters of one [`SignalBridge`], for tests and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct WakeupStats {
+pub struct SignalStats {
     /// Topics published with `pg_notify`.
     pub published: u64,
     /// Notifications from other servers, applied to the local waiters.
@@ -137,18 +137,18 @@ impl Shared {
 ///
 /// Either [`install`](Self::install) it (inside a Tokio runtime), or take it
 /// apart with [`into_parts`](Self::into_parts) and run the listener yourself.
-pub struct Wakeups<T> {
-    forwarder: Arc<WakeupForwarder>,
-    listener: WakeupListener<T>,
+pub struct SignalBridge<T> {
+    forwarder: Arc<SignalForwarder>,
+    listener: SignalListener<T>,
 }
 
-impl<T> std::fmt::Debug for Wakeups<T> {
+impl<T> std::fmt::Debug for SignalBridge<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Wakeups").finish_non_exhaustive()
+        f.debug_struct("SignalBridge").finish_non_exhaustive()
     }
 }
 
-impl<T> Wakeups<T>
+impl<T> SignalBridge<T>
 where
     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
     T::Stream: Send + 'static,
@@ -165,11 +165,11 @@ where
             listening: watch::Sender::new(false),
         });
         Self {
-            forwarder: Arc::new(WakeupForwarder {
+            forwarder: Arc::new(SignalForwarder {
                 tx,
                 shared: shared.clone(),
             }),
-            listener: WakeupListener {
+            listener: SignalListener {
                 config,
                 tls,
                 signals,
@@ -180,22 +180,22 @@ where
     }
 
     /// A status handle.
-    pub fn status(&self) -> WakeupStatus {
-        WakeupStatus(self.listener.shared.clone())
+    pub fn status(&self) -> SignalStatus {
+        SignalStatus(self.listener.shared.clone())
     }
 
     /// The forwarder, the listener and a status handle.
-    pub fn into_parts(self) -> (Arc<WakeupForwarder>, WakeupListener<T>, WakeupStatus) {
+    pub fn into_parts(self) -> (Arc<SignalForwarder>, SignalListener<T>, SignalStatus) {
         let status = self.status();
         (self.forwarder, self.listener, status)
     }
 
     /// Installs the forwarder on the signals and spawns the listener on the
     /// current Tokio runtime (panics outside one, like `tokio::spawn`).
-    pub fn install(self) -> WakeupHandle {
+    pub fn install(self) -> SignalBridgeHandle {
         let (forwarder, listener, status) = self.into_parts();
         listener.signals.set_forwarder(forwarder);
-        WakeupHandle {
+        SignalBridgeHandle {
             task: tokio::spawn(listener.run()),
             status,
         }
@@ -205,12 +205,12 @@ where
 /// Publishes local notifications to the other servers (through the listener
 /// task's connection). Never blocks.
 #[derive(Debug)]
-pub struct WakeupForwarder {
+pub struct SignalForwarder {
     tx: mpsc::Sender<String>,
     shared: Arc<Shared>,
 }
 
-impl Forwarder for WakeupForwarder {
+impl Forwarder for SignalForwarder {
     fn forward(&self, topic: &Topic) {
         if self.tx.try_send(encode_topic(topic)).is_err() {
             // Full (the database is slow or gone) or stopped: a hint lost,
@@ -222,7 +222,7 @@ impl Forwarder for WakeupForwarder {
 
 /// The task that owns the dedicated connection: listens, publishes,
 /// reconnects. Run it with [`run`](Self::run).
-pub struct WakeupListener<T> {
+pub struct SignalListener<T> {
     config: tokio_postgres::Config,
     tls: T,
     signals: Arc<Signals>,
@@ -230,13 +230,13 @@ pub struct WakeupListener<T> {
     shared: Arc<Shared>,
 }
 
-impl<T> std::fmt::Debug for WakeupListener<T> {
+impl<T> std::fmt::Debug for SignalListener<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WakeupListener").finish_non_exhaustive()
+        f.debug_struct("SignalListener").finish_non_exhaustive()
     }
 }
 
-impl<T> WakeupListener<T>
+impl<T> SignalListener<T>
 where
     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
     T::Stream: Send + 'static,
@@ -371,11 +371,11 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Observes a [`Wakeups`]: whether it listens, and its counters.
+/// Observes a [`SignalBridge`]: whether it listens, and its counters.
 #[derive(Debug, Clone)]
-pub struct WakeupStatus(Arc<Shared>);
+pub struct SignalStatus(Arc<Shared>);
 
-impl WakeupStatus {
+impl SignalStatus {
     /// Whether the listener is connected and listening now.
     pub fn listening(&self) -> bool {
         *self.0.listening.borrow()
@@ -398,10 +398,10 @@ impl WakeupStatus {
     }
 
     /// The counters now.
-    pub fn stats(&self) -> WakeupStats {
+    pub fn stats(&self) -> SignalStats {
         let c = &self.0.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        WakeupStats {
+        SignalStats {
             published: get(&c.published),
             received: get(&c.received),
             own: get(&c.own),
@@ -412,17 +412,17 @@ impl WakeupStatus {
     }
 }
 
-/// A running listener, from [`Wakeups::install`]. Dropping the handle
+/// A running listener, from [`SignalBridge::install`]. Dropping the handle
 /// leaves it running; [`stop`](Self::stop) ends it.
 #[derive(Debug)]
-pub struct WakeupHandle {
+pub struct SignalBridgeHandle {
     task: tokio::task::JoinHandle<()>,
-    status: WakeupStatus,
+    status: SignalStatus,
 }
 
-impl WakeupHandle {
+impl SignalBridgeHandle {
     /// Its status.
-    pub fn status(&self) -> &WakeupStatus {
+    pub fn status(&self) -> &SignalStatus {
         &self.status
     }
 

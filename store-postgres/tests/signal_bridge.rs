@@ -10,7 +10,7 @@ use std::time::Duration;
 use graph_relay_core::signals::Topic;
 use graph_relay_core::testkit::{World, p1};
 use graph_relay_store_postgres::testing::{TestSchema, url};
-use graph_relay_store_postgres::{ConnectError, PostgresStore, SCHEMA_VERSION, WakeupHandle};
+use graph_relay_store_postgres::{ConnectError, PostgresStore, SCHEMA_VERSION, SignalBridgeHandle};
 
 /// Well above a round trip, well below the 500 ms / 1 s polling fallbacks
 /// (which are not running here: only a notification can wake these waiters).
@@ -18,16 +18,16 @@ const WAKE: Duration = Duration::from_secs(2);
 
 struct Server {
     world: World,
-    wakeups: WakeupHandle,
+    bridge: SignalBridgeHandle,
     store: PostgresStore,
 }
 
 async fn server(schema: &TestSchema) -> Server {
     let store = schema.store().await.expect("connect");
     let world = World::new(Arc::new(store.clone()));
-    let wakeups = store.wakeups(world.queue.signals().clone()).install();
+    let bridge = store.signal_bridge(world.queue.signals().clone()).install();
     assert!(
-        wakeups
+        bridge
             .status()
             .wait_listening(Duration::from_secs(10))
             .await,
@@ -35,7 +35,7 @@ async fn server(schema: &TestSchema) -> Server {
     );
     Server {
         world,
-        wakeups,
+        bridge,
         store,
     }
 }
@@ -85,7 +85,7 @@ async fn a_write_on_one_server_wakes_waiters_on_the_other() {
         "A's control waiter was woken by B's cancel"
     );
 
-    let (sa, sb) = (a.wakeups.status().stats(), b.wakeups.status().stats());
+    let (sa, sb) = (a.bridge.status().stats(), b.bridge.status().stats());
     // B's start and cancel publish the same topic; when both are queued at
     // once they go out as one (deduplicated) notification.
     assert!(sa.published >= 1 && sb.published >= 1, "{sa:?} {sb:?}");
@@ -101,7 +101,7 @@ async fn own_notifications_are_not_applied_twice() {
     let a = server(&schema).await;
     let id = graph_relay_core::ids::CommandId::from_uuid(uuid_from(7));
     a.world.queue.signals().notify(&Topic::Command(id));
-    let status = a.wakeups.status().clone();
+    let status = a.bridge.status().clone();
     let deadline = tokio::time::Instant::now() + WAKE;
     while status.stats().own == 0 {
         assert!(
@@ -121,7 +121,7 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     let url = url();
     let schema = TestSchema::new(&url);
     let (a, b) = (server(&schema).await, server(&schema).await);
-    let status = b.wakeups.status().clone();
+    let status = b.bridge.status().clone();
     let pid = status.backend_pid().expect("listening");
     let client = a.store.pool().get().await.expect("client");
     client
