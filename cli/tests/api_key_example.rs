@@ -114,7 +114,11 @@ fn python_client_runs_a_graph_on_the_api_key_server() {
                 .json()
                 .await
                 .unwrap();
-            assert_eq!(reply["commands"][0]["command_id"], command.as_str(), "{reply}");
+            assert_eq!(
+                reply["commands"][0]["command_id"],
+                command.as_str(),
+                "{reply}"
+            );
             let execution = format!("exec-{mode}");
             let started = relay(
                 &http,
