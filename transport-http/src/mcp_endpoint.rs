@@ -1,8 +1,9 @@
 //! The `/mcp` handlers.
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::mcp::{
     Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing, ScopeDenied,
@@ -115,7 +116,7 @@ async fn run_core(
 const MAX_QUEUED_NOTIFICATIONS: usize = 64;
 
 /// Sends notifications into a streamed reply.
-struct StreamNotifier(tokio::sync::mpsc::Sender<Bytes>);
+struct StreamNotifier(tokio::sync::mpsc::Sender<Event>);
 
 impl Notifier for StreamNotifier {
     fn notify(&self, notification: serde_json::Value) {
@@ -138,7 +139,7 @@ fn stream_core(
     incoming: Incoming,
     done: impl FnOnce(McpSession) + Send + 'static,
 ) -> Response {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(MAX_QUEUED_NOTIFICATIONS);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(MAX_QUEUED_NOTIFICATIONS);
     let server = state.mcp().clone();
     let watcher = state.clone();
     let id = incoming.id().cloned();
@@ -181,19 +182,7 @@ fn stream_core(
             let _ = tx.send(crate::listen::event(reply.message())).await;
         }
     });
-    let stream = futures::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx)
-            .map(|item| item.map(Ok::<_, std::convert::Infallible>))
-    });
-    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+    crate::listen::sse_response(rx)
 }
 
 /// `POST /mcp`. The gate authenticated the agent before the body was read.
