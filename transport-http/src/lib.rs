@@ -5,6 +5,14 @@
 //! [`axum::Router`] that integrators mount in their own app; [`serve()`] serves
 //! it (or any router) with a connection cap and timeouts.
 //!
+//! Its parts compose: [`mcp_routes`], [`relay_routes`] and
+//! [`metadata_routes`] each carry their own edge layers; handlers of an
+//! integrator's own take the caller with the [`AgentPrincipal`] and
+//! [`DevicePrincipal`] extractors; an [`Authenticator`] reads whatever
+//! headers it likes and writes its own 401 ([`Authenticator::challenge`]);
+//! and [`mcp_headers`] holds the MCP header rules for an `/mcp` endpoint
+//! written from scratch. `examples/api_key_server.rs` puts them together.
+//!
 //! ```text
 //!  connection ─► serve: cap (503), header-read and idle timeouts
 //!  POST /mcp  ─► Host/Origin (403) ─► bearer token (401, Connection: close)   ← headers only
@@ -18,7 +26,7 @@
 //!   `text/event-stream` is answered with an SSE stream: the
 //!   `notifications/progress` of a waiting `get_graph_run` as they happen,
 //!   then the result.
-//! - Bearer tokens come from the [`Authenticator`]: the static token file
+//! - Credentials are checked by the [`Authenticator`]: the static token file
 //!   ([`auth::TokenFile`]), access tokens of an OAuth authorization server
 //!   ([`oauth::OAuthAuthenticator`]: JWTs checked with its JWKS, opaque
 //!   tokens by introspection), or both ([`oauth::AuthChain`]).

@@ -303,7 +303,7 @@ impl McpServer {
     ///
     /// The future is `Send`, so a multi-threaded runtime can run it as a
     /// task of its own (transport-http spawns it on tokio); it does no IO
-    /// but the store's and the [`Sleeper`](crate::time::Sleeper)'s. A
+    /// but the store's and the [`Sleeper`]'s. A
     /// single-client transport may as well block on it (transport-stdio).
     pub async fn handle(
         &self,
