@@ -16,6 +16,7 @@ use common::*;
 use graph_relay_core::mcp::{Incoming, McpServer, McpSession, ProtocolVersion};
 use graph_relay_transport_http::auth::{Authenticated, StaticTokens, bearer_token, hash_token};
 use graph_relay_transport_http::mcp_headers::{self, McpHeaderError, McpRoute};
+use graph_relay_transport_http::oauth::AuthChain;
 use graph_relay_transport_http::relay_wire::RELAY_PREFIX;
 use graph_relay_transport_http::{
     AgentPrincipal, AuthError, Authenticator, Challenge, DevicePrincipal, HttpConfig, HttpState,
@@ -232,6 +233,35 @@ async fn an_authenticator_reads_its_own_header_and_writes_its_own_challenge() {
     assert_eq!(headers["www-authenticate"], "Key header=\"X-Key\"");
     let body: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(body["error"], "invalid_token");
+}
+
+#[tokio::test]
+async fn a_chain_asks_each_source_its_own_way() {
+    let keys: Arc<dyn Authenticator> = Arc::new(HeaderKeys(StaticTokens::new(&tokens()).unwrap()));
+    let bearer_tokens: Arc<dyn Authenticator> = Arc::new(StaticTokens::new(&tokens()).unwrap());
+    let chain = AuthChain::new(vec![keys, bearer_tokens]);
+    let config = HttpConfig {
+        listen_addr: Some(HOST.parse().unwrap()),
+        ..HttpConfig::default()
+    };
+    let app = app(state(config, Arc::new(chain)).await);
+    let (status, _, text) = call(&app, get_with("/whoami", &[("x-key", BOB)])).await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "bob/assistant"));
+    let (status, _, text) = call(
+        &app,
+        get_with("/whoami", &[("authorization", &bearer(FULL))]),
+    )
+    .await;
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "alice/assistant"));
+    // Neither: the first source's challenge.
+    let (status, headers, text) = call(&app, get_with("/whoami", &[])).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers["www-authenticate"], "Key header=\"X-Key\"");
+    assert!(text.contains("\"unauthorized\""), "{text}");
+    // An unknown key outranks a missing bearer token.
+    let (status, _, text) = call(&app, get_with("/whoami", &[("x-key", "wrong")])).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(text.contains("\"invalid_token\""), "{text}");
 }
 
 #[tokio::test]
