@@ -18,6 +18,13 @@
 //! owner = "alice"
 //! token_sha256 = "…"
 //! ```
+//!
+//! An authenticator sees the whole request head
+//! ([`Authenticator::authenticate_request`]), so it is not bound to bearer
+//! tokens: an API-key header, a client certificate forwarded by a proxy or
+//! a session cookie work too. It also writes the 401 the server answers
+//! with ([`Authenticator::challenge`]); the default is the RFC 6750 bearer
+//! challenge pointing at the resource metadata.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -25,6 +32,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use graph_relay_core::ids::{AgentId, DeviceId, InvalidId, OwnerId, ProjectId};
 use graph_relay_core::mcp::Caller;
 use graph_relay_core::principal::{Agent, Device};
@@ -45,9 +54,30 @@ pub enum Principal {
     Device(Device),
 }
 
-/// Why a token was not accepted.
+/// Who a request's credentials belong to, as established from its
+/// headers before its body was read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    /// The agent or device.
+    pub principal: Principal,
+    /// SHA-256 ([`hash_token`]) of the credential, what revocation is
+    /// checked against ([`Authenticator::still_valid`]); `None` for an
+    /// anonymous caller, whose requests are never ended by a revocation.
+    pub token_sha256: Option<String>,
+}
+
+/// Why a request's credentials were not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
+    /// The request carries no credentials at all: 401 with the plain
+    /// challenge (no `error` attribute).
+    #[error("the request carries no credentials")]
+    MissingCredentials,
+    /// Credentials that are not of the expected form (e.g. an
+    /// `Authorization` header that is not `Bearer <token>`): 401
+    /// `invalid_request` with this description.
+    #[error("malformed credentials: {0}")]
+    MalformedCredentials(String),
     /// Unknown, revoked or malformed: answered with 401 `invalid_token`.
     #[error("the bearer token is unknown, revoked or malformed")]
     InvalidToken,
@@ -60,8 +90,48 @@ pub enum AuthError {
     Unavailable(String),
 }
 
-/// Turns bearer tokens into principals. Implement it to plug in another
-/// identity source (token introspection, JWT validation, a database).
+/// Turns the credentials of a request into a principal. Implement it to
+/// plug in another identity source (token introspection, JWT validation, a
+/// database, an API-key header).
+///
+/// A bearer-token source implements [`Authenticator::authenticate`] only;
+/// the default [`Authenticator::authenticate_request`] reads
+/// `Authorization: Bearer <token>` and calls it. A source with other
+/// credentials overrides `authenticate_request` (and usually
+/// [`Authenticator::challenge`], to tell clients what to send).
+///
+/// ```
+/// use axum::http::HeaderMap;
+/// use graph_relay_core::ids::{DeviceId, OwnerId};
+/// use graph_relay_core::principal::Device;
+/// use graph_relay_transport_http::auth::{hash_token, Authenticated};
+/// use graph_relay_transport_http::{AuthError, Authenticator, Principal};
+///
+/// /// One device, known by the key in `X-Device-Key`.
+/// struct DeviceKey(String);
+///
+/// #[async_trait::async_trait]
+/// impl Authenticator for DeviceKey {
+///     async fn authenticate(&self, _token: &str) -> Result<Principal, AuthError> {
+///         Err(AuthError::InvalidToken) // no bearer tokens here
+///     }
+///
+///     async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
+///         let key = headers.get("x-device-key").ok_or(AuthError::MissingCredentials)?;
+///         if key.as_bytes() != self.0.as_bytes() {
+///             return Err(AuthError::InvalidToken);
+///         }
+///         let device = Device::new(
+///             DeviceId::parse("desktop").map_err(|e| AuthError::Unavailable(e.to_string()))?,
+///             OwnerId::parse("alice").map_err(|e| AuthError::Unavailable(e.to_string()))?,
+///         );
+///         Ok(Authenticated {
+///             principal: Principal::Device(device),
+///             token_sha256: Some(hash_token(&self.0)),
+///         })
+///     }
+/// }
+/// ```
 ///
 /// # Revocation
 /// A request is authenticated once, but a `subscriptions/listen` stream, a
@@ -75,6 +145,40 @@ pub enum AuthError {
 pub trait Authenticator: Send + Sync + 'static {
     /// The principal `token` (without the `Bearer ` prefix) belongs to.
     async fn authenticate(&self, token: &str) -> Result<Principal, AuthError>;
+
+    /// Who the request with these headers comes from. Called before the
+    /// body is read, on every authenticated route.
+    ///
+    /// The default reads `Authorization: Bearer <token>`: no header at all
+    /// is [`Authenticator::anonymous`] or [`AuthError::MissingCredentials`],
+    /// a header of another form is [`AuthError::MalformedCredentials`], and
+    /// a token is passed to [`Authenticator::authenticate`] (its hash kept
+    /// for revocation).
+    async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
+        match bearer_token(headers)? {
+            None => match self.anonymous().await {
+                Some(principal) => Ok(Authenticated {
+                    principal,
+                    token_sha256: None,
+                }),
+                None => Err(AuthError::MissingCredentials),
+            },
+            Some(token) => Ok(Authenticated {
+                principal: self.authenticate(token).await?,
+                token_sha256: Some(hash_token(token)),
+            }),
+        }
+    }
+
+    /// The 401 answer to a refused request (missing, malformed, unknown or
+    /// revoked credentials; a device's credentials on `/mcp`). The default
+    /// is [`Challenge::bearer_response`]: `WWW-Authenticate: Bearer
+    /// resource_metadata="…"` with the OAuth `error` and
+    /// `error_description`, and a JSON body `{error, error_description}`.
+    /// The transport adds `Connection: close`.
+    fn challenge(&self, challenge: &Challenge<'_>) -> Response {
+        challenge.bearer_response()
+    }
 
     /// The principal of a request that carries no `Authorization` header at
     /// all; `None` (the default) answers it with 401. Only for local
@@ -97,6 +201,112 @@ pub trait Authenticator: Send + Sync + 'static {
         let _ = (token_sha256, principal);
         true
     }
+}
+
+/// Why a request is answered with 401: what [`Authenticator::challenge`]
+/// renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Challenge<'a> {
+    /// The URL of the resource metadata (RFC 9728) of this server.
+    pub resource_metadata: &'a str,
+    /// The OAuth error code (`invalid_token`, `invalid_request`); `None`
+    /// when the request carried no credentials at all.
+    pub error: Option<&'a str>,
+    /// A short reason, for the `error_description` attribute of the
+    /// challenge (visible ASCII, no quotes or backslashes); `None` with
+    /// `error`.
+    pub description: Option<&'a str>,
+    /// The reason in a sentence, for the response body.
+    pub message: &'a str,
+}
+
+impl Challenge<'_> {
+    /// The RFC 6750 challenge: `Bearer resource_metadata="…"`, then
+    /// `error="…", error_description="…"` when there is an error.
+    ///
+    /// ```
+    /// use graph_relay_transport_http::auth::Challenge;
+    ///
+    /// let challenge = Challenge {
+    ///     resource_metadata: "https://relay.example.com/.well-known/oauth-protected-resource/mcp",
+    ///     error: Some("invalid_token"),
+    ///     description: Some("the token was revoked"),
+    ///     message: "the token was revoked",
+    /// };
+    /// assert_eq!(
+    ///     challenge.bearer(),
+    ///     "Bearer resource_metadata=\"https://relay.example.com/.well-known/oauth-protected-resource/mcp\", \
+    ///      error=\"invalid_token\", error_description=\"the token was revoked\""
+    /// );
+    /// ```
+    pub fn bearer(&self) -> String {
+        let mut value = format!("Bearer resource_metadata=\"{}\"", self.resource_metadata);
+        if let Some(error) = self.error {
+            value.push_str(&format!(", error=\"{error}\""));
+            if let Some(description) = self.description {
+                value.push_str(&format!(", error_description=\"{description}\""));
+            }
+        }
+        value
+    }
+
+    /// 401 with [`Challenge::bearer`] as `WWW-Authenticate` and the JSON
+    /// body `{"error": …, "error_description": message}` (`error` is
+    /// `unauthorized` when there is none).
+    pub fn bearer_response(&self) -> Response {
+        self.response(&self.bearer())
+    }
+
+    /// 401 with `www_authenticate` as `WWW-Authenticate` (left out if it
+    /// is not a valid header value) and the JSON body of
+    /// [`Challenge::bearer_response`]: for an authenticator with its own
+    /// scheme.
+    pub fn response(&self, www_authenticate: &str) -> Response {
+        let body = serde_json::json!({
+            "error": self.error.unwrap_or("unauthorized"),
+            "error_description": self.message,
+        });
+        let mut response = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+        if let Ok(v) = HeaderValue::from_str(www_authenticate) {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+        response
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`: `Ok(None)` without the
+/// header, [`AuthError::MalformedCredentials`] when it is of another form
+/// or the token is empty or not visible ASCII.
+///
+/// ```
+/// use axum::http::{HeaderMap, HeaderValue, header};
+/// use graph_relay_transport_http::auth::bearer_token;
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(bearer_token(&headers), Ok(None));
+/// headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer gra_abc"));
+/// assert_eq!(bearer_token(&headers), Ok(Some("gra_abc")));
+/// headers.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic YTpi"));
+/// assert!(bearer_token(&headers).is_err());
+/// ```
+pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        })
+        .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()))
+        .map(Some)
+        .ok_or_else(|| {
+            AuthError::MalformedCredentials(
+                "the Authorization header must be `Bearer <token>`".into(),
+            )
+        })
 }
 
 /// Lowercase hex SHA-256 of a token: what the token file stores.

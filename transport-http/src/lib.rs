@@ -5,6 +5,14 @@
 //! [`axum::Router`] that integrators mount in their own app; [`serve()`] serves
 //! it (or any router) with a connection cap and timeouts.
 //!
+//! Its parts compose: [`mcp_routes`], [`relay_routes`] and
+//! [`metadata_routes`] each carry their own edge layers; handlers of an
+//! integrator's own take the caller with the [`AgentPrincipal`] and
+//! [`DevicePrincipal`] extractors; an [`Authenticator`] reads whatever
+//! headers it likes and writes its own 401 ([`Authenticator::challenge`]);
+//! and [`mcp_headers`] holds the MCP header rules for an `/mcp` endpoint
+//! written from scratch. `examples/api_key_server.rs` puts them together.
+//!
 //! ```text
 //!  connection ─► serve: cap (503), header-read and idle timeouts
 //!  POST /mcp  ─► Host/Origin (403) ─► bearer token (401, Connection: close)   ← headers only
@@ -18,7 +26,7 @@
 //!   `text/event-stream` is answered with an SSE stream: the
 //!   `notifications/progress` of a waiting `get_graph_run` as they happen,
 //!   then the result.
-//! - Bearer tokens come from the [`Authenticator`]: the static token file
+//! - Credentials are checked by the [`Authenticator`]: the static token file
 //!   ([`auth::TokenFile`]), access tokens of an OAuth authorization server
 //!   ([`oauth::OAuthAuthenticator`]: JWTs checked with its JWKS, opaque
 //!   tokens by introspection), or both ([`oauth::AuthChain`]).
@@ -68,6 +76,7 @@ pub mod authority;
 mod gate;
 mod listen;
 mod mcp_endpoint;
+pub mod mcp_headers;
 pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
@@ -89,9 +98,10 @@ use axum::routing::get;
 use graph_relay_core::mcp::McpServer;
 use serde_json::json;
 
-pub use crate::auth::{AuthError, Authenticator, Principal};
+pub use crate::auth::Authenticated;
+pub use crate::auth::{AuthError, Authenticator, Challenge, Principal};
 use crate::authority::{Authority, AuthorityError, Origin};
-pub use crate::gate::Authenticated;
+pub use crate::gate::{AgentPrincipal, DevicePrincipal};
 pub use crate::listen::ListenLimits;
 pub use crate::relay_api::RelayApiConfig;
 pub use crate::serve::{ServeConfig, serve};
@@ -409,78 +419,63 @@ impl HttpState {
         Ok(())
     }
 
-    /// Authenticates the bearer token of a request. `Err` is the 401 (or
-    /// 503) to return, with the `WWW-Authenticate` challenge.
+    /// Authenticates a request from its headers, through
+    /// [`Authenticator::authenticate_request`]. `Err` is the 401 (written
+    /// by [`Authenticator::challenge`]) or 503 to return.
     pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Response> {
         self.authenticate_request(headers)
             .await
             .map(|who| who.principal)
     }
 
-    /// [`HttpState::authenticate`], keeping the token's hash (what
+    /// [`HttpState::authenticate`], keeping the credential's hash (what
     /// revocation is checked against).
     pub async fn authenticate_request(
         &self,
         headers: &HeaderMap,
     ) -> Result<Authenticated, Response> {
-        let challenge = |error: Option<(&str, &str)>| {
-            let mut value = format!("Bearer resource_metadata=\"{}\"", self.metadata_url());
-            let body = match error {
-                Some((code, description)) => {
-                    value.push_str(&format!(
-                        ", error=\"{code}\", error_description=\"{description}\""
-                    ));
-                    json!({"error": code, "error_description": description})
-                }
-                None => {
-                    json!({"error": "unauthorized", "error_description": "this endpoint needs an OAuth2 bearer token (Authorization: Bearer <token>)"})
-                }
-            };
-            let mut response = (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
-            if let Ok(v) = HeaderValue::from_str(&value) {
-                response.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        self.inner
+            .auth
+            .authenticate_request(headers)
+            .await
+            .map_err(|e| self.refusal(&e))
+    }
+
+    /// The answer to a request whose credentials `error` refused: 401 with
+    /// the authenticator's challenge, or 503 with `Retry-After` when the
+    /// authenticator could not decide.
+    ///
+    /// ```
+    /// # async fn demo(state: graph_relay_transport_http::HttpState) {
+    /// use graph_relay_transport_http::AuthError;
+    ///
+    /// let response = state.refusal(&AuthError::MissingCredentials);
+    /// assert_eq!(response.status(), 401);
+    /// assert!(response.headers().contains_key("www-authenticate"));
+    /// # }
+    /// ```
+    pub fn refusal(&self, error: &AuthError) -> Response {
+        // Quoted-string safe: the descriptions lose quotes and backslashes.
+        let quoted = |text: &str| text.replace(['"', '\\'], "'");
+        match error {
+            AuthError::MissingCredentials => self.unauthorized(
+                None,
+                None,
+                "this endpoint needs an OAuth2 bearer token (Authorization: Bearer <token>)",
+            ),
+            AuthError::MalformedCredentials(why) => {
+                let description = quoted(why);
+                self.unauthorized(Some("invalid_request"), Some(&description), &description)
             }
-            response
-        };
-        let Some(value) = headers.get(header::AUTHORIZATION) else {
-            return match self.inner.auth.anonymous().await {
-                Some(principal) => Ok(Authenticated {
-                    principal,
-                    token_sha256: None,
-                }),
-                None => Err(challenge(None)),
-            };
-        };
-        let token = value
-            .to_str()
-            .ok()
-            .and_then(|v| {
-                let (scheme, rest) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-            })
-            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_graphic()));
-        let Some(token) = token else {
-            return Err(challenge(Some((
-                "invalid_request",
-                "the Authorization header must be `Bearer <token>`",
-            ))));
-        };
-        match self.inner.auth.authenticate(token).await {
-            Ok(principal) => Ok(Authenticated {
-                principal,
-                token_sha256: Some(auth::hash_token(token)),
-            }),
-            Err(AuthError::InvalidToken) => Err(challenge(Some((
-                "invalid_token",
-                "the token is unknown, revoked or malformed",
-            )))),
-            Err(AuthError::Refused(refusal)) => {
-                // Quoted-string safe: the texts are fixed, and the only
-                // token-supplied part is filtered to visible ASCII.
-                let description = refusal.to_string().replace(['"', '\\'], "'");
-                Err(challenge(Some(("invalid_token", &description))))
+            AuthError::InvalidToken => {
+                let description = "the token is unknown, revoked or malformed";
+                self.unauthorized(Some("invalid_token"), Some(description), description)
             }
-            Err(AuthError::Unavailable(reason)) => {
+            AuthError::Refused(refusal) => {
+                let description = quoted(&refusal.to_string());
+                self.unauthorized(Some("invalid_token"), Some(&description), &description)
+            }
+            AuthError::Unavailable(reason) => {
                 tracing::warn!(%reason, "a token could not be checked; answering 503");
                 let mut response = (
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -492,9 +487,25 @@ impl HttpState {
                 response
                     .headers_mut()
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-                Err(response)
+                response
             }
         }
+    }
+
+    /// 401 through [`Authenticator::challenge`].
+    pub(crate) fn unauthorized(
+        &self,
+        error: Option<&str>,
+        description: Option<&str>,
+        message: &str,
+    ) -> Response {
+        let metadata = self.metadata_url();
+        self.inner.auth.challenge(&auth::Challenge {
+            resource_metadata: &metadata,
+            error,
+            description,
+            message,
+        })
     }
 
     /// Resolves once the token behind `who` is revoked, removed or changed
@@ -570,19 +581,93 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 }
 
 /// The router: `/mcp`, the resource metadata and the relay API, with body
-/// limit and timeout.
+/// limit and timeout: [`mcp_routes`], [`relay_routes`] and
+/// [`metadata_routes`] in one.
 ///
 /// Every route first passes the Host/Origin check; `POST`/`DELETE /mcp`
-/// and the relay routes then pass the bearer-token check, both from the
+/// and the relay routes then pass the credentials check, both from the
 /// headers alone, before any byte of the body is read (a refusal closes
-/// the connection).
+/// the connection). A path no route knows passes the Host/Origin check
+/// too before its 404.
+///
+/// ```
+/// # async fn demo(state: graph_relay_transport_http::HttpState) -> std::io::Result<()> {
+/// let app = graph_relay_transport_http::router(state);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// # drop(app); drop(listener);
+/// // axum::serve(listener, app).await
+/// # Ok(()) }
+/// ```
 pub fn router(state: HttpState) -> Router {
+    let routes = mcp_route_set(&state)
+        .merge(relay_route_set(&state))
+        .merge(metadata_route_set());
+    edge_layers(routes, state)
+}
+
+/// `GET`/`POST`/`DELETE /mcp` (the MCP Streamable HTTP endpoint), with the
+/// Host/Origin check (403), the agent credentials check before the body
+/// (401), the body limit (413) and the request timeout (408) of
+/// [`HttpConfig`]: what [`router`] serves at [`MCP_PATH`].
+///
+/// Compose it with an integrator's own routes; their state is theirs, and
+/// a handler of theirs can take the caller with [`AgentPrincipal`]:
+///
+/// ```
+/// use axum::Router;
+/// use axum::routing::get;
+/// use graph_relay_transport_http::{HttpState, mcp_routes, metadata_routes, relay_routes};
+///
+/// fn app(state: HttpState) -> Router {
+///     Router::new()
+///         .route("/healthz", get(|| async { "ok" }))
+///         .merge(mcp_routes(state.clone()))
+///         .merge(relay_routes(state.clone()))
+///         .merge(metadata_routes(state))
+/// }
+/// ```
+pub fn mcp_routes(state: HttpState) -> Router {
+    edge_layers(mcp_route_set(&state), state)
+}
+
+/// The relay API under [`relay_wire::RELAY_PREFIX`] (`sync`, and `start`,
+/// `control`, `complete`, `decline`, `progress` of a command) with the
+/// device credentials check before the body (401; an agent's credentials
+/// get 403), and `GET` [`relay_wire::OPENAPI_PATH`]; all with the
+/// Host/Origin check, body limit and request timeout of [`HttpConfig`],
+/// as [`router`] serves them. See [`mcp_routes`] for composing.
+pub fn relay_routes(state: HttpState) -> Router {
+    edge_layers(relay_route_set(&state), state)
+}
+
+/// `GET` [`PRM_PATH`] and [`PRM_PATH`]`/mcp`: the RFC 9728 protected
+/// resource metadata of `/mcp` (what OAuth clients discover the
+/// authorization server by), with the Host/Origin check, body limit and
+/// timeout, as [`router`] serves them. A server whose
+/// [`Authenticator`] is not OAuth may leave it out. See [`mcp_routes`] for
+/// composing.
+pub fn metadata_routes(state: HttpState) -> Router {
+    edge_layers(metadata_route_set(), state)
+}
+
+/// The `/mcp` route, behind the agent gate.
+fn mcp_route_set(state: &HttpState) -> Router<HttpState> {
     use axum::middleware::from_fn_with_state;
     use axum::routing::post;
-    let limit = state.config().max_body_bytes;
-    let timeout = state.config().request_timeout;
+    let mcp = get(mcp_endpoint::get).merge(
+        post(mcp_endpoint::post)
+            .delete(mcp_endpoint::delete)
+            .layer(from_fn_with_state(state.clone(), gate::agent)),
+    );
+    Router::new().route(MCP_PATH, mcp)
+}
+
+/// The relay API routes, behind the bearer gate, and the OpenAPI document.
+fn relay_route_set(state: &HttpState) -> Router<HttpState> {
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::post;
     let prefix = relay_wire::RELAY_PREFIX;
-    let relay = Router::new()
+    Router::new()
         .route(&format!("{prefix}/sync"), post(relay_api::sync))
         .route(
             &format!("{prefix}/commands/{{command_id}}/start"),
@@ -604,18 +689,23 @@ pub fn router(state: HttpState) -> Router {
             &format!("{prefix}/commands/{{command_id}}/progress"),
             post(relay_api::progress),
         )
-        .route_layer(from_fn_with_state(state.clone(), gate::bearer));
-    let mcp = axum::routing::get(mcp_endpoint::get).merge(
-        post(mcp_endpoint::post)
-            .delete(mcp_endpoint::delete)
-            .layer(from_fn_with_state(state.clone(), gate::agent)),
-    );
-    Router::new()
-        .merge(relay)
+        .route_layer(from_fn_with_state(state.clone(), gate::bearer))
         .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
-        .route(MCP_PATH, mcp)
+}
+
+/// The resource metadata routes.
+fn metadata_route_set() -> Router<HttpState> {
+    Router::new()
         .route(PRM_PATH, get(resource_metadata))
         .route(&format!("{PRM_PATH}{MCP_PATH}"), get(resource_metadata))
+}
+
+/// The layers every route passes: Host/Origin, body limit, timeout.
+fn edge_layers(routes: Router<HttpState>, state: HttpState) -> Router {
+    use axum::middleware::from_fn_with_state;
+    let limit = state.config().max_body_bytes;
+    let timeout = state.config().request_timeout;
+    routes
         .layer(from_fn_with_state(state.clone(), gate::host_and_origin))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(

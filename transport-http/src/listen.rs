@@ -8,7 +8,8 @@
 //! polling loop), with a store re-check every second for changes made by
 //! another process on a shared store. Once every watched task is terminal the
 //! stream ends with the request's result; a client that goes away ends it too.
-//! A comment line every 15 s keeps idle proxies from closing it.
+//! A comment line (`: keep-alive`) after 15 s without an event keeps idle
+//! proxies from closing it (`axum::response::Sse`'s keep-alive).
 //!
 //! # Bounds
 //! - One agent (owner, name) holds at most
@@ -24,8 +25,8 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::HeaderValue;
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::hold::Look;
 use graph_relay_core::ids::CommandId;
@@ -145,7 +146,7 @@ pub(crate) async fn serve(
     };
     let lifetime = limits.max_lifetime;
     let watcher = state.clone();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(16);
     tokio::spawn(async move {
         let _slot = slot;
         let request_id = listen.request_id.clone();
@@ -159,19 +160,10 @@ pub(crate) async fn serve(
         };
         if done {
             let done = Outgoing::result(request_id, json!({"resultType": "complete"}));
-            let _ = tx.send(Ok(event(done.message()))).await;
+            let _ = tx.send(event(done.message())).await;
         }
     });
-    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    let mut response = (StatusCode::OK, Body::from_stream(stream)).into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
+    sse_response(rx)
 }
 
 /// Sends the acknowledgement and the notifications until every watched
@@ -184,20 +176,18 @@ async fn watch(
     caller: &Caller,
     listen: graph_relay_core::mcp::TaskListen,
     lifetime: Duration,
-    tx: &tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>,
+    tx: &tokio::sync::mpsc::Sender<Event>,
 ) -> bool {
-    if tx.send(Ok(event(&listen.acknowledged))).await.is_err() {
+    if tx.send(event(&listen.acknowledged)).await.is_err() {
         return false;
     }
     let queue = server.queue();
     let mut hold = queue.watch_hold(&listen.task_ids, lifetime);
     hold.recheck = RECHECK;
-    // What each task last showed, the tasks still worth watching, and when
-    // the stream last carried anything.
+    // What each task last showed, and the tasks still worth watching.
     let last: Mutex<HashMap<CommandId, Value>> = Mutex::default();
     let watching = Mutex::new(listen.task_ids.clone());
-    let idle = Mutex::new(tokio::time::Instant::now());
-    let (last, watching, idle) = (&last, &watching, &idle);
+    let (last, watching) = (&last, &watching);
     let look = || async move {
         let ids = watching.lock().map(|w| w.clone()).unwrap_or_default();
         let mut changed = Vec::new();
@@ -221,28 +211,12 @@ async fn watch(
             *watching = still;
         }
         for message in changed {
-            if tx.send(Ok(event(&message))).await.is_err() {
+            if tx.send(event(&message)).await.is_err() {
                 return Ok::<_, Infallible>(Look::Ready(End::Gone));
-            }
-            if let Ok(mut idle) = idle.lock() {
-                *idle = tokio::time::Instant::now();
             }
         }
         if done {
             return Ok(Look::Ready(End::Done));
-        }
-        let quiet = idle.lock().map(|i| i.elapsed()).unwrap_or_default();
-        if quiet >= KEEP_ALIVE {
-            if tx
-                .send(Ok(Bytes::from_static(b": keep-alive\n\n")))
-                .await
-                .is_err()
-            {
-                return Ok(Look::Ready(End::Gone));
-            }
-            if let Ok(mut idle) = idle.lock() {
-                *idle = tokio::time::Instant::now();
-            }
         }
         Ok(Look::NotYet(End::HoldEnded))
     };
@@ -275,7 +249,53 @@ enum End {
     HoldEnded,
 }
 
-/// One SSE `message` event carrying a JSON-RPC message.
-pub(crate) fn event(message: &Value) -> Bytes {
-    Bytes::from(format!("event: message\ndata: {message}\n\n"))
+/// One SSE `message` event carrying a JSON-RPC message (compact JSON,
+/// so one `data:` line).
+pub(crate) fn event(message: &Value) -> Event {
+    Event::default().event("message").data(message.to_string())
+}
+
+/// An SSE response (`text/event-stream`, `Cache-Control: no-cache`,
+/// unbuffered by proxies) of the events `rx` yields, ending when every
+/// sender is gone; a `: keep-alive` comment follows every
+/// [`KEEP_ALIVE`] without an event.
+pub(crate) fn sse_response(mut rx: tokio::sync::mpsc::Receiver<Event>) -> Response {
+    let stream = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|item| item.map(Ok::<_, Infallible>))
+    });
+    let keep_alive = KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive");
+    let mut response = Sse::new(stream).keep_alive(keep_alive).into_response();
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_framed_and_an_idle_stream_is_kept_alive() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let response = sse_response(rx);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        assert_eq!(response.headers()["cache-control"], "no-cache");
+        assert_eq!(response.headers()["x-accel-buffering"], "no");
+        let mut body = response.into_body();
+        tx.send(event(&json!({"jsonrpc": "2.0", "method": "x"})))
+            .await
+            .unwrap();
+        let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            &frame[..],
+            b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n"
+        );
+        // Nothing for 15 s (virtual time): a comment line.
+        let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&frame[..], b": keep-alive\n\n");
+        drop(tx);
+        assert!(body.frame().await.is_none());
+    }
 }

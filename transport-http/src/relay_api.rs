@@ -2,8 +2,10 @@
 //! decline, progress.
 //!
 //! Plain async handlers over [`Queue`]; the wire types are in
-//! [`crate::relay_wire`]. Each request passes the Host/Origin check, then
-//! needs a *device* token (an agent token gets 403). The core keys every
+//! [`crate::relay_wire`]; [`crate::relay_routes`] mounts them. Each request
+//! passes the Host/Origin check, then needs a *device* token (an agent
+//! token gets 403), which the handler takes with the
+//! [`DevicePrincipal`] extractor. The core keys every
 //! relay operation by the device's owner and id, so a device never sees or
 //! touches another owner's projects or another device's commands.
 //!
@@ -41,7 +43,7 @@ use crate::relay_wire::{
     ControlBody, ControlReply, DeclineBody, ErrorReply, ProgressBody, ProgressReply, ReportReply,
     StartBody, StartReply, SyncBody, SyncReply, WireCommand,
 };
-use crate::{HttpState, Principal, TokioSleeper};
+use crate::{DevicePrincipal, HttpState, TokioSleeper};
 
 /// Tunables of the relay API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,20 +120,6 @@ impl IntoResponse for ApiError {
 }
 
 type ApiResult<T> = Result<axum::Json<T>, Response>;
-
-/// Host/Origin, then a device token.
-async fn device_of(state: &HttpState, headers: &HeaderMap) -> Result<Device, Response> {
-    state.check_host_and_origin(headers)?;
-    match state.authenticate(headers).await? {
-        Principal::Device(device) => Ok(device),
-        Principal::Agent(_) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "device_token_required",
-            "the relay API needs a device token; agent tokens are for /mcp",
-        )
-        .into_response()),
-    }
-}
 
 /// How a body that is JSON but not of the expected shape is refused.
 #[derive(Clone, Copy)]
@@ -232,10 +220,9 @@ fn hold_bound(state: &HttpState) -> Duration {
 /// `POST /sync`.
 pub(crate) async fn sync(
     State(state): State<HttpState>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<SyncReply> {
-    let device = device_of(&state, &headers).await?;
     let body: SyncBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
     let request = SyncRequest {
@@ -285,10 +272,9 @@ fn bounded(state: &HttpState, mut hold: Hold) -> Hold {
 pub(crate) async fn start(
     State(state): State<HttpState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<StartReply> {
-    let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
     let body: StartBody = parse_body(body, BAD_REQUEST_BODY)?;
     let record = state
@@ -317,10 +303,9 @@ pub(crate) async fn start(
 pub(crate) async fn control(
     State(state): State<HttpState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ControlReply> {
-    let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
     let body: ControlBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
@@ -346,10 +331,9 @@ pub(crate) async fn control(
 pub(crate) async fn complete(
     State(state): State<HttpState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ReportReply> {
-    let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
     let envelope: ResultEnvelope = parse_body(body, BAD_ENVELOPE)?;
     let queue = state.mcp().queue();
@@ -393,10 +377,9 @@ pub(crate) async fn complete(
 pub(crate) async fn decline(
     State(state): State<HttpState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ReportReply> {
-    let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
     let _: DeclineBody = parse_body(body, BAD_REQUEST_BODY)?;
     let ack = state
@@ -455,10 +438,9 @@ const BAD_PROGRESS: ShapeRefusal = ShapeRefusal {
 pub(crate) async fn progress(
     State(state): State<HttpState>,
     Path(id): Path<String>,
-    headers: HeaderMap,
+    DevicePrincipal { device, .. }: DevicePrincipal,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ProgressReply> {
-    let device = device_of(&state, &headers).await?;
     let id = parse_command(&id)?;
     let body: ProgressBody = parse_body(body, BAD_PROGRESS)?;
     let ack = state

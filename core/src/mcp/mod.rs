@@ -301,10 +301,10 @@ impl McpServer {
     /// Parses and handles one message. `None` when nothing is to be sent
     /// back (notifications and client responses).
     ///
-    /// The future is not always `Send` (`Queue::cancel_graph_run` holds an
-    /// async closure rustc cannot prove `Send` for every lifetime), and
-    /// stores may block; multi-threaded transports drive it with
-    /// `futures::executor::block_on` on a blocking thread.
+    /// The future is `Send`, so a multi-threaded runtime can run it as a
+    /// task of its own (transport-http spawns it on tokio); it does no IO
+    /// but the store's and the [`Sleeper`]'s. A
+    /// single-client transport may as well block on it (transport-stdio).
     pub async fn handle(
         &self,
         session: &mut McpSession,

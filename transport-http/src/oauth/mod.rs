@@ -62,7 +62,7 @@ pub use self::config::{
 };
 pub use self::jwks::FetchError;
 use self::jwks::{Endpoints, KeySet};
-use crate::auth::{AuthError, Authenticator, Principal, hash_token};
+use crate::auth::{AuthError, Authenticated, Authenticator, Challenge, Principal, hash_token};
 
 /// Most tokens remembered by each cache (verified JWTs, introspection answers).
 pub const MAX_CACHED_TOKENS: usize = 10_000;
@@ -790,7 +790,10 @@ impl Authenticator for OAuthAuthenticator {
 /// OAuth: a token is the first one's that knows it. A refusal other than
 /// "unknown token" (an expired JWT, an unreachable authorization server)
 /// is answered as it is; every principal keeps its (owner, name) identity
-/// whichever authenticator found it.
+/// whichever authenticator found it. Each source reads the request its own
+/// way ([`Authenticator::authenticate_request`]), so a bearer-token source
+/// and one with another header sit side by side; the 401 is the first
+/// source's [`Authenticator::challenge`].
 pub struct AuthChain {
     sources: Vec<Arc<dyn Authenticator>>,
 }
@@ -829,6 +832,37 @@ impl Authenticator for AuthChain {
             }
         }
         None
+    }
+
+    /// Each source's own [`Authenticator::authenticate_request`] in turn:
+    /// the first that accepts the request, or refuses it for another reason
+    /// than "no credentials of mine" or "unknown credentials", answers.
+    /// When none does, an unknown credential outranks a missing one.
+    async fn authenticate_request(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Authenticated, AuthError> {
+        let mut unknown = false;
+        for source in &self.sources {
+            match source.authenticate_request(headers).await {
+                Err(AuthError::InvalidToken) => unknown = true,
+                Err(AuthError::MissingCredentials) => {}
+                other => return other,
+            }
+        }
+        Err(if unknown {
+            AuthError::InvalidToken
+        } else {
+            AuthError::MissingCredentials
+        })
+    }
+
+    /// The first source's challenge (the bearer challenge without sources).
+    fn challenge(&self, challenge: &Challenge<'_>) -> axum::response::Response {
+        match self.sources.first() {
+            Some(source) => source.challenge(challenge),
+            None => challenge.bearer_response(),
+        }
     }
 
     fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
