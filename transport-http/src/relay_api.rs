@@ -31,7 +31,6 @@ use graph_relay_core::command::{CompleteRefused, NO_LONGER_SHARED};
 use graph_relay_core::envelope::ResultEnvelope;
 use graph_relay_core::hold::Hold;
 use graph_relay_core::ids::CommandId;
-use graph_relay_core::principal::Device;
 use graph_relay_core::queue::{
     CompleteAck, CompleteError, ControlError, DeclineAck, DeclineError, ProgressAck, ProgressError,
     StartError, SyncError, SyncRequest,
