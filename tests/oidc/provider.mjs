@@ -130,10 +130,13 @@ async function test(req, res) {
 }
 
 const server = http.createServer((req, res) => {
-  if (req.url.startsWith('/test/')) {
+  if (req.url.startsWith('/test/') && current) {
     test(req, res).catch((e) => reply(res, 500, { error: String(e) }));
     return;
   }
+  // Between listen() and the first key, answer like a server still
+  // starting (the relay server may retry before the provider is built).
+  if (!current) return reply(res, 503, { error: 'starting' });
   current.handler(req, res);
 });
 server.listen(Number(process.env.PORT || 0), '127.0.0.1', async () => {
