@@ -318,44 +318,28 @@ impl CatalogBuilder {
 mod tests {
     use super::*;
 
-    /// Compares `actual` with a golden file; `GRAPH_RELAY_BLESS=1` rewrites it.
-    fn golden(name: &str, actual: &Value) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/golden")
-            .join(name);
-        let text = serde_json::to_string_pretty(actual).unwrap() + "\n";
-        if std::env::var_os("GRAPH_RELAY_BLESS").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, text).unwrap();
-            return;
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (run with GRAPH_RELAY_BLESS=1 to create it)",
-                path.display()
-            )
-        });
-        let expected: Value = serde_json::from_str(&expected).unwrap();
-        assert_eq!(
-            actual,
-            &expected,
-            "tools/list differs from {}",
-            path.display()
+    /// The `tools/list` wire form is pinned by a committed insta snapshot
+    /// (`core/src/snapshots/`); a change fails until it is reviewed and
+    /// accepted (`cargo insta review`, or `INSTA_UPDATE=always`).
+    fn tools_snapshot(actual: &Value) -> String {
+        serde_json::to_string_pretty(actual).expect("a Value serializes")
+    }
+
+    #[test]
+    fn published_tools_list_matches_snapshot() {
+        insta::assert_snapshot!(
+            "tools_list",
+            tools_snapshot(&ToolCatalog::published().tools_list())
         );
     }
 
     #[test]
-    fn published_tools_list_matches_golden_file() {
-        golden("tools-list.json", &ToolCatalog::published().tools_list());
-    }
-
-    #[test]
-    fn tools_list_with_wait_seconds_matches_golden_file() {
+    fn tools_list_with_wait_seconds_matches_snapshot() {
         let catalog = ToolCatalog::builder()
             .wait_seconds(Some(60))
             .build()
             .unwrap();
-        golden("tools-list-wait.json", &catalog.tools_list());
+        insta::assert_snapshot!("tools_list_wait", tools_snapshot(&catalog.tools_list()));
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use serde_json::{Map, Value, json};
 
 use super::version::ProtocolVersion;
+use super::wire::{ErrorObject, JsonRpcErrorResponse, JsonRpcResponse, to_value};
 
 /// `_meta` key carrying the protocol version of a 2026-07-28 request.
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -279,7 +280,7 @@ impl Outgoing {
     /// A success response.
     pub fn result(id: RequestId, result: Value) -> Self {
         Self {
-            message: json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            message: to_value(&JsonRpcResponse::new(id, result)),
             error: None,
             http_status: 200,
         }
@@ -296,10 +297,11 @@ impl Outgoing {
         message: String,
         data: Option<Value>,
     ) -> Self {
-        let mut error = json!({"code": code.code(), "message": message});
-        if let Some(data) = data {
-            error["data"] = data;
-        }
+        let error = ErrorObject {
+            code: code.code(),
+            data,
+            message,
+        };
         let http_status = match code {
             ErrorCode::ParseError
             | ErrorCode::InvalidRequest
@@ -312,7 +314,7 @@ impl Outgoing {
             ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,
         };
         Self {
-            message: json!({"jsonrpc": "2.0", "id": id.unwrap_or(Value::Null), "error": error}),
+            message: to_value(&JsonRpcErrorResponse::new(id, error)),
             error: Some(code),
             http_status,
         }
