@@ -36,6 +36,17 @@ enum Kind {
     Error,
     TaskNotification,
     Acknowledged,
+    Progress,
+}
+
+/// Keeps the notifications a waiting request sends.
+#[derive(Default)]
+struct Notifications(std::sync::Mutex<Vec<Value>>);
+
+impl Notifier for Notifications {
+    fn notify(&self, notification: Value) {
+        self.0.lock().unwrap().push(notification);
+    }
 }
 
 /// One reply, named for its snapshot.
@@ -443,6 +454,18 @@ fn all_replies() -> Vec<Reply> {
             "arguments": {"graph_session_id": GS, "idempotency_key": "key-2025-03-26"}}}),
     );
 
+    // `notifications/progress` of a waiting `get_graph_run`: a counter while
+    // queued, then the desktop's percentage.
+    let sent = Notifications::default();
+    let mut progress = progress::ProgressNotifications::new(json!("p-1"), &sent);
+    for id in [runs.queued, runs.running] {
+        let view = block_on(f.server.queue().get_graph_run(&alice.agent, &id)).unwrap();
+        progress.observe(&view);
+    }
+    let [queued, running] = <[Value; 2]>::try_from(sent.0.lock().unwrap().clone()).unwrap();
+    r.push("notification_progress_queued", Kind::Progress, queued);
+    r.push("notification_progress_running", Kind::Progress, running);
+
     // --- 2026-07-28 ---------------------------------------------------------
     r.modern(
         "discover",
@@ -694,6 +717,14 @@ fn every_reply_decodes_with_rmcp_model_types() {
                 assert_eq!(
                     notification.params.task.task.task_id,
                     message["params"]["taskId"].as_str().unwrap()
+                );
+            }
+            Kind::Progress => {
+                let notification: model::ProgressNotification =
+                    decode(&name, "notification", &message);
+                assert_eq!(
+                    Some(notification.params.progress),
+                    message["params"]["progress"].as_f64()
                 );
             }
             Kind::Acknowledged => {
