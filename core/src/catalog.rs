@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
+use crate::mcp::wire::{SecurityScheme, Tool, ToolAnnotations};
+
 use crate::limits::{
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_LIST_LIMIT, MIN_IDEMPOTENCY_KEY_CHARS, MIN_LIST_LIMIT,
 };
@@ -82,6 +84,13 @@ impl ToolKind {
         crate::authz::tool_level(self).default_scope()
     }
 }
+
+/// The annotations of a tool that only reads.
+const READ_ONLY: ToolAnnotations = ToolAnnotations {
+    destructive_hint: None,
+    idempotent_hint: None,
+    read_only_hint: true,
+};
 
 /// One tool as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,12 +171,17 @@ impl ToolCatalog {
         self.max_wait_seconds
     }
 
-    /// The `tools/list` array.
+    /// The `tools/list` array, as JSON.
     pub fn tools_list(&self) -> Value {
-        Value::Array(self.tools.iter().map(|t| self.tool_json(t)).collect())
+        crate::mcp::wire::to_value(&self.tool_definitions())
     }
 
-    fn tool_json(&self, tool: &ToolSpec) -> Value {
+    /// The `tools/list` array, typed.
+    pub fn tool_definitions(&self) -> Vec<Tool> {
+        self.tools.iter().map(|t| self.definition(t)).collect()
+    }
+
+    fn definition(&self, tool: &ToolSpec) -> Tool {
         let command_id = json!({"type": "string", "format": "uuid"});
         let (schema, annotations) = match tool.kind {
             ToolKind::RunGraphSession => (
@@ -181,7 +195,11 @@ impl ToolCatalog {
                     "required": ["graph_session_id", "idempotency_key"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": false, "destructiveHint": true}),
+                ToolAnnotations {
+                    destructive_hint: Some(true),
+                    idempotent_hint: None,
+                    read_only_hint: false,
+                },
             ),
             ToolKind::ListGraphSessions => (
                 json!({
@@ -193,7 +211,7 @@ impl ToolCatalog {
                     "required": ["project_id"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": true}),
+                READ_ONLY,
             ),
             ToolKind::GetGraphRun => {
                 let mut properties = json!({"command_id": command_id});
@@ -212,7 +230,7 @@ impl ToolCatalog {
                         "required": ["command_id"],
                         "additionalProperties": false
                     }),
-                    json!({"readOnlyHint": true}),
+                    READ_ONLY,
                 )
             }
             ToolKind::CancelGraphRun => (
@@ -222,7 +240,11 @@ impl ToolCatalog {
                     "required": ["command_id"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": false, "destructiveHint": true, "idempotentHint": true}),
+                ToolAnnotations {
+                    destructive_hint: Some(true),
+                    idempotent_hint: Some(true),
+                    read_only_hint: false,
+                },
             ),
         };
         let mut description = tool.description.clone();
@@ -233,13 +255,16 @@ impl ToolCatalog {
                 " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
             ));
         }
-        json!({
-            "name": tool.name,
-            "description": description,
-            "inputSchema": schema,
-            "annotations": annotations,
-            "securitySchemes": [{"type": "oauth2", "scopes": tool.scopes}]
-        })
+        Tool {
+            annotations,
+            description,
+            input_schema: schema,
+            name: tool.name.clone(),
+            security_schemes: vec![SecurityScheme {
+                scopes: tool.scopes.clone(),
+                kind: "oauth2".to_owned(),
+            }],
+        }
     }
 }
 

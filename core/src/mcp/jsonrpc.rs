@@ -4,10 +4,12 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::version::ProtocolVersion;
-use super::wire::{ErrorObject, JsonRpcErrorResponse, JsonRpcResponse, to_value};
+use super::wire::{
+    ErrorObject, JsonRpcErrorResponse, JsonRpcResponse, UnsupportedVersionData, to_value,
+};
 
 /// `_meta` key carrying the protocol version of a 2026-07-28 request.
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -356,5 +358,11 @@ impl Outgoing {
 
 /// The `data` of an unsupported-version error: `{supported, requested}`.
 pub fn unsupported_version_data(requested: &str) -> Value {
-    json!({"supported": ProtocolVersion::supported_strings(), "requested": requested})
+    to_value(&UnsupportedVersionData {
+        requested: requested.to_owned(),
+        supported: ProtocolVersion::supported_strings()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+    })
 }

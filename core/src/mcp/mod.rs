@@ -180,7 +180,7 @@ struct Inner {
     queue: Queue,
     catalog: ToolCatalog,
     info: ServerInfo,
-    tools_list: Value,
+    tools_list: Vec<wire::Tool>,
     list_ttl_ms: u64,
     sleeper: Option<Arc<dyn Sleeper>>,
 }
@@ -208,7 +208,7 @@ enum Era {
 impl McpServer {
     /// A server for `queue` exposing `catalog`, naming itself `info`.
     pub fn new(queue: Queue, catalog: ToolCatalog, info: ServerInfo) -> Self {
-        let tools_list = catalog.tools_list();
+        let tools_list = catalog.tool_definitions();
         Self {
             inner: Arc::new(Inner {
                 queue,
@@ -593,7 +593,10 @@ impl McpServer {
                     format!(
                         "Invalid params: `{field}` is larger than {MAX_INITIALIZE_FIELD_BYTES} bytes (16 KiB) as JSON, the most this server accepts in `initialize`"
                     ),
-                    Some(json!({"field": field, "limit": MAX_INITIALIZE_FIELD_BYTES})),
+                    Some(wire::to_value(&wire::FieldLimitData {
+                        field: field.to_owned(),
+                        limit: MAX_INITIALIZE_FIELD_BYTES,
+                    })),
                 ));
             }
             if field == "clientInfo" {
@@ -620,7 +623,7 @@ impl McpServer {
         wire::to_value(&wire::DiscoverResult {
             cache_scope: "public".to_owned(),
             capabilities: wire::ServerCapabilities {
-                extensions: Some([(TASKS_EXTENSION.to_owned(), json!({}))].into()),
+                extensions: Some([(TASKS_EXTENSION.to_owned(), Value::Object(Map::new()))].into()),
                 tools: wire::ToolsCapability {
                     list_changed: false,
                 },

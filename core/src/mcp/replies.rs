@@ -803,6 +803,24 @@ fn the_wire_types_read_back_what_they_wrote() {
                     .unwrap_or_else(|e| panic!("{}: {e}", reply.name));
                 assert_eq!(&wire::to_value(&init), result, "{}", reply.name);
             }
+            Kind::ToolsList => {
+                let list: wire::ListToolsResult = serde_json::from_value(result.clone())
+                    .unwrap_or_else(|e| panic!("{}: {e}", reply.name));
+                assert_eq!(list.tools.len(), 4);
+                if result.get("_meta").is_none() {
+                    assert_eq!(&wire::to_value(&list), result, "{}", reply.name);
+                }
+            }
+            Kind::Discover => {
+                let _: wire::DiscoverResult = serde_json::from_value(result.clone())
+                    .unwrap_or_else(|e| panic!("{}: {e}", reply.name));
+            }
+            Kind::Progress => {
+                let notification: wire::JsonRpcNotification<wire::ProgressParams> =
+                    serde_json::from_value(reply.message.clone())
+                        .unwrap_or_else(|e| panic!("{}: {e}", reply.name));
+                assert_eq!(wire::to_value(&notification), reply.message);
+            }
             Kind::Error => {
                 let error: wire::JsonRpcErrorResponse =
                     serde_json::from_value(reply.message.clone())

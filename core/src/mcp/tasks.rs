@@ -25,11 +25,11 @@
 //! queued. Terminal runs stay readable until pruned (30 days after they
 //! finish by default), so `ttlMs` is `null`.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::wire::{
     CallToolResult, EmptyResult, GraphRun, JsonRpcNotification, ListenAcknowledged,
-    ListenNotifications, Task, ToolOutput, to_value,
+    ListenNotifications, MissingCapabilityData, Task, ToolOutput, to_value,
 };
 use super::{
     Caller, ErrorCode, Incoming, META_CLIENT_CAPABILITIES, McpServer, Outgoing, RequestId,
@@ -199,7 +199,7 @@ pub(super) async fn listen(
             format!(
                 "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to listen for task notifications"
             ),
-            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+            Some(to_value(&MissingCapabilityData::extension(TASKS_EXTENSION))),
         ));
     }
     let mut task_ids = Vec::new();
@@ -253,7 +253,7 @@ pub(super) async fn handle(
             format!(
                 "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to use tasks"
             ),
-            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+            Some(to_value(&MissingCapabilityData::extension(TASKS_EXTENSION))),
         ));
     }
     let not_found = || {

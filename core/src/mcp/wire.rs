@@ -99,6 +99,50 @@ pub struct ErrorObject {
     pub message: String,
 }
 
+/// The `data` of `-32022` (unsupported protocol version).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnsupportedVersionData {
+    /// The version the request carried.
+    pub requested: String,
+    /// The versions this server speaks.
+    pub supported: Vec<String>,
+}
+
+/// The `data` of `-32021` (missing required client capability).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MissingCapabilityData {
+    /// The capabilities the request must declare.
+    pub required_capabilities: RequiredCapabilities,
+}
+
+/// Client capabilities a request must declare.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequiredCapabilities {
+    /// Extensions by identifier, each with its (empty) settings.
+    pub extensions: BTreeMap<String, Value>,
+}
+
+impl MissingCapabilityData {
+    /// The data naming one required extension.
+    pub fn extension(id: &str) -> Self {
+        Self {
+            required_capabilities: RequiredCapabilities {
+                extensions: [(id.to_owned(), Value::Object(serde_json::Map::new()))].into(),
+            },
+        }
+    }
+}
+
+/// The `data` of an error about a field over its limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldLimitData {
+    /// The field.
+    pub field: String,
+    /// Its limit.
+    pub limit: usize,
+}
+
 /// A JSON-RPC notification from the server.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JsonRpcNotification<P = Value> {
@@ -203,6 +247,46 @@ pub struct DiscoverResult {
     pub ttl_ms: u64,
 }
 
+/// One tool of `tools/list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Tool {
+    /// Hints about what calling it does.
+    pub annotations: ToolAnnotations,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub input_schema: Value,
+    /// Its name.
+    pub name: String,
+    /// The OAuth2 scopes a call needs.
+    pub security_schemes: Vec<SecurityScheme>,
+}
+
+/// The behaviour hints of a [`Tool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolAnnotations {
+    /// It may destroy or change data (absent for read-only tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive_hint: Option<bool>,
+    /// Calling it twice has no further effect (absent when unstated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent_hint: Option<bool>,
+    /// It only reads.
+    pub read_only_hint: bool,
+}
+
+/// How a [`Tool`] is authorized.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecurityScheme {
+    /// The scopes it needs.
+    pub scopes: Vec<String>,
+    /// Always `"oauth2"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
 /// The result of `tools/list`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -210,9 +294,8 @@ pub struct ListToolsResult {
     /// Who may cache it (2026-07-28 only: `public`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_scope: Option<String>,
-    /// The tool definitions, as the catalog renders them
-    /// ([`crate::catalog::ToolCatalog::tools_list`]).
-    pub tools: Value,
+    /// The tool definitions ([`crate::catalog::ToolCatalog::tool_definitions`]).
+    pub tools: Vec<Tool>,
     /// How long it may be cached, in milliseconds (2026-07-28 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
