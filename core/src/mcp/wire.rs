@@ -6,9 +6,11 @@
 //!
 //! Fields are declared in the lexicographic order of their wire names, so a
 //! value serializes to the same bytes whether it is written directly or
-//! through a [`serde_json::Value`] (whose objects keep keys sorted). The
-//! snapshot tests (`core/src/mcp/snapshots`) pin every reply, and a test
-//! decodes each of them with rmcp's model types.
+//! through a [`serde_json::Value`] (whose objects keep keys sorted).
+//! Snapshot tests pin every reply an agent can get (`core/src/mcp/snapshots`;
+//! the transports' own refusals in `transport-http/tests/snapshots` and
+//! `transport-stdio/src/snapshots`), and tests decode each of them with
+//! rmcp's model types.
 //!
 //! Tool results carry the snake_case structured content the tools published
 //! ([`GraphRunTicket`], [`GraphRun`], [`SessionList`]); the MCP envelope
@@ -141,6 +143,15 @@ pub struct FieldLimitData {
     pub field: String,
     /// Its limit.
     pub limit: usize,
+}
+
+/// The `data` of the error a line-delimited transport (stdio) answers an
+/// over-long line with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LineLimitData {
+    /// The most bytes one line may have.
+    pub max_line_bytes: usize,
 }
 
 /// A JSON-RPC notification from the server.
@@ -646,7 +657,7 @@ pub struct ListenNotifications {
 ///
 /// The wire types hold only strings, numbers, ids and maps with string keys,
 /// so this cannot fail.
-pub(crate) fn to_value<T: Serialize>(value: &T) -> Value {
+pub fn to_value<T: Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("wire types serialize to JSON")
 }
 
