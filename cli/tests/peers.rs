@@ -103,7 +103,16 @@ fn python_client_over_stdio_and_http_in_both_modes() {
     let dir = tempfile::tempdir().unwrap();
     let (config, db, agent, other) = setup(dir.path());
     let script = repo().join("tests/python/client_flow.py");
-    let golden = repo().join("core/tests/golden/tools-list.json");
+    // The published tools/list, as the core's snapshot pins it.
+    let golden = dir.path().join("tools-list.json");
+    std::fs::write(
+        &golden,
+        serde_json::to_string_pretty(
+            &graph_relay_core::catalog::ToolCatalog::published().tools_list(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
     let server = serve(&config, &db, false);
     for mode in ["legacy", "2026-07-28"] {
         for (kind, target) in [("stdio", bin().to_owned()), ("http", server.1.clone())] {

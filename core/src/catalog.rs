@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
+use crate::mcp::wire::{SecurityScheme, Tool, ToolAnnotations};
+
 use crate::limits::{
     MAX_IDEMPOTENCY_KEY_CHARS, MAX_LIST_LIMIT, MIN_IDEMPOTENCY_KEY_CHARS, MIN_LIST_LIMIT,
 };
@@ -82,6 +84,13 @@ impl ToolKind {
         crate::authz::tool_level(self).default_scope()
     }
 }
+
+/// The annotations of a tool that only reads.
+const READ_ONLY: ToolAnnotations = ToolAnnotations {
+    destructive_hint: None,
+    idempotent_hint: None,
+    read_only_hint: true,
+};
 
 /// One tool as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,12 +171,17 @@ impl ToolCatalog {
         self.max_wait_seconds
     }
 
-    /// The `tools/list` array.
+    /// The `tools/list` array, as JSON.
     pub fn tools_list(&self) -> Value {
-        Value::Array(self.tools.iter().map(|t| self.tool_json(t)).collect())
+        crate::mcp::wire::to_value(&self.tool_definitions())
     }
 
-    fn tool_json(&self, tool: &ToolSpec) -> Value {
+    /// The `tools/list` array, typed.
+    pub fn tool_definitions(&self) -> Vec<Tool> {
+        self.tools.iter().map(|t| self.definition(t)).collect()
+    }
+
+    fn definition(&self, tool: &ToolSpec) -> Tool {
         let command_id = json!({"type": "string", "format": "uuid"});
         let (schema, annotations) = match tool.kind {
             ToolKind::RunGraphSession => (
@@ -181,7 +195,11 @@ impl ToolCatalog {
                     "required": ["graph_session_id", "idempotency_key"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": false, "destructiveHint": true}),
+                ToolAnnotations {
+                    destructive_hint: Some(true),
+                    idempotent_hint: None,
+                    read_only_hint: false,
+                },
             ),
             ToolKind::ListGraphSessions => (
                 json!({
@@ -193,7 +211,7 @@ impl ToolCatalog {
                     "required": ["project_id"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": true}),
+                READ_ONLY,
             ),
             ToolKind::GetGraphRun => {
                 let mut properties = json!({"command_id": command_id});
@@ -212,7 +230,7 @@ impl ToolCatalog {
                         "required": ["command_id"],
                         "additionalProperties": false
                     }),
-                    json!({"readOnlyHint": true}),
+                    READ_ONLY,
                 )
             }
             ToolKind::CancelGraphRun => (
@@ -222,7 +240,11 @@ impl ToolCatalog {
                     "required": ["command_id"],
                     "additionalProperties": false
                 }),
-                json!({"readOnlyHint": false, "destructiveHint": true, "idempotentHint": true}),
+                ToolAnnotations {
+                    destructive_hint: Some(true),
+                    idempotent_hint: Some(true),
+                    read_only_hint: false,
+                },
             ),
         };
         let mut description = tool.description.clone();
@@ -233,13 +255,16 @@ impl ToolCatalog {
                 " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
             ));
         }
-        json!({
-            "name": tool.name,
-            "description": description,
-            "inputSchema": schema,
-            "annotations": annotations,
-            "securitySchemes": [{"type": "oauth2", "scopes": tool.scopes}]
-        })
+        Tool {
+            annotations,
+            description,
+            input_schema: schema,
+            name: tool.name.clone(),
+            security_schemes: vec![SecurityScheme {
+                scopes: tool.scopes.clone(),
+                kind: "oauth2".to_owned(),
+            }],
+        }
     }
 }
 
@@ -318,44 +343,28 @@ impl CatalogBuilder {
 mod tests {
     use super::*;
 
-    /// Compares `actual` with a golden file; `GRAPH_RELAY_BLESS=1` rewrites it.
-    fn golden(name: &str, actual: &Value) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/golden")
-            .join(name);
-        let text = serde_json::to_string_pretty(actual).unwrap() + "\n";
-        if std::env::var_os("GRAPH_RELAY_BLESS").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, text).unwrap();
-            return;
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (run with GRAPH_RELAY_BLESS=1 to create it)",
-                path.display()
-            )
-        });
-        let expected: Value = serde_json::from_str(&expected).unwrap();
-        assert_eq!(
-            actual,
-            &expected,
-            "tools/list differs from {}",
-            path.display()
+    /// The `tools/list` wire form is pinned by a committed insta snapshot
+    /// (`core/src/snapshots/`); a change fails until it is reviewed and
+    /// accepted (`cargo insta review`, or `INSTA_UPDATE=always`).
+    fn tools_snapshot(actual: &Value) -> String {
+        serde_json::to_string_pretty(actual).expect("a Value serializes")
+    }
+
+    #[test]
+    fn published_tools_list_matches_snapshot() {
+        insta::assert_snapshot!(
+            "tools_list",
+            tools_snapshot(&ToolCatalog::published().tools_list())
         );
     }
 
     #[test]
-    fn published_tools_list_matches_golden_file() {
-        golden("tools-list.json", &ToolCatalog::published().tools_list());
-    }
-
-    #[test]
-    fn tools_list_with_wait_seconds_matches_golden_file() {
+    fn tools_list_with_wait_seconds_matches_snapshot() {
         let catalog = ToolCatalog::builder()
             .wait_seconds(Some(60))
             .build()
             .unwrap();
-        golden("tools-list-wait.json", &catalog.tools_list());
+        insta::assert_snapshot!("tools_list_wait", tools_snapshot(&catalog.tools_list()));
     }
 
     #[test]

@@ -24,11 +24,6 @@
 //! or was cancelled. The same key with a different session or arguments is
 //! refused with [`RunError::KeyReused`] and writes nothing.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde_json::{Map, Value, json};
-
 use crate::args::RunArgs;
 use crate::command::{
     CommandRecord, CommandStatus, CompleteRefused, DeclineRefused, InvalidProgress, Progress,
@@ -45,6 +40,8 @@ use crate::store::{
     Store, StoreError,
 };
 use crate::time::{Clock, IdSource, Sleeper, Timestamp};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// What an agent reads for a run that does not exist or is not its own.
 pub const RUN_NOT_FOUND: &str = "Graph run not found or access removed";
@@ -363,19 +360,6 @@ pub struct RunTicket {
 }
 
 impl RunTicket {
-    /// The structured result of `run_graph_session`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "command_id": self.command.id,
-            "status": self.command.status.as_str(),
-            "replayed": self.replayed,
-            "graph_session_id": self.command.graph_session_id,
-            "project_id": self.command.project,
-            "poll_after_seconds": self.poll_after_seconds,
-            "message": self.message(),
-        })
-    }
-
     /// A sentence for the model: this is a ticket, not a result.
     pub fn message(&self) -> String {
         let what = if self.replayed {
@@ -401,79 +385,6 @@ pub struct RunView {
     pub device_offline_since: Option<Timestamp>,
 }
 
-impl RunView {
-    /// The structured result of `get_graph_run`.
-    pub fn to_json(&self) -> Value {
-        let c = &self.command;
-        let mut out = Map::new();
-        out.insert("command_id".into(), json!(c.id));
-        out.insert("graph_session_id".into(), json!(c.graph_session_id));
-        out.insert("project_id".into(), json!(c.project));
-        out.insert("status".into(), json!(c.status.as_str()));
-        out.insert("created_at".into(), json!(c.created_at.to_rfc3339()));
-        if let Some(t) = c.started_at {
-            out.insert("started_at".into(), json!(t.to_rfc3339()));
-        }
-        if let Some(t) = c.finished_at {
-            out.insert("finished_at".into(), json!(t.to_rfc3339()));
-        }
-        if c.cancel_requested {
-            out.insert("cancel_requested".into(), json!(true));
-        }
-        if let Some(e) = &c.execution_id {
-            out.insert("execution_id".into(), json!(e));
-        }
-        if let Some(p) = &c.progress {
-            let mut progress = Map::new();
-            if let Some(m) = &p.message {
-                progress.insert("message".into(), json!(m));
-            }
-            if let Some(percent) = p.percent {
-                progress.insert("percent".into(), json!(percent));
-            }
-            progress.insert("updated_at".into(), json!(p.updated_at.to_rfc3339()));
-            out.insert("progress".into(), Value::Object(progress));
-        }
-        if c.status.is_terminal() {
-            match c.completion.as_ref() {
-                Some(env) if c.status != CommandStatus::Cancelled => match &env.body {
-                    None => {
-                        out.insert("result_truncated".into(), json!(true));
-                    }
-                    Some(body) => {
-                        out.insert("result".into(), body.result.clone());
-                        out.insert("total_tokens".into(), json!(body.total_tokens));
-                        out.insert("reported_cost".into(), json!(body.reported_cost));
-                        if let Some(error) = &body.error {
-                            out.insert("error".into(), json!(error));
-                        }
-                    }
-                },
-                _ => {}
-            }
-            let cancelled_error = c
-                .completion
-                .as_ref()
-                .and_then(|e| e.body.as_ref())
-                .and_then(|b| b.error.as_ref());
-            if let Some(reason) = c
-                .reason
-                .as_ref()
-                .or(cancelled_error.filter(|_| c.status == CommandStatus::Cancelled))
-            {
-                out.insert("error".into(), json!(reason));
-            }
-        }
-        if let Some(s) = self.poll_after_seconds {
-            out.insert("poll_after_seconds".into(), json!(s));
-        }
-        if let Some(t) = self.device_offline_since {
-            out.insert("device_offline_since".into(), json!(t.to_rfc3339()));
-        }
-        Value::Object(out)
-    }
-}
-
 /// The sessions of one project as `list_graph_sessions` shows them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionList {
@@ -481,24 +392,6 @@ pub struct SessionList {
     pub project: ProjectId,
     /// What the relays' last syncs uploaded.
     pub sessions: Vec<SharedSession>,
-}
-
-impl SessionList {
-    /// The structured result of `list_graph_sessions`.
-    pub fn to_json(&self) -> Value {
-        json!({
-            "project_id": self.project,
-            "sessions": self.sessions.iter().map(|s| json!({
-                "graph_session_id": s.meta.graph_session_id,
-                "name": s.meta.name,
-                "description": s.meta.description,
-                "slug": s.meta.slug,
-                "version": s.meta.version,
-                "status": s.meta.status,
-                "synced_at": s.synced_at.to_rfc3339(),
-            })).collect::<Vec<_>>(),
-        })
-    }
 }
 
 /// A relay's sync for one project.

@@ -227,21 +227,28 @@ pub fn openapi() -> Value {
     let ok = |schema: &str, text: &str| json!({"description": text, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
     let command_param = json!([{"name": "command_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}]);
     let body = |schema: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+    // Refusals of the bearer check are OAuth2 errors (RFC 6750):
+    // `{error, error_description}`.
+    let bearer = |text: &str| json!({"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BearerError"}}}});
+    let either = |text: &str| json!({"description": text, "content": {"application/json": {"schema": {"anyOf": [error, {"$ref": "#/components/schemas/BearerError"}]}}}});
     let common = |mut responses: Map<String, Value>| {
         responses.insert(
             "400".into(),
             err("The body or the path is malformed (not retryable)."),
         );
-        responses.insert("401".into(), err("No valid bearer token."));
+        responses.insert("401".into(), bearer("No valid bearer token."));
         responses.insert(
             "403".into(),
-            err("The token is not a device token, or the Host/Origin is refused."),
+            either("The token is not a device token (device_token_required), or the Host/Origin is refused (an OAuth2 error)."),
         );
         responses.insert(
             "413".into(),
             err("The body is larger than the server accepts (not retryable)."),
         );
-        responses.insert("503".into(), err("The queue is unavailable; retry later."));
+        responses.insert(
+            "503".into(),
+            either("The queue is unavailable (store_unavailable), or the token could not be checked (temporarily_unavailable); retry later."),
+        );
         Value::Object(responses)
     };
     let responses = |pairs: Vec<(&str, Value)>| {
@@ -376,6 +383,14 @@ pub fn openapi() -> Value {
                     "properties": {
                         "status": {"const": "running"},
                         "recorded": {"type": "string", "enum": ["recorded", "coalesced", "unchanged"], "description": "recorded: written, the agent sees it now; coalesced: kept, and written within the server's progress interval (1 s) unless a newer report replaces it; unchanged: the same report as the one recorded."}
+                    }
+                },
+                "BearerError": {
+                    "type": "object",
+                    "required": ["error", "error_description"],
+                    "properties": {
+                        "error": {"type": "string", "description": "unauthorized (no token), invalid_token, or an OAuth2 error code such as temporarily_unavailable"},
+                        "error_description": string
                     }
                 },
                 "ErrorReply": {

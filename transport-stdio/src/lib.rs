@@ -26,7 +26,7 @@
 
 use std::io::{BufRead, Write};
 
-use graph_relay_core::mcp::{Caller, ErrorCode, McpServer, McpSession, Outgoing};
+use graph_relay_core::mcp::{Caller, ErrorCode, McpServer, McpSession, Outgoing, wire};
 
 /// Default bound on one input line: 1 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 1024 * 1024;
@@ -162,7 +162,9 @@ pub fn serve<R: BufRead, W: Write>(
                         "Invalid request: the message is {size} bytes long; this server accepts at most {} bytes per line",
                         config.max_line_bytes
                     ),
-                    Some(serde_json::json!({"maxLineBytes": config.max_line_bytes})),
+                    Some(wire::to_value(&wire::LineLimitData {
+                        max_line_bytes: config.max_line_bytes,
+                    })),
                 );
                 write_reply(&mut output, &reply)?;
                 report.replies += 1;
@@ -302,6 +304,21 @@ mod tests {
         );
         assert_eq!(replies[1]["id"], 2);
         assert_eq!(replies[1]["result"], json!({}));
+    }
+
+    #[test]
+    fn the_over_long_line_reply_matches_its_snapshot() {
+        let (_, replies) = run(&[b'x'; 1000], 100);
+        let [reply] = replies.as_slice() else {
+            panic!("one reply: {replies:?}");
+        };
+        insta::assert_snapshot!(
+            "line_too_long",
+            serde_json::to_string_pretty(reply).unwrap()
+        );
+        let decoded: rmcp::model::ServerJsonRpcMessage =
+            serde_json::from_value(reply.clone()).expect("rmcp decodes it");
+        assert!(matches!(decoded, rmcp::model::JsonRpcMessage::Error(_)));
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::version::ProtocolVersion;
+use super::wire::{
+    ErrorObject, JsonRpcErrorResponse, JsonRpcResponse, UnsupportedVersionData, to_value,
+};
 
 /// `_meta` key carrying the protocol version of a 2026-07-28 request.
 pub const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -279,7 +282,7 @@ impl Outgoing {
     /// A success response.
     pub fn result(id: RequestId, result: Value) -> Self {
         Self {
-            message: json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            message: to_value(&JsonRpcResponse::new(id, result)),
             error: None,
             http_status: 200,
         }
@@ -296,10 +299,11 @@ impl Outgoing {
         message: String,
         data: Option<Value>,
     ) -> Self {
-        let mut error = json!({"code": code.code(), "message": message});
-        if let Some(data) = data {
-            error["data"] = data;
-        }
+        let error = ErrorObject {
+            code: code.code(),
+            data,
+            message,
+        };
         let http_status = match code {
             ErrorCode::ParseError
             | ErrorCode::InvalidRequest
@@ -312,7 +316,7 @@ impl Outgoing {
             ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,
         };
         Self {
-            message: json!({"jsonrpc": "2.0", "id": id.unwrap_or(Value::Null), "error": error}),
+            message: to_value(&JsonRpcErrorResponse::new(id, error)),
             error: Some(code),
             http_status,
         }
@@ -354,5 +358,11 @@ impl Outgoing {
 
 /// The `data` of an unsupported-version error: `{supported, requested}`.
 pub fn unsupported_version_data(requested: &str) -> Value {
-    json!({"supported": ProtocolVersion::supported_strings(), "requested": requested})
+    to_value(&UnsupportedVersionData {
+        requested: requested.to_owned(),
+        supported: ProtocolVersion::supported_strings()
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+    })
 }

@@ -52,6 +52,7 @@ mod progress;
 mod tasks;
 mod tools;
 mod version;
+pub mod wire;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -94,8 +95,12 @@ impl ServerInfo {
         }
     }
 
-    fn to_json(&self) -> Value {
-        json!({"name": self.name, "version": self.version})
+    /// The `serverInfo` of replies.
+    fn implementation(&self) -> wire::Implementation {
+        wire::Implementation {
+            name: self.name.clone(),
+            version: self.version.clone(),
+        }
     }
 }
 
@@ -175,7 +180,7 @@ struct Inner {
     queue: Queue,
     catalog: ToolCatalog,
     info: ServerInfo,
-    tools_list: Value,
+    tools_list: Vec<wire::Tool>,
     list_ttl_ms: u64,
     sleeper: Option<Arc<dyn Sleeper>>,
 }
@@ -203,7 +208,7 @@ enum Era {
 impl McpServer {
     /// A server for `queue` exposing `catalog`, naming itself `info`.
     pub fn new(queue: Queue, catalog: ToolCatalog, info: ServerInfo) -> Self {
-        let tools_list = catalog.tools_list();
+        let tools_list = catalog.tool_definitions();
         Self {
             inner: Arc::new(Inner {
                 queue,
@@ -411,7 +416,7 @@ impl McpServer {
         };
         let result = match (method, era) {
             (Some(Method::Initialize), _) => self.initialize(session, &id, &incoming),
-            (Some(Method::Ping), Era::Legacy(_)) => Ok(json!({})),
+            (Some(Method::Ping), Era::Legacy(_)) => Ok(wire::to_value(&wire::EmptyResult {})),
             (Some(Method::ServerDiscover), Era::Modern) => Ok(self.discover()),
             (Some(Method::ToolsList), _) => Ok(self.tools_list(era)),
             (Some(Method::SubscriptionsListen), Era::Modern) => Err(Outgoing::error(
@@ -588,7 +593,10 @@ impl McpServer {
                     format!(
                         "Invalid params: `{field}` is larger than {MAX_INITIALIZE_FIELD_BYTES} bytes (16 KiB) as JSON, the most this server accepts in `initialize`"
                     ),
-                    Some(json!({"field": field, "limit": MAX_INITIALIZE_FIELD_BYTES})),
+                    Some(wire::to_value(&wire::FieldLimitData {
+                        field: field.to_owned(),
+                        limit: MAX_INITIALIZE_FIELD_BYTES,
+                    })),
                 ));
             }
             if field == "clientInfo" {
@@ -598,38 +606,42 @@ impl McpServer {
         session.version = Some(version);
         session.initialized = false;
         session.client_info = client_info;
-        let mut result = json!({
-            "protocolVersion": version.as_str(),
-            "capabilities": {"tools": {"listChanged": false}},
-            "serverInfo": self.inner.info.to_json(),
-        });
-        if let Some(instructions) = &self.inner.info.instructions {
-            result["instructions"] = json!(instructions);
-        }
-        Ok(result)
+        Ok(wire::to_value(&wire::InitializeResult {
+            capabilities: wire::ServerCapabilities {
+                extensions: None,
+                tools: wire::ToolsCapability {
+                    list_changed: false,
+                },
+            },
+            instructions: self.inner.info.instructions.clone(),
+            protocol_version: version.as_str().to_owned(),
+            server_info: self.inner.info.implementation(),
+        }))
     }
 
     fn discover(&self) -> Value {
-        let mut result = json!({
-            "supportedVersions": [ProtocolVersion::V2026_07_28.as_str()],
-            "capabilities": {"tools": {"listChanged": false}, "extensions": {TASKS_EXTENSION: {}}},
-            "ttlMs": self.inner.list_ttl_ms,
-            "cacheScope": "public",
-        });
-        if let Some(instructions) = &self.inner.info.instructions {
-            result["instructions"] = json!(instructions);
-        }
-        result
+        wire::to_value(&wire::DiscoverResult {
+            cache_scope: "public".to_owned(),
+            capabilities: wire::ServerCapabilities {
+                extensions: Some([(TASKS_EXTENSION.to_owned(), Value::Object(Map::new()))].into()),
+                tools: wire::ToolsCapability {
+                    list_changed: false,
+                },
+            },
+            instructions: self.inner.info.instructions.clone(),
+            supported_versions: vec![ProtocolVersion::V2026_07_28.as_str().to_owned()],
+            ttl_ms: self.inner.list_ttl_ms,
+        })
     }
 
     fn tools_list(&self, era: Era) -> Value {
-        let mut result = json!({"tools": self.inner.tools_list});
-        if era == Era::Modern {
-            result["ttlMs"] = json!(self.inner.list_ttl_ms);
+        let modern = era == Era::Modern;
+        wire::to_value(&wire::ListToolsResult {
             // The catalog is the same for every caller.
-            result["cacheScope"] = json!("public");
-        }
-        result
+            cache_scope: modern.then(|| "public".to_owned()),
+            tools: self.inner.tools_list.clone(),
+            ttl_ms: modern.then_some(self.inner.list_ttl_ms),
+        })
     }
 
     /// Adds what every 2026-07-28 result carries.
@@ -645,10 +657,15 @@ impl McpServer {
             .entry("_meta")
             .or_insert_with(|| Value::Object(Map::new()));
         if let Some(meta) = meta.as_object_mut() {
-            meta.insert(META_SERVER_INFO.into(), self.inner.info.to_json());
+            meta.insert(
+                META_SERVER_INFO.into(),
+                wire::to_value(&self.inner.info.implementation()),
+            );
         }
     }
 }
 
+#[cfg(test)]
+mod replies;
 #[cfg(test)]
 mod tests;

@@ -17,8 +17,9 @@
 //! counter, without `total`. `message` is the task status message of
 //! [`super::tasks`], so every surface says the same words.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
+use super::wire::{JsonRpcNotification, ProgressParams, to_value};
 use crate::queue::RunView;
 
 /// Where a request's notifications go before its result. Streaming
@@ -65,22 +66,16 @@ impl<'a> ProgressNotifications<'a> {
         let percent = view.command.progress.as_ref().and_then(|p| p.percent);
         let (progress, total) = next_value(percent, self.last);
         self.last = Some(progress);
-        let message = super::tasks::task(view)
-            .remove("statusMessage")
-            .unwrap_or(Value::Null);
-        let mut params = json!({
-            "progressToken": self.token,
-            "progress": progress,
-            "message": message,
-        });
-        if let Some(total) = total {
-            params["total"] = json!(total);
-        }
-        self.notifier.notify(json!({
-            "jsonrpc": "2.0",
-            "method": "notifications/progress",
-            "params": params,
-        }));
+        let params = ProgressParams {
+            message: super::tasks::task(view).status_message,
+            progress,
+            progress_token: self.token.clone(),
+            total,
+        };
+        self.notifier.notify(to_value(&JsonRpcNotification::new(
+            "notifications/progress",
+            params,
+        )));
     }
 }
 
@@ -99,6 +94,7 @@ fn next_value(percent: Option<f64>, last: Option<f64>) -> (f64, Option<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn progress_always_grows() {

@@ -25,8 +25,12 @@
 //! queued. Terminal runs stay readable until pruned (30 days after they
 //! finish by default), so `ttlMs` is `null`.
 
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
+use super::wire::{
+    CallToolResult, EmptyResult, GraphRun, JsonRpcNotification, ListenAcknowledged,
+    ListenNotifications, MissingCapabilityData, Task, ToolOutput, to_value,
+};
 use super::{
     Caller, ErrorCode, Incoming, META_CLIENT_CAPABILITIES, McpServer, Outgoing, RequestId,
 };
@@ -49,7 +53,7 @@ pub(super) fn declared(incoming: &Incoming) -> bool {
 }
 
 /// The task fields of a run, without a result.
-pub(super) fn task(view: &RunView) -> Map<String, Value> {
+pub(super) fn task(view: &RunView) -> Task {
     let c = &view.command;
     let (status, message) = match c.status {
         CommandStatus::Queued => (
@@ -92,17 +96,17 @@ pub(super) fn task(view: &RunView) -> Map<String, Value> {
     .flatten()
     .max()
     .unwrap_or(c.created_at);
-    let mut task = Map::new();
-    task.insert("taskId".into(), json!(c.id));
-    task.insert("status".into(), json!(status));
-    task.insert("statusMessage".into(), json!(message));
-    task.insert("createdAt".into(), json!(c.created_at.to_rfc3339()));
-    task.insert("lastUpdatedAt".into(), json!(updated.to_rfc3339()));
-    task.insert("ttlMs".into(), Value::Null);
-    if let Some(secs) = view.poll_after_seconds {
-        task.insert("pollIntervalMs".into(), json!(secs.saturating_mul(1000)));
+    Task {
+        created_at: c.created_at.to_rfc3339(),
+        last_updated_at: updated.to_rfc3339(),
+        poll_interval_ms: view.poll_after_seconds.map(|s| s.saturating_mul(1000)),
+        result: None,
+        result_type: None,
+        status: status.to_owned(),
+        status_message: message,
+        task_id: c.id,
+        ttl_ms: None,
     }
-    task
 }
 
 /// A progress report as one phrase: the message, then the percentage.
@@ -117,9 +121,9 @@ pub(super) fn progress_text(p: &crate::command::Progress) -> String {
 
 /// The `CreateTaskResult` for a freshly queued (or replayed) run.
 pub(super) fn created(view: &RunView) -> Value {
-    let mut result = task(view);
-    result.insert("resultType".into(), json!("task"));
-    Value::Object(result)
+    let mut task = task(view);
+    task.result_type = Some("task".to_owned());
+    to_value(&task)
 }
 
 /// The `notifications/tasks` message for one task as `caller` sees it:
@@ -133,32 +137,25 @@ pub(super) async fn notification(
 ) -> Option<(Value, bool)> {
     let view = server.queue().get_graph_run(&caller.agent, id).await.ok()?;
     let terminal = view.command.status.is_terminal();
-    let params = detailed(&view);
-    Some((
-        json!({"jsonrpc": "2.0", "method": "notifications/tasks", "params": params}),
-        terminal,
-    ))
+    let notification = JsonRpcNotification::new("notifications/tasks", detailed(&view));
+    Some((to_value(&notification), terminal))
 }
 
 /// A task with its status-specific payload (`result` once it has one).
-fn detailed(view: &RunView) -> Value {
-    let mut result = task(view);
+fn detailed(view: &RunView) -> Task {
+    let mut task = task(view);
     if matches!(
         view.command.status,
         CommandStatus::Completed | CommandStatus::Failed
     ) {
-        let structured = view.to_json();
         let is_error = view.command.status == CommandStatus::Failed;
-        result.insert(
-            "result".into(),
-            json!({
-                "content": [{"type": "text", "text": structured.to_string()}],
-                "structuredContent": structured,
-                "isError": is_error,
-            }),
-        );
+        task.result = Some(CallToolResult::of_output(
+            ToolOutput::Run(Box::new(GraphRun::from(view))),
+            is_error,
+            true,
+        ));
     }
-    Value::Object(result)
+    task
 }
 
 /// A `subscriptions/listen` for task notifications, accepted.
@@ -202,7 +199,7 @@ pub(super) async fn listen(
             format!(
                 "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to listen for task notifications"
             ),
-            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+            Some(to_value(&MissingCapabilityData::extension(TASKS_EXTENSION))),
         ));
     }
     let mut task_ids = Vec::new();
@@ -224,11 +221,14 @@ pub(super) async fn listen(
             task_ids.push(command);
         }
     }
-    let acknowledged = json!({
-        "jsonrpc": "2.0",
-        "method": "notifications/subscriptions/acknowledged",
-        "params": {"notifications": {"taskIds": task_ids}},
-    });
+    let acknowledged = to_value(&JsonRpcNotification::new(
+        "notifications/subscriptions/acknowledged",
+        ListenAcknowledged {
+            notifications: ListenNotifications {
+                task_ids: task_ids.clone(),
+            },
+        },
+    ));
     Ok(TaskListen {
         request_id: id.clone(),
         task_ids,
@@ -253,7 +253,7 @@ pub(super) async fn handle(
             format!(
                 "Missing required client capability: declare the `{TASKS_EXTENSION}` extension to use tasks"
             ),
-            Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}})),
+            Some(to_value(&MissingCapabilityData::extension(TASKS_EXTENSION))),
         ));
     }
     let not_found = || {
@@ -294,7 +294,7 @@ pub(super) async fn handle(
             })
     };
     match incoming.method().unwrap_or_default() {
-        "tasks/get" => read.await.map(|view| detailed(&view)),
+        "tasks/get" => read.await.map(|view| to_value(&detailed(&view))),
         "tasks/cancel" => {
             queue
                 .cancel_graph_run(agent, &command)
@@ -303,9 +303,9 @@ pub(super) async fn handle(
                     CancelError::NotFound => not_found(),
                     CancelError::Store(_) => internal(),
                 })?;
-            Ok(json!({}))
+            Ok(to_value(&EmptyResult {}))
         }
         // No run ever asks for input; the acknowledgement is all there is.
-        _ => read.await.map(|_| json!({})),
+        _ => read.await.map(|_| to_value(&EmptyResult {})),
     }
 }

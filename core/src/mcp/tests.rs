@@ -22,8 +22,8 @@ use crate::time::{ManualClock, SeededIds, Timestamp};
 
 /// Just enough of a store for the agent-side tools.
 #[derive(Default)]
-struct TinyStore {
-    commands: Mutex<HashMap<CommandId, CommandRecord>>,
+pub(super) struct TinyStore {
+    pub(super) commands: Mutex<HashMap<CommandId, CommandRecord>>,
     keys: Mutex<HashMap<(OwnerId, AgentId, IdempotencyKey), IdempotencyRecord>>,
     sessions: Mutex<Vec<SharedSession>>,
 }
@@ -216,18 +216,18 @@ impl Store for TinyStore {
     }
 }
 
-const GS: &str = "gs_0123456789abcdef0123456789abcdef";
-const MODERN: &str = "2026-07-28";
+pub(super) const GS: &str = "gs_0123456789abcdef0123456789abcdef";
+pub(super) const MODERN: &str = "2026-07-28";
 
-struct Fixture {
-    server: McpServer,
-    store: Arc<TinyStore>,
-    alice: Caller,
-    reader: Caller,
-    other: Caller,
+pub(super) struct Fixture {
+    pub(super) server: McpServer,
+    pub(super) store: Arc<TinyStore>,
+    pub(super) alice: Caller,
+    pub(super) reader: Caller,
+    pub(super) other: Caller,
 }
 
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let store = Arc::new(TinyStore::default());
     let queue = Queue::new(
         store.clone(),
@@ -277,14 +277,19 @@ fn fixture() -> Fixture {
 }
 
 impl Fixture {
-    fn send(&self, session: &mut McpSession, caller: &Caller, message: &Value) -> Option<Outgoing> {
+    pub(super) fn send(
+        &self,
+        session: &mut McpSession,
+        caller: &Caller,
+        message: &Value,
+    ) -> Option<Outgoing> {
         block_on(
             self.server
                 .handle(session, caller, message.to_string().as_bytes()),
         )
     }
 
-    fn raw(&self, bytes: &[u8]) -> Outgoing {
+    pub(super) fn raw(&self, bytes: &[u8]) -> Outgoing {
         block_on(
             self.server
                 .handle(&mut McpSession::new(), &self.alice, bytes),
@@ -293,7 +298,7 @@ impl Fixture {
     }
 
     /// A legacy session after `initialize` + `initialized`.
-    fn legacy(&self, version: &str) -> McpSession {
+    pub(super) fn legacy(&self, version: &str) -> McpSession {
         let mut session = McpSession::new();
         let reply = self
             .send(
@@ -316,7 +321,7 @@ impl Fixture {
         session
     }
 
-    fn call_legacy(&self, caller: &Caller, name: &str, arguments: Value) -> Value {
+    pub(super) fn call_legacy(&self, caller: &Caller, name: &str, arguments: Value) -> Value {
         let mut session = self.legacy("2025-11-25");
         let reply = self
             .send(
@@ -328,7 +333,7 @@ impl Fixture {
         reply.message().clone()
     }
 
-    fn call_modern(&self, caller: &Caller, name: &str, arguments: Value) -> Value {
+    pub(super) fn call_modern(&self, caller: &Caller, name: &str, arguments: Value) -> Value {
         let reply = self
             .send(
                 &mut McpSession::new(),
@@ -341,7 +346,7 @@ impl Fixture {
     }
 }
 
-fn modern_meta() -> Value {
+pub(super) fn modern_meta() -> Value {
     json!({META_PROTOCOL_VERSION: MODERN, META_CLIENT_CAPABILITIES: {}, META_CLIENT_INFO: {"name": "t", "version": "1"}})
 }
 

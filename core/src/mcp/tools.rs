@@ -1,8 +1,9 @@
 //! `tools/call`: from params to a queue operation to a `CallToolResult`.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::progress::{ProgressNotifications, token as progress_token};
+use super::wire::{CallToolResult, GraphRun, GraphRunTicket, SessionList, ToolOutput, to_value};
 use super::{
     Caller, ErrorCode, Incoming, McpServer, Notifier, Outgoing, ProtocolVersion, RequestId,
 };
@@ -51,15 +52,21 @@ impl CallError {
 }
 
 fn tool_error(text: &str) -> Value {
-    json!({"content": [{"type": "text", "text": text}], "isError": true})
+    to_value(&CallToolResult::error(text))
 }
 
-fn tool_result(text: String, structured: Value, version: ProtocolVersion) -> Value {
-    let mut result = json!({"content": [{"type": "text", "text": text}], "isError": false});
-    if version.has_structured_content() {
-        result["structuredContent"] = structured;
-    }
-    result
+/// A success whose text is the compact JSON of its structured content.
+fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Value {
+    to_value(&CallToolResult::of_output(
+        structured,
+        false,
+        version.has_structured_content(),
+    ))
+}
+
+fn tool_result_with_text(text: String, structured: ToolOutput, version: ProtocolVersion) -> Value {
+    let structured = version.has_structured_content().then_some(structured);
+    to_value(&CallToolResult::success(text, structured))
 }
 
 /// Runs one `tools/call`. Tool execution errors come back as `Ok` results
@@ -122,13 +129,17 @@ async fn run(
                 };
                 return Ok(super::tasks::created(&view));
             }
-            let structured = ticket.to_json();
+            let structured = GraphRunTicket::from(&ticket);
             let text = format!(
                 "Queued ticket, not a result. {} Ticket: {}",
-                ticket.message(),
-                structured
+                structured.message,
+                to_value(&structured)
             );
-            Ok(tool_result(text, structured, version))
+            Ok(tool_result_with_text(
+                text,
+                ToolOutput::Ticket(structured),
+                version,
+            ))
         }
         ToolArgs::List(args) => {
             let list = queue
@@ -138,8 +149,10 @@ async fn run(
                     ListError::Store(s) => CallError::Store(s),
                     other => CallError::tool(other.to_string()),
                 })?;
-            let structured = list.to_json();
-            Ok(tool_result(structured.to_string(), structured, version))
+            Ok(tool_result(
+                ToolOutput::Sessions(SessionList::from(&list)),
+                version,
+            ))
         }
         ToolArgs::Get(args) => {
             // `wait_seconds` waits on the queue's signals with the transport's timer.
@@ -170,8 +183,10 @@ async fn run(
                 GetError::Store(s) => CallError::Store(s),
                 other => CallError::tool(other.to_string()),
             })?;
-            let structured = view.to_json();
-            Ok(tool_result(structured.to_string(), structured, version))
+            Ok(tool_result(
+                ToolOutput::Run(Box::new(GraphRun::from(&view))),
+                version,
+            ))
         }
         ToolArgs::Cancel(args) => {
             let view = queue
@@ -181,8 +196,10 @@ async fn run(
                     CancelError::Store(s) => CallError::Store(s),
                     other => CallError::tool(other.to_string()),
                 })?;
-            let structured = view.to_json();
-            Ok(tool_result(structured.to_string(), structured, version))
+            Ok(tool_result(
+                ToolOutput::Run(Box::new(GraphRun::from(&view))),
+                version,
+            ))
         }
     }
 }
