@@ -339,13 +339,13 @@ pub fn openapi() -> Value {
                         {
                             "type": "object",
                             "additionalProperties": false,
-                            "required": ["execution_id", "status", "result", "total_tokens", "reported_cost"],
+                            "required": ["execution_id", "status"],
                             "properties": {
                                 "execution_id": string,
                                 "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
-                                "result": {},
-                                "total_tokens": {"type": ["integer", "null"], "minimum": 0},
-                                "reported_cost": {"type": ["number", "null"]},
+                                "result": {"description": "The Graph's output; `null` when absent (the relay always sends it)."},
+                                "total_tokens": {"type": ["integer", "null"], "minimum": 0, "description": "`null` when absent."},
+                                "reported_cost": {"type": ["number", "null"], "description": "`null` when absent."},
                                 "error": {"type": "string"}
                             }
                         },
