@@ -2,6 +2,7 @@
 
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -190,8 +191,20 @@ pub(crate) async fn post(
     State(state): State<HttpState>,
     principal: AgentPrincipal,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    // A body the server would not read is a JSON-RPC error too, not
+    // axum's plain text.
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = state.config().max_body_bytes;
+            return McpHeaderError::BodyTooLarge { limit }.into_response();
+        }
+        Err(rejection) => {
+            return McpHeaderError::BodyUnreadable(rejection.body_text()).into_response();
+        }
+    };
     let who = principal.authenticated();
     let caller = principal.caller;
     if let Err(refused) = mcp_headers::check_media_types(&headers) {

@@ -125,6 +125,15 @@ pub enum McpHeaderError {
     /// `DELETE /mcp` of a session this caller does not have (404).
     #[error("Session not found")]
     DeleteUnknownSession,
+    /// The body is larger than the server reads (413).
+    #[error("Invalid request: the body is larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// The body could not be read (400), e.g. the client stopped sending.
+    #[error("Invalid request: the body could not be read: {0}")]
+    BodyUnreadable(String),
 }
 
 impl McpHeaderError {
@@ -136,7 +145,9 @@ impl McpHeaderError {
             Self::HeaderMismatch { .. }
             | Self::MissingSession
             | Self::SessionVersion { .. }
-            | Self::DeleteWithoutSession => StatusCode::BAD_REQUEST,
+            | Self::DeleteWithoutSession
+            | Self::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::SessionNotFound { .. } | Self::DeleteUnknownSession => StatusCode::NOT_FOUND,
         }
     }
