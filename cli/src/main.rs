@@ -276,6 +276,41 @@ enum CliError {
     Plot(#[from] graph_relay_sim::plot::PlotError),
 }
 
+/// The tracing target of the worker's human status lines.
+pub const STATUS_TARGET: &str = "graph_relay::status";
+
+/// Two outputs on stderr: the worker's status lines ([`STATUS_TARGET`]) as
+/// bare human-readable lines, whatever `GRAPH_RELAY_LOG` says (the worker
+/// decides which it emits: `--quiet`, `--verbose`), and every other event in
+/// the usual format, filtered by `GRAPH_RELAY_LOG` (default `default_filter`).
+fn init_logging(default_filter: &str) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let status = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .with_ansi(false)
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            meta.target() == STATUS_TARGET
+        }));
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GRAPH_RELAY_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter))
+                .add_directive(
+                    format!("{STATUS_TARGET}=off")
+                        .parse()
+                        .expect("a constant directive"),
+                ),
+        );
+    tracing_subscriber::registry().with(status).with(log).init();
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo prints its own steps; the server's log would drown them.
@@ -286,14 +321,7 @@ fn main() -> ExitCode {
         Command::Worker(args) if !args.verbose => "warn",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GRAPH_RELAY_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_ansi(false)
-        .init();
+    init_logging(default_filter);
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

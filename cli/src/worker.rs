@@ -343,8 +343,14 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     Ok(())
 }
 
+/// One human status line, through tracing (target
+/// [`STATUS_TARGET`](crate::STATUS_TARGET), printed bare on stderr).
 fn print_status(line: &str) {
-    eprintln!("{line}");
+    if line.starts_with("warning:") {
+        tracing::warn!(target: crate::STATUS_TARGET, "{line}");
+    } else {
+        tracing::info!(target: crate::STATUS_TARGET, "{line}");
+    }
 }
 
 /// Keeps an unreachable server (stopped, restarting, a network outage)
