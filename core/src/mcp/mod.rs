@@ -170,6 +170,31 @@ pub const DEFAULT_LIST_TTL_MS: u64 = 300_000;
 
 /// The MCP server: protocol rules over a [`Queue`] and a [`ToolCatalog`].
 /// Cheap to clone; share one between connections.
+///
+/// A transport keeps one [`McpSession`] per connection (or per
+/// `MCP-Session-Id`), authenticates the [`Caller`], and hands each message's
+/// bytes to [`McpServer::handle`]; what comes back is the reply to write,
+/// if any:
+///
+/// ```
+/// use futures::executor::block_on;
+/// use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
+/// use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
+/// use graph_relay_core::prelude::*;
+///
+/// fn serve_one_line(queue: Queue, line: &[u8]) -> Option<String> {
+///     let server = McpServer::new(queue, ToolCatalog::published(), ServerInfo::new("my-server", "1.0"));
+///     let agent = Agent::new(
+///         AgentId::parse("assistant").ok()?,
+///         OwnerId::parse("alice").ok()?,
+///         [ProjectId::parse("research").ok()?],
+///     );
+///     let caller = Caller::new(agent, [READ_SCOPE, RUN_SCOPE]);
+///     let mut session = McpSession::new();
+///     let reply = block_on(server.handle(&mut session, &caller, line))?;
+///     Some(reply.message().to_string())
+/// }
+/// ```
 #[derive(Debug, Clone)]
 pub struct McpServer {
     inner: Arc<Inner>,
