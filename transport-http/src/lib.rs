@@ -81,6 +81,7 @@ pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
 pub mod relay_client;
+pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
 mod sessions;

@@ -279,12 +279,7 @@ impl Metrics {
     /// Brings every gauge up to date and returns the text exposition.
     pub async fn render(&self, state: &HttpState) -> String {
         self.refresh(state).await;
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            // Writing into a String does not fail; keep what was written.
-            tracing::warn!("metrics: encoding failed");
-        }
-        text
+        encode(&self.registry)
     }
 
     async fn refresh(&self, state: &HttpState) {
@@ -349,8 +344,10 @@ struct Scrape {
     local: SocketAddr,
 }
 
-/// Whether `host` (a `Host` header) may read the metrics of `local`.
-fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
+/// Whether `host` (a `Host` header) may read the metrics of `local`: any
+/// host on a non-loopback listener (the operator chose to expose it), else
+/// only a loopback name with the listener's port (no DNS rebinding).
+pub(crate) fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
     if !local.ip().is_loopback() {
         return true;
     }
@@ -371,7 +368,21 @@ async fn scrape(State(scrape): State<Scrape>, headers: axum::http::HeaderMap) ->
     if !host_allowed(host, scrape.local) {
         return (StatusCode::FORBIDDEN, "Host not allowed\n").into_response();
     }
-    let text = scrape.metrics.render(&scrape.state).await;
+    exposition(scrape.metrics.render(&scrape.state).await)
+}
+
+/// The text exposition of `registry`.
+pub(crate) fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
+        // Writing into a String does not fail; keep what was written.
+        tracing::warn!("metrics: encoding failed");
+    }
+    text
+}
+
+/// A 200 answer carrying `text` as OpenMetrics.
+pub(crate) fn exposition(text: String) -> Response {
     (
         StatusCode::OK,
         [(
