@@ -85,6 +85,7 @@ pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
 mod sessions;
+pub mod store_timing;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -32,6 +32,7 @@
 //! | `graph_relay_listen_streams` | gauge | | open `subscriptions/listen` streams |
 //! | `graph_relay_http_requests_total` | counter | `route`, `method`, `status` | answered HTTP requests by route pattern (`unmatched` for unknown paths) |
 //! | `graph_relay_metrics_store_errors_total` | counter | | scrapes whose store figures could not be read |
+//! | `graph_relay_store_operation_seconds` | histogram | `operation` (a [`Store`] method, [`OPERATIONS`](crate::store_timing::OPERATIONS)) | how long each store call took, for a store wrapped by [`Metrics::timed_store`] |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,7 +54,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use graph_relay_core::store::Store;
+
 use crate::HttpState;
+use crate::store_timing::{OperationHistograms, TimedStore, operation_histograms};
 
 /// The path of the metrics endpoint.
 pub const METRICS_PATH: &str = "/metrics";
@@ -137,6 +141,7 @@ pub struct Metrics {
     listen_streams: Gauge,
     http_requests: Family<HttpLabels, Counter>,
     store_errors: Counter,
+    store_operations: OperationHistograms,
     figures: Option<Arc<dyn QueueFigures>>,
     /// Finished runs up to this time are counted.
     counted_until: tokio::sync::Mutex<Timestamp>,
@@ -233,6 +238,12 @@ impl Metrics {
             "Scrapes whose store figures could not be read",
             store_errors.clone(),
         );
+        let store_operations = operation_histograms();
+        registry.register(
+            "graph_relay_store_operation_seconds",
+            "How long each store call took, by Store method",
+            store_operations.clone(),
+        );
         Self {
             registry,
             runs,
@@ -248,9 +259,17 @@ impl Metrics {
             listen_streams,
             http_requests,
             store_errors,
+            store_operations,
             figures,
             counted_until: tokio::sync::Mutex::new(SystemClock.now()),
         }
+    }
+
+    /// `store` with each of its calls timed into
+    /// `graph_relay_store_operation_seconds`: install it under the queue
+    /// whose store these metrics describe.
+    pub fn timed_store(&self, store: Arc<dyn Store>) -> TimedStore {
+        TimedStore::new(store, self.store_operations.clone())
     }
 
     /// `router` with every answered request counted by route pattern,
