@@ -240,6 +240,10 @@ enum TokenCommand {
         #[arg(long = "scope")]
         scopes: Vec<String>,
     },
+    /// Create (or replace) the operator token, which reads the status on
+    /// the metrics listener (`status --server URL --token FILE`); it is
+    /// printed once, only its hash is stored.
+    Operator,
     /// List tokens (names and hash prefixes; never the tokens).
     List,
     /// Revoke every token of `NAME` (or `OWNER/NAME` when several owners use
@@ -270,7 +274,7 @@ enum CliError {
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
     #[error(transparent)]
-    Status(#[from] graph_relay_store_sqlite::stats::StatsError),
+    Status(#[from] status::StatusError),
     #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
     #[error(transparent)]
@@ -535,7 +539,18 @@ fn serve(
     let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
         (metrics.is_some() && !store.memory && store.postgres.is_none())
             .then(|| status::SqliteFigures::new(store.db.clone()) as _);
-    let registry = metrics.map(|_| Arc::new(Metrics::new(figures.clone())));
+    let registry = metrics.map(|_| {
+        let registry = Metrics::new(figures.clone());
+        let Some(hash) = file.server.operator_token_sha256.clone() else {
+            return Arc::new(registry);
+        };
+        // The status needs the SQLite file, like the figures.
+        let source = figures.as_ref().map(|_| {
+            status::SqliteStatus::new(store.db.clone())
+                as Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>
+        });
+        Arc::new(registry.with_operator_status(hash, source))
+    });
     let server = open_any_store(
         store,
         &runtime,
@@ -1017,6 +1032,16 @@ fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
             file.save(config_path)?;
             eprintln!(
                 "Created {kind_name} token for `{name}` in {}. It is shown once:",
+                config_path.display()
+            );
+            println!("{token}");
+        }
+        TokenCommand::Operator => {
+            let token = new_token(TokenKind::Operator);
+            file.server.operator_token_sha256 = Some(hash_token(&token));
+            file.save(config_path)?;
+            eprintln!(
+                "Created the operator token in {} (serve reads it at start). It is shown once:",
                 config_path.display()
             );
             println!("{token}");
