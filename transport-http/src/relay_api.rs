@@ -1,8 +1,8 @@
 //! The relay API handlers (server side): sync, start, control, complete,
 //! decline, progress.
 //!
-//! Plain async handlers over [`Queue`]; the wire types are in
-//! [`crate::relay_wire`]; [`crate::relay_routes`] mounts them. Each request
+//! Plain async handlers over [`Queue`](graph_relay_core::queue::Queue);
+//! the wire types are in [`crate::relay_wire`]; [`crate::relay_routes`] mounts them. Each request
 //! passes the Host/Origin check, then needs a *device* token (an agent
 //! token gets 403), which the handler takes with the
 //! [`DevicePrincipal`] extractor. The core keys every
@@ -11,7 +11,9 @@
 //!
 //! # Held requests
 //! A long-poll sync or control request is a core [`Hold`] made by
-//! [`Queue::sync_hold`] or [`Queue::control_hold`]: it subscribes to the
+//! [`Queue::sync_hold`](graph_relay_core::queue::Queue::sync_hold) or
+//! [`Queue::control_hold`](graph_relay_core::queue::Queue::control_hold):
+//! it subscribes to the
 //! topics that can change its answer *before* it looks, answers at once
 //! when work is queued (sync) or cancellation was requested or the command
 //! ended (control), and otherwise waits until a topic fires (a sync then

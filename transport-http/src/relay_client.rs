@@ -10,7 +10,7 @@
 //! all are retried later. The status code alone never decides.
 //!
 //! The driver itself is the core's runtime-free
-//! [`RelayDriver`](graph_relay_core::relay::driver::RelayDriver), re-exported
+//! [`RelayDriver`], re-exported
 //! here with its [`RelayTransport`] trait: this module supplies only the
 //! HTTP transport.
 //!
