@@ -68,6 +68,11 @@ pub struct ServerSection {
     /// its own (e.g. `127.0.0.1:9187`); off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// SHA-256 (hex) of the operator token (`graph-relay token operator`):
+    /// with it, the metrics listener answers `GET /admin/status`, which
+    /// `graph-relay status --server` reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_token_sha256: Option<String>,
 }
 
 /// The whole file.

@@ -31,6 +31,7 @@ use graph_relay_core::prelude::*;
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
 };
+use graph_relay_transport_http::metrics::Metrics;
 use graph_relay_transport_http::oauth::{AuthChain, OAuthAuthenticator};
 use graph_relay_transport_http::serve::{RESERVED_FILES, raise_open_file_limit};
 use graph_relay_transport_http::{
@@ -239,6 +240,10 @@ enum TokenCommand {
         #[arg(long = "scope")]
         scopes: Vec<String>,
     },
+    /// Create (or replace) the operator token, which reads the status on
+    /// the metrics listener (`status --server URL --token FILE`); it is
+    /// printed once, only its hash is stored.
+    Operator,
     /// List tokens (names and hash prefixes; never the tokens).
     List,
     /// Revoke every token of `NAME` (or `OWNER/NAME` when several owners use
@@ -269,7 +274,7 @@ enum CliError {
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
     #[error(transparent)]
-    Status(#[from] graph_relay_store_sqlite::stats::StatsError),
+    Status(#[from] status::StatusError),
     #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
     #[error(transparent)]
@@ -429,17 +434,23 @@ fn open_postgres(
 }
 
 /// `--postgres` or else `open_store`; with Postgres, the queue's signals are
-/// forwarded to (and woken by) the other servers on the database.
+/// forwarded to (and woken by) the other servers on the database. With
+/// `timed`, each store call is timed into those metrics.
 fn open_any_store(
     args: &StoreArgs,
     runtime: &tokio::runtime::Runtime,
     queue: QueueConfig,
     max_wait_seconds: Option<u32>,
+    timed: Option<&Metrics>,
 ) -> Result<McpServer, CliError> {
+    let time = |store: Arc<dyn Store>| match timed {
+        Some(metrics) => Arc::new(metrics.timed_store(store)) as Arc<dyn Store>,
+        None => store,
+    };
     match open_postgres(args, runtime)? {
-        None => mcp_server(open_store(args)?, queue, max_wait_seconds),
+        None => mcp_server(time(open_store(args)?), queue, max_wait_seconds),
         Some(pg) => {
-            let server = mcp_server(Arc::new(pg.clone()), queue, max_wait_seconds)?;
+            let server = mcp_server(time(Arc::new(pg.clone())), queue, max_wait_seconds)?;
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
@@ -556,7 +567,25 @@ fn serve(
     let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
         (metrics.is_some() && !store.memory && store.postgres.is_none())
             .then(|| status::SqliteFigures::new(store.db.clone()) as _);
-    let server = open_any_store(store, &runtime, queue, max_wait_seconds)?;
+    let registry = metrics.map(|_| {
+        let registry = Metrics::new(figures.clone());
+        let Some(hash) = file.server.operator_token_sha256.clone() else {
+            return Arc::new(registry);
+        };
+        // The status needs the SQLite file, like the figures.
+        let source = figures.as_ref().map(|_| {
+            status::SqliteStatus::new(store.db.clone())
+                as Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>
+        });
+        Arc::new(registry.with_operator_status(hash, source))
+    });
+    let server = open_any_store(
+        store,
+        &runtime,
+        queue,
+        max_wait_seconds,
+        registry.as_deref(),
+    )?;
     let maintained = server.queue().clone();
     runtime.spawn(maintain(maintained));
     let stopping = server.queue().clone();
@@ -601,8 +630,8 @@ fn serve(
         let state = HttpState::new(server, auth, http);
         let mut app = graph_relay_transport_http::router(state.clone());
         let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
-        if let Some(address) = metrics {
-            app = serve_metrics(address, figures, state, app, stopped_rx).await?;
+        if let (Some(address), Some(registry)) = (metrics, registry) {
+            app = serve_metrics(address, registry, figures.is_some(), state, app, stopped_rx).await?;
         }
         tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
         // On SIGINT/SIGTERM every held request answers at once and waits
@@ -620,11 +649,12 @@ fn serve(
     Ok(())
 }
 
-/// Starts the metrics listener at `address` (until `stopped` turns true);
-/// returns `app` with its requests counted.
+/// Starts the metrics listener of `metrics` at `address` (until `stopped`
+/// turns true); returns `app` with its requests counted.
 async fn serve_metrics(
     address: SocketAddr,
-    figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>>,
+    metrics: Arc<Metrics>,
+    has_figures: bool,
     state: HttpState,
     app: axum::Router,
     mut stopped: tokio::sync::watch::Receiver<bool>,
@@ -634,12 +664,11 @@ async fn serve_metrics(
     if !local.ip().is_loopback() {
         tracing::warn!(%local, "metrics on a non-loopback address: they are totals over every owner; keep the port reachable by the operator only");
     }
-    if figures.is_none() {
+    if !has_figures {
         tracing::info!(
             "metrics: the queue's figures need the SQLite store; serving the HTTP and in-process figures only"
         );
     }
-    let metrics = Arc::new(graph_relay_transport_http::metrics::Metrics::new(figures));
     let app = metrics.instrument(app);
     tokio::spawn(graph_relay_transport_http::serve(
         listener,
@@ -967,7 +996,7 @@ fn stdio(
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let server = open_any_store(store, &runtime, QueueConfig::default(), None)?;
+    let server = open_any_store(store, &runtime, QueueConfig::default(), None, None)?;
     runtime.spawn(maintain(server.queue().clone()));
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
@@ -1031,6 +1060,16 @@ fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
             file.save(config_path)?;
             eprintln!(
                 "Created {kind_name} token for `{name}` in {}. It is shown once:",
+                config_path.display()
+            );
+            println!("{token}");
+        }
+        TokenCommand::Operator => {
+            let token = new_token(TokenKind::Operator);
+            file.server.operator_token_sha256 = Some(hash_token(&token));
+            file.save(config_path)?;
+            eprintln!(
+                "Created the operator token in {} (serve reads it at start). It is shown once:",
                 config_path.display()
             );
             println!("{token}");

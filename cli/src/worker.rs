@@ -25,6 +25,7 @@ use graph_relay_transport_http::TokioSleeper;
 use graph_relay_transport_http::relay_client::{
     DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
 };
+use graph_relay_transport_http::relay_metrics::RelayMetrics;
 
 use crate::approval::HookApprover;
 use crate::console::{Console, ConsoleApprover, ConsoleExecutor};
@@ -78,9 +79,17 @@ impl Verbosity {
                         | RelayEvent::ClosedByServer { .. }
                 )
         );
+        // Passes, accepted progress and failed control polls come often
+        // (a control poll fails every few seconds while the server is
+        // away): verbose only.
         let pass = matches!(
             event,
-            DriverEvent::Relay(RelayEvent::PassStarted | RelayEvent::PassFinished { .. })
+            DriverEvent::Relay(
+                RelayEvent::PassStarted
+                    | RelayEvent::PassFinished { .. }
+                    | RelayEvent::ProgressPosted { .. }
+                    | RelayEvent::ControlFailed { .. }
+            )
         );
         match self {
             Verbosity::Quiet => problem,
@@ -125,6 +134,11 @@ pub struct WorkerArgs {
     /// default. Its URL, with a secret drawn at start, is printed once.
     #[arg(long, value_name = "127.0.0.1:PORT")]
     pub console: Option<std::net::SocketAddr>,
+    /// Serve `GET /metrics` (Prometheus: outbox, runs, failures, server
+    /// reachability) on this address, e.g. 127.0.0.1:9188; off by default.
+    /// On a loopback address only a loopback `Host` is answered.
+    #[arg(long, value_name = "127.0.0.1:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Seconds between status lines while a run runs (how long, and its
     /// latest progress); 0 for none.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -165,6 +179,11 @@ pub enum WorkerError {
     /// The runtime could not start.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// `--metrics` names an address other than loopback.
+    #[error(
+        "--metrics {0}: the worker serves its metrics on a loopback address only (e.g. 127.0.0.1:9188)"
+    )]
+    MetricsNotLoopback(std::net::SocketAddr),
     /// No `--outbox` and no platform data directory (no home directory).
     #[error("no data directory for the outbox (is HOME set?); pass --outbox FILE")]
     NoDataDir,
@@ -209,6 +228,11 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             print_status(line);
         }
     };
+    if let Some(address) = args.metrics
+        && !address.ip().is_loopback()
+    {
+        return Err(WorkerError::MetricsNotLoopback(address));
+    }
     let graphs = Graphs::load(&args.graphs)?;
     if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
         status(&warning);
@@ -283,6 +307,16 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             ),
             None => (process, Arc::new(hook)),
         };
+        let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
+        let metrics = match args.metrics {
+            Some(address) => {
+                let (metrics, local) =
+                    serve_metrics(address, outbox.clone(), clock.clone(), stopped_rx).await?;
+                status(&format!("metrics: http://{local}/metrics"));
+                Some(metrics)
+            }
+            None => None,
+        };
         let driver = RelayDriver::new(
             relay,
             transport,
@@ -325,6 +359,9 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         let mut reach = Reachability::default();
         driver
             .run(crate::shutdown_signal(), |event| {
+                if let Some(metrics) = &metrics {
+                    metrics.observe(&event);
+                }
                 if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
                     console.observe(event);
                 }
@@ -337,10 +374,33 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
                 }
             })
             .await;
+        let _ = stopped_tx.send(true);
         status("worker: stopped");
         Ok::<(), WorkerError>(())
     })?;
     Ok(())
+}
+
+/// Starts the metrics listener at `address` until `stopped` turns true;
+/// returns the metrics to feed and the bound address.
+async fn serve_metrics(
+    address: std::net::SocketAddr,
+    outbox: Arc<SqliteOutbox>,
+    clock: Arc<SystemClock>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<(Arc<RelayMetrics>, std::net::SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let local = listener.local_addr()?;
+    let metrics = Arc::new(RelayMetrics::new(outbox, clock));
+    tokio::spawn(graph_relay_transport_http::serve(
+        listener,
+        metrics.router(local),
+        graph_relay_transport_http::serve::ServeConfig::default(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    ));
+    Ok((metrics, local))
 }
 
 /// One human status line, through tracing (target
@@ -449,6 +509,10 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
             ),
             RelayEvent::Abandoned { command } => {
                 format!("stopped {command}: the server had closed the run; nothing reported")
+            }
+            RelayEvent::ProgressPosted { command } => format!("progress of {command} posted"),
+            RelayEvent::ControlFailed { command, reason } => {
+                format!("control poll for {command} failed (retrying): {reason}")
             }
             RelayEvent::ProgressRefused { command, reason } => {
                 format!("progress of {command} refused; sending no more: {reason}")

@@ -1,6 +1,7 @@
 //! `serve --metrics`: a Prometheus endpoint on a listener of its own. A
 //! scrape after a run shows the figures moved (finished runs, the pickup
-//! histogram, desktops online, HTTP requests by route, held requests);
+//! histogram, desktops online, HTTP requests by route, held requests, the
+//! store's operation latency);
 //! the MCP port does not serve them, and a foreign `Host` is refused.
 
 mod common;
@@ -107,6 +108,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "graph_relay_listen_streams",
         "graph_relay_http_requests",
         "graph_relay_metrics_store_errors",
+        "graph_relay_store_operation_seconds",
     ] {
         assert!(
             before.contains(&format!("# HELP {name} ")),
@@ -145,6 +147,51 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         Some(1.0),
         "{text}"
     );
+    // The store's calls were timed, by Store method: the run was inserted
+    // once, its claim and its completion updated it.
+    let store_count = |text: &str, operation: &str| {
+        sample(
+            text,
+            &format!(r#"graph_relay_store_operation_seconds_count{{operation="{operation}"}}"#),
+        )
+    };
+    let inserts = store_count(&before, "insert_command").unwrap_or(0.0);
+    assert_eq!(
+        store_count(&text, "insert_command"),
+        Some(inserts + 1.0),
+        "{text}"
+    );
+    assert!(
+        store_count(&text, "update_command").is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+    assert!(
+        store_count(&text, "touch_device").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert!(
+        sample(
+            &text,
+            r#"graph_relay_store_operation_seconds_sum{operation="update_command"}"#
+        )
+        .is_some_and(|s| s > 0.0),
+        "{text}"
+    );
+    // Only Store method names label it.
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("graph_relay_store_operation_seconds"))
+    {
+        let operation = line
+            .split("operation=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("an operation label");
+        assert!(
+            graph_relay_transport_http::store_timing::OPERATIONS.contains(&operation),
+            "{line}"
+        );
+    }
     assert!(
         sample(&text, "graph_relay_pickup_latency_seconds_sum").is_some_and(|s| s < 5.0),
         "{text}"

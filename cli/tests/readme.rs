@@ -16,7 +16,11 @@
 //!   `status-command` on the database it left;
 //! - the configuration examples: `config-server` and `config-oauth` load
 //!   as `graph-relay.toml`, `graphs-reference` loads in a worker, and the
-//!   `stdio-config` client configuration starts `graph-relay stdio`.
+//!   `stdio-config` client configuration starts `graph-relay stdio`;
+//! - the embedding examples `embed-example` and `in-process-example`: each
+//!   `cargo run -p PKG --example NAME` line runs the example binary that
+//!   `cargo test --workspace` built (`target/<profile>/examples/NAME`, next
+//!   to this test's binary), which must end well and print something.
 //!
 //! `cargo run --release -p graph-relay --` and a leading `graph-relay`
 //! become this build's binary. Nothing is written outside temporary
@@ -239,15 +243,103 @@ fn every_readme_block_is_run_or_says_why_not() {
         "config-server",
         "config-oauth",
         "graphs-reference",
+        "embed-example",
+        "in-process-example",
     ] {
         assert!(blocks.contains_key(name), "no README block `{name}`");
     }
     assert_eq!(
         blocks.len(),
-        10,
+        12,
         "a README block is marked but not run: {:?}",
         blocks.keys()
     );
+}
+
+/// The package and example of a README line `cargo run [--release] -p PKG
+/// --example NAME`, comment removed.
+fn example_args(line: &str) -> Option<(String, String)> {
+    let line = line.split(" #").next()?.trim();
+    let rest = line.strip_prefix("cargo run ")?;
+    let rest = rest.strip_prefix("--release ").unwrap_or(rest);
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    match words.as_slice() {
+        ["-p", package, "--example", name] => Some(((*package).to_owned(), (*name).to_owned())),
+        _ => None,
+    }
+}
+
+/// The example binary `name` of `package` as `cargo test --workspace`
+/// builds it: `target/<profile>/examples/<name>`, beside the `deps` folder
+/// holding this test's binary.
+fn example_binary(package: &str, name: &str) -> PathBuf {
+    // The example's source is where the README says: the package's folder
+    // is its name without `graph-relay-` (`cli` for the binary's package).
+    let folder = match package.strip_prefix("graph-relay-") {
+        Some(folder) => folder,
+        None if package == "graph-relay" => "cli",
+        None => panic!("README: `{package}` is not a package of this workspace"),
+    };
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(folder)
+        .join("examples")
+        .join(format!("{name}.rs"));
+    assert!(
+        source.exists(),
+        "README: {package} has no example `{name}` ({} is missing)",
+        source.display()
+    );
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the profile directory")
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo test --workspace`, which builds every example \
+         (`--test readme` or `-p graph-relay` alone does not build {package}'s)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_embedding_examples_run() {
+    let blocks = readme_blocks();
+    for name in ["embed-example", "in-process-example"] {
+        let b = block(&blocks, name, "sh");
+        let examples: Vec<(String, String)> = b.text.lines().filter_map(example_args).collect();
+        assert!(
+            !examples.is_empty(),
+            "README.md:{}: no `cargo run -p PKG --example NAME` line in:\n{}",
+            b.line,
+            b.text
+        );
+        for (package, example) in examples {
+            let cwd = tempfile::tempdir().expect("cwd");
+            let out = Command::new(example_binary(&package, &example))
+                .current_dir(cwd.path())
+                .stdin(Stdio::null())
+                .output()
+                .expect("run the example");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "README.md:{}: {package} --example {example} exited {}:\n{stdout}\n{}",
+                b.line,
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                !stdout.trim().is_empty(),
+                "README.md:{}: {package} --example {example} printed nothing",
+                b.line
+            );
+        }
+    }
 }
 
 #[test]

@@ -44,6 +44,9 @@ use sha2::{Digest, Sha256};
 pub const AGENT_TOKEN_PREFIX: &str = "gra_";
 /// Prefix of device tokens.
 pub const DEVICE_TOKEN_PREFIX: &str = "grd_";
+/// Prefix of an operator token (`graph-relay status --server`; the
+/// metrics listener's `/admin/status`).
+pub const OPERATOR_TOKEN_PREFIX: &str = "gro_";
 
 /// Who a token belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -322,6 +325,8 @@ pub enum TokenKind {
     Agent,
     /// A device token (`grd_…`).
     Device,
+    /// An operator token (`gro_…`): reads the status on the metrics listener.
+    Operator,
 }
 
 /// A fresh random token (244 bits from the OS generator) with its kind's prefix.
@@ -329,6 +334,7 @@ pub fn new_token(kind: TokenKind) -> String {
     let prefix = match kind {
         TokenKind::Agent => AGENT_TOKEN_PREFIX,
         TokenKind::Device => DEVICE_TOKEN_PREFIX,
+        TokenKind::Operator => OPERATOR_TOKEN_PREFIX,
     };
     format!(
         "{prefix}{}{}",

@@ -81,9 +81,11 @@ pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
 pub mod relay_client;
+pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
 mod sessions;
+pub mod store_timing;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -17,6 +17,11 @@
 //! commit is not missed). HTTP requests are counted by the middleware
 //! [`Metrics::instrument`] puts on the MCP router.
 //!
+//! The same listener can answer an operator: `GET /admin/status`
+//! ([`Metrics::with_operator_status`]) returns the JSON document of
+//! `graph-relay status --json`, to a bearer of the operator token. It spans
+//! every owner, so it is never on the MCP port either.
+//!
 //! | metric | type | labels | what |
 //! |---|---|---|---|
 //! | `graph_relay_runs` | gauge | `status` (`queued`, `running`) | runs in the queue now |
@@ -32,6 +37,7 @@
 //! | `graph_relay_listen_streams` | gauge | | open `subscriptions/listen` streams |
 //! | `graph_relay_http_requests_total` | counter | `route`, `method`, `status` | answered HTTP requests by route pattern (`unmatched` for unknown paths) |
 //! | `graph_relay_metrics_store_errors_total` | counter | | scrapes whose store figures could not be read |
+//! | `graph_relay_store_operation_seconds` | histogram | `operation` (a [`Store`] method, [`OPERATIONS`](crate::store_timing::OPERATIONS)) | how long each store call took, for a store wrapped by [`Metrics::timed_store`] |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,10 +59,22 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use graph_relay_core::store::Store;
+
 use crate::HttpState;
+use crate::store_timing::{OperationHistograms, TimedStore, operation_histograms};
 
 /// The path of the metrics endpoint.
 pub const METRICS_PATH: &str = "/metrics";
+
+/// The path of the operator's status on the metrics listener.
+pub const STATUS_PATH: &str = "/admin/status";
+
+/// Queued runs listed by `/admin/status` unless `?limit=` says otherwise.
+pub const STATUS_DEFAULT_LIMIT: usize = 20;
+
+/// The most queued runs `/admin/status` lists.
+pub const STATUS_MAX_LIMIT: usize = 1000;
 
 /// How far behind the present a scrape counts finished runs.
 pub const SETTLE: Duration = Duration::from_secs(2);
@@ -109,6 +127,22 @@ pub trait QueueFigures: Send + Sync {
     ) -> Result<QueueSnapshot, String>;
 }
 
+/// The operator's view of the queue (`graph-relay status`), as a store can
+/// tell it: the JSON document `status --json` prints.
+#[async_trait]
+pub trait OperatorStatus: Send + Sync {
+    /// The status now, listing at most `limit` queued runs.
+    async fn status(&self, limit: usize) -> Result<serde_json::Value, String>;
+}
+
+/// Who may read `/admin/status`, and from what.
+struct Operator {
+    /// SHA-256 (hex) of the operator token.
+    token_sha256: String,
+    /// The status source; `None` when the store cannot tell it.
+    source: Option<Arc<dyn OperatorStatus>>,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: String,
@@ -137,7 +171,9 @@ pub struct Metrics {
     listen_streams: Gauge,
     http_requests: Family<HttpLabels, Counter>,
     store_errors: Counter,
+    store_operations: OperationHistograms,
     figures: Option<Arc<dyn QueueFigures>>,
+    operator: Option<Operator>,
     /// Finished runs up to this time are counted.
     counted_until: tokio::sync::Mutex<Timestamp>,
 }
@@ -233,6 +269,12 @@ impl Metrics {
             "Scrapes whose store figures could not be read",
             store_errors.clone(),
         );
+        let store_operations = operation_histograms();
+        registry.register(
+            "graph_relay_store_operation_seconds",
+            "How long each store call took, by Store method",
+            store_operations.clone(),
+        );
         Self {
             registry,
             runs,
@@ -248,9 +290,34 @@ impl Metrics {
             listen_streams,
             http_requests,
             store_errors,
+            store_operations,
             figures,
+            operator: None,
             counted_until: tokio::sync::Mutex::new(SystemClock.now()),
         }
+    }
+
+    /// Serves `GET /admin/status` on the metrics listener to a bearer of the
+    /// token whose SHA-256 (hex) is `token_sha256`, with the document of
+    /// `source` (`None`: the store cannot tell it; answered 501). Without
+    /// this call the path answers 404.
+    pub fn with_operator_status(
+        mut self,
+        token_sha256: String,
+        source: Option<Arc<dyn OperatorStatus>>,
+    ) -> Self {
+        self.operator = Some(Operator {
+            token_sha256: token_sha256.to_ascii_lowercase(),
+            source,
+        });
+        self
+    }
+
+    /// `store` with each of its calls timed into
+    /// `graph_relay_store_operation_seconds`: install it under the queue
+    /// whose store these metrics describe.
+    pub fn timed_store(&self, store: Arc<dyn Store>) -> TimedStore {
+        TimedStore::new(store, self.store_operations.clone())
     }
 
     /// `router` with every answered request counted by route pattern,
@@ -263,12 +330,14 @@ impl Metrics {
     }
 
     /// The router of the metrics listener bound at `local`: `GET /metrics`
-    /// reading `state`. On a loopback listener only a loopback `Host` with
-    /// its port is answered (403 otherwise), so a web page cannot read the
-    /// figures through DNS rebinding.
+    /// reading `state`, and `GET /admin/status` for the operator. On a
+    /// loopback listener only a loopback `Host` with its port is answered
+    /// (403 otherwise), so a web page cannot read the figures through DNS
+    /// rebinding.
     pub fn router(self: &Arc<Self>, state: HttpState, local: SocketAddr) -> Router {
         Router::new()
             .route(METRICS_PATH, axum::routing::get(scrape))
+            .route(STATUS_PATH, axum::routing::get(operator_status))
             .with_state(Scrape {
                 metrics: self.clone(),
                 state,
@@ -279,12 +348,7 @@ impl Metrics {
     /// Brings every gauge up to date and returns the text exposition.
     pub async fn render(&self, state: &HttpState) -> String {
         self.refresh(state).await;
-        let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
-            // Writing into a String does not fail; keep what was written.
-            tracing::warn!("metrics: encoding failed");
-        }
-        text
+        encode(&self.registry)
     }
 
     async fn refresh(&self, state: &HttpState) {
@@ -349,8 +413,10 @@ struct Scrape {
     local: SocketAddr,
 }
 
-/// Whether `host` (a `Host` header) may read the metrics of `local`.
-fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
+/// Whether `host` (a `Host` header) may read the metrics of `local`: any
+/// host on a non-loopback listener (the operator chose to expose it), else
+/// only a loopback name with the listener's port (no DNS rebinding).
+pub(crate) fn host_allowed(host: Option<&str>, local: SocketAddr) -> bool {
     if !local.ip().is_loopback() {
         return true;
     }
@@ -371,7 +437,84 @@ async fn scrape(State(scrape): State<Scrape>, headers: axum::http::HeaderMap) ->
     if !host_allowed(host, scrape.local) {
         return (StatusCode::FORBIDDEN, "Host not allowed\n").into_response();
     }
-    let text = scrape.metrics.render(&scrape.state).await;
+    exposition(scrape.metrics.render(&scrape.state).await)
+}
+
+/// The `?limit=` of `/admin/status`.
+#[derive(Debug, serde::Deserialize)]
+struct StatusQuery {
+    limit: Option<usize>,
+}
+
+async fn operator_status(
+    State(scrape): State<Scrape>,
+    headers: axum::http::HeaderMap,
+    query: Result<axum::extract::Query<StatusQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if !host_allowed(host, scrape.local) {
+        return (StatusCode::FORBIDDEN, "Host not allowed\n").into_response();
+    }
+    let Some(operator) = &scrape.metrics.operator else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no operator token is configured ([server] operator_token_sha256; `graph-relay token operator`)\n",
+        )
+            .into_response();
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::trim);
+    // Hashes compared, so the comparison's time says nothing of the token.
+    if presented.is_none_or(|t| crate::auth::hash_token(t) != operator.token_sha256) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "the operator token is required\n",
+        )
+            .into_response();
+    }
+    let Ok(axum::extract::Query(query)) = query else {
+        return (StatusCode::BAD_REQUEST, "limit: a whole number\n").into_response();
+    };
+    let limit = query
+        .limit
+        .unwrap_or(STATUS_DEFAULT_LIMIT)
+        .clamp(1, STATUS_MAX_LIMIT);
+    let Some(source) = &operator.source else {
+        return (
+            StatusCode::NOT_IMPLEMENTED,
+            "the status needs the SQLite store\n",
+        )
+            .into_response();
+    };
+    match source.status(limit).await {
+        Ok(document) => axum::Json(document).into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "status: cannot read the store");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("cannot read the store: {e}\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// The text exposition of `registry`.
+pub(crate) fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
+        // Writing into a String does not fail; keep what was written.
+        tracing::warn!("metrics: encoding failed");
+    }
+    text
+}
+
+/// A 200 answer carrying `text` as OpenMetrics.
+pub(crate) fn exposition(text: String) -> Response {
     (
         StatusCode::OK,
         [(

@@ -585,7 +585,11 @@ impl Relay {
                     RelayMode::LongPoll => now,
                 });
             }
-            Err(_) => current.next_control_at = Some(now.plus(self.config.control_interval)),
+            Err(reason) => {
+                current.next_control_at = Some(now.plus(self.config.control_interval));
+                self.events
+                    .push_back(RelayEvent::ControlFailed { command, reason });
+            }
         }
         self.maybe_send_control(now);
         self.drive(now);
@@ -951,11 +955,18 @@ impl Relay {
             return;
         };
         current.progress.in_flight = false;
-        if let PostOutcome::Rejected(reason) = outcome {
-            current.progress.refused = true;
-            current.progress.pending = None;
-            self.events
-                .push_back(RelayEvent::ProgressRefused { command, reason });
+        match outcome {
+            PostOutcome::Acknowledged => {
+                self.events
+                    .push_back(RelayEvent::ProgressPosted { command });
+            }
+            PostOutcome::Rejected(reason) => {
+                current.progress.refused = true;
+                current.progress.pending = None;
+                self.events
+                    .push_back(RelayEvent::ProgressRefused { command, reason });
+            }
+            PostOutcome::Retry(_) => {}
         }
         self.maybe_send_progress(now);
     }

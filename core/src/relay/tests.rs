@@ -364,6 +364,14 @@ fn long_poll_holds_one_sync_when_idle_and_control_is_held_too() {
     );
     r.handle_control_response(c.id, Err("timeout".into()), secs(30));
     assert!(
+        std::iter::from_fn(|| r.poll_event()).any(|e| e
+            == RelayEvent::ControlFailed {
+                command: c.id,
+                reason: "timeout".into()
+            }),
+        "a failed control poll is told"
+    );
+    assert!(
         drain(&mut r).is_empty(),
         "a failed control waits before retrying"
     );
@@ -954,6 +962,11 @@ fn progress_is_posted_at_once_then_the_latest_at_most_once_a_second() {
         .unwrap();
     }
     r.handle_progress_posted(c.id, PostOutcome::Acknowledged, at_ms(300));
+    assert!(
+        std::iter::from_fn(|| r.poll_event())
+            .any(|e| e == RelayEvent::ProgressPosted { command: c.id }),
+        "a report the server took is told"
+    );
     assert!(drain(&mut r).is_empty());
     assert_eq!(r.poll_timeout(), Some(at_ms(1100)));
     r.handle_timeout(at_ms(1099));

@@ -467,6 +467,19 @@ pub enum RelayEvent {
         /// The command.
         command: CommandId,
     },
+    /// The server took a progress report of the running command.
+    ProgressPosted {
+        /// The command.
+        command: CommandId,
+    },
+    /// A control request (is the run still wanted?) got no usable answer;
+    /// the next one goes after the control interval.
+    ControlFailed {
+        /// The command.
+        command: CommandId,
+        /// Why.
+        reason: String,
+    },
     /// The server refused a progress report for good (the run is no longer
     /// running under this execution); no more progress is sent for the run.
     ProgressRefused {
