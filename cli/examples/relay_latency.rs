@@ -30,7 +30,7 @@ use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
-use graph_relay_transport_http::relay_client::{HttpRelayConfig, HttpRelayTransport, RelayDriver};
+use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport, RelayDriver};
 use graph_relay_transport_http::{HttpConfig, HttpState, TokioSleeper, router};
 use tokio::sync::mpsc;
 

@@ -53,7 +53,7 @@ use graph_relay_core::relay::{
     NOT_APPROVED_IN_TIME, RelayEvent,
 };
 use graph_relay_core::time::{SystemClock, Timestamp};
-use graph_relay_transport_http::relay_client::LocalCanceller;
+use graph_relay_transport_http::relay_http::LocalCanceller;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::oneshot;

@@ -22,7 +22,7 @@ use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::SqliteOutbox;
 use graph_relay_transport_http::TokioSleeper;
-use graph_relay_transport_http::relay_client::{
+use graph_relay_transport_http::relay_http::{
     DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
 };
 use graph_relay_transport_http::relay_metrics::RelayMetrics;
@@ -172,7 +172,7 @@ pub enum WorkerError {
     },
     /// The HTTP client could not be built.
     #[error(transparent)]
-    Client(#[from] graph_relay_transport_http::relay_client::ClientBuildError),
+    Client(#[from] graph_relay_transport_http::relay_http::ClientBuildError),
     /// The console could not start.
     #[error(transparent)]
     Console(#[from] crate::console::ConsoleError),

@@ -68,8 +68,8 @@
 //!   `GET …/openapi.json` describing every body ([`relay_wire`],
 //!   [`relay_api`]). Long-poll syncs and controls are held up to
 //!   [`RelayApiConfig::hold`].
-//! - [`relay_client`] is the other end: the desktop relay's HTTP client and
-//!   the driver that runs `core::relay` over it.
+//! - [`relay_http`] is the other end: the relay's HTTP transport for the
+//!   core's runtime-free driver (`core::relay::driver`, re-exported there).
 
 pub mod auth;
 pub mod authority;
@@ -80,7 +80,7 @@ pub mod mcp_headers;
 pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
-pub mod relay_client;
+pub mod relay_http;
 pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;

@@ -1,7 +1,7 @@
 //! The relay HTTP API on the wire: paths, bodies and the OpenAPI document.
 //!
 //! Shared by the server handlers ([`crate::relay_api`]) and the relay's
-//! client ([`crate::relay_client`]), so both sides agree by construction.
+//! client ([`crate::relay_http`]), so both sides agree by construction.
 //! [`openapi`] describes every body; the server serves it at
 //! [`OPENAPI_PATH`] and the repository keeps a copy in
 //! `transport-http/relay-api.openapi.json` that a test compares with it.

@@ -15,7 +15,7 @@ use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
-use graph_relay_transport_http::relay_client::{
+use graph_relay_transport_http::relay_http::{
     DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
 };
 use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX, openapi};

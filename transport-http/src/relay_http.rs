@@ -1,4 +1,4 @@
-//! The desktop relay's HTTP client and the driver of `core::relay`.
+//! The desktop relay's HTTP transport: the relay API spoken by the core's driver.
 //!
 //! [`HttpRelayTransport`] speaks the relay API (reqwest over rustls) and maps
 //! every answer onto the inputs of the state machine: a 2xx is success;
