@@ -27,13 +27,12 @@
 //! folders (HOME and XDG_DATA_HOME point into them for the worker).
 
 mod common;
+use common::Proc;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -148,69 +147,17 @@ fn command_line(block: &Block, command: &str) -> Vec<String> {
         })
 }
 
-/// A child whose stderr lines are collected.
-struct Proc {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(args: &[String], cwd: &Path, env: &[(&str, &Path)]) -> Self {
-        let mut command = Command::new(BIN);
+/// `graph-relay <args>` in `cwd` with the environment a reader has (no
+/// log or data-directory overrides from the test's own), plus `env`.
+fn spawn(args: &[String], cwd: &Path, env: &[(&str, &Path)]) -> Proc {
+    Proc::spawn_with(args, cwd, DEADLINE, |command| {
         command
-            .args(args)
-            .current_dir(cwd)
             .env_remove("GRAPH_RELAY_LOG")
-            .env_remove("XDG_DATA_HOME")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+            .env_remove("XDG_DATA_HOME");
         for (name, value) in env {
             command.env(name, value);
         }
-        let mut child = command.spawn().expect("spawn graph-relay");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().expect("lines").push(line);
-            }
-        });
-        Self { child, lines }
-    }
-
-    fn wait_line(&self, needle: &str) -> String {
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(l) = self
-                .lines
-                .lock()
-                .expect("lines")
-                .iter()
-                .find(|l| l.contains(needle))
-            {
-                return l.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with `{needle}`:\n{}",
-                self.lines.lock().expect("lines").join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn text(&self) -> String {
-        self.lines.lock().expect("lines").join("\n")
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    })
 }
 
 fn run_ok(args: &[String], cwd: &Path) -> String {
@@ -378,7 +325,7 @@ fn the_configuration_examples_load() {
     std::fs::write(dir.path().join("graphs.toml"), &b.text).expect("graphs");
     std::fs::write(dir.path().join("device.token"), "grd_readme\n").expect("token");
     let home = tempfile::tempdir().expect("home");
-    let worker = Proc::spawn(
+    let worker = spawn(
         &[
             "worker",
             "--server",
@@ -394,9 +341,9 @@ fn the_configuration_examples_load() {
     );
     worker.wait_line("worker: relaying graphs.toml");
     assert!(
-        !worker.text().contains("graph-relay: "),
+        !worker.lines().join("\n").contains("graph-relay: "),
         "{}",
-        worker.text()
+        worker.lines().join("\n")
     );
     drop(worker);
 
@@ -415,7 +362,7 @@ fn the_configuration_examples_load() {
         .map(|a| a.as_str().expect("arg").to_owned())
         .collect();
     // Its configuration holds the development agent, as `serve` writes it.
-    let boot = Proc::spawn(
+    let boot = spawn(
         &["serve", "--listen", "127.0.0.1:0"].map(String::from),
         dir.path(),
         &[],
@@ -447,7 +394,7 @@ fn the_quick_start_runs_as_written() {
     // `serve`, as the first commands say (on a free port).
     let mut serve = command_line(&block(&blocks, "first-commands", "sh"), "serve");
     serve.extend(["--listen".into(), "127.0.0.1:0".into()]);
-    let server = Proc::spawn(&serve, cwd, &[]);
+    let server = spawn(&serve, cwd, &[]);
     let line = server.wait_line("serving MCP at http://");
     let address = line
         .split("serving MCP at http://")
@@ -482,7 +429,7 @@ fn the_quick_start_runs_as_written() {
         .map(|a| local(a))
         .collect();
     let data = home.path().join("data");
-    let worker = Proc::spawn(
+    let worker = spawn(
         &worker_args,
         cwd,
         &[("HOME", home.path()), ("XDG_DATA_HOME", &data)],
@@ -526,7 +473,11 @@ fn the_quick_start_runs_as_written() {
         "the run's status: {stdout}"
     );
     worker.wait_line("delivered ");
-    assert!(worker.text().contains(": completed"), "{}", worker.text());
+    assert!(
+        worker.lines().join("\n").contains(": completed"),
+        "{}",
+        worker.lines().join("\n")
+    );
 
     // `graph-relay status` on the database the quick start left.
     let status = command_line(&block(&blocks, "status-command", "sh"), "status");

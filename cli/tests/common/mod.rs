@@ -27,17 +27,31 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Spawns `graph-relay <args>` in `cwd`; its waits give up after `deadline`.
+    /// Spawns `graph-relay <args>` in `cwd` (log level info); its waits
+    /// give up after `deadline`.
     pub fn spawn(args: &[&str], cwd: &Path, deadline: Duration) -> Self {
-        let mut child = Command::new(BIN)
+        Self::spawn_with(args, cwd, deadline, |command| {
+            command.env("GRAPH_RELAY_LOG", "info");
+        })
+    }
+
+    /// As [`Proc::spawn`], with `configure` setting the command's
+    /// environment (or anything else) before it starts.
+    pub fn spawn_with<S: AsRef<std::ffi::OsStr>>(
+        args: &[S],
+        cwd: &Path,
+        deadline: Duration,
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
+        let mut command = Command::new(BIN);
+        command
             .args(args)
             .current_dir(cwd)
-            .env("GRAPH_RELAY_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn graph-relay");
+            .stderr(Stdio::piped());
+        configure(&mut command);
+        let mut child = command.spawn().expect("spawn graph-relay");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let stderr = child.stderr.take().expect("stderr");
