@@ -4,7 +4,10 @@
 //! and consistent. No wall-clock budget is asserted: the figures are the
 //! harness's output, not a test's.
 
+mod common;
+
 use std::process::{Command, Output};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -154,6 +157,65 @@ fn the_table_prints_every_figure_when_agents_poll() {
     assert!(stdout.contains("server CPU idle"), "{stdout}");
     assert!(stdout.contains("RSS "), "{stdout}");
     assert!(stdout.contains("errors none"), "{stdout}");
+}
+
+#[test]
+fn a_running_server_gets_the_harness_tokens_for_the_run_only() {
+    let relay = common::Relay::new(
+        &[("a1", "gra_loadtest_a1")],
+        "grd_loadtest_desk",
+        Duration::from_secs(30),
+    );
+    let (server, url) = relay.serve("127.0.0.1:0", &["--memory", "--max-wait-seconds", "20"]);
+    let config = relay.path("graph-relay.toml");
+    let before = std::fs::read_to_string(&config).expect("config");
+    let out = loadtest(&[
+        "--server",
+        &url,
+        "--config",
+        config.to_str().expect("utf-8 path"),
+        "--desktops",
+        "20",
+        "--agents",
+        "5",
+        "--rate",
+        "10",
+        "--duration",
+        "1",
+        "--wait",
+        "--idle-seconds",
+        "0",
+        "--json",
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "loadtest failed: {}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+    assert_eq!(report["runs"]["executed_once"], 10, "{report}");
+    assert_eq!(report["runs"]["completed"], 10, "{report}");
+    check_latency(&report, "pickup", 10);
+    check_latency(&report, "result", 10);
+    assert_eq!(report["server"]["url"], url.as_str());
+    // No --server-pid: the server's process figures are unknown, not made up.
+    assert!(report["server"]["rss_mib"].is_null(), "{report}");
+    // Its own tokens are gone again; the operator's are untouched.
+    let after = std::fs::read_to_string(&config).expect("config");
+    assert!(!after.contains("loadtest-"), "{after}");
+    assert!(
+        after.contains(&graph_relay_transport_http::auth::hash_token(
+            "gra_loadtest_a1"
+        ))
+    );
+    assert_eq!(
+        before.matches("[[agent]]").count(),
+        after.matches("[[agent]]").count()
+    );
+    server.terminate();
 }
 
 #[test]
