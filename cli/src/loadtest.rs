@@ -192,7 +192,9 @@ pub enum LoadtestError {
 /// Runs the harness and prints its report; fails when any run went wrong.
 pub fn run(args: LoadtestArgs) -> Result<(), LoadtestError> {
     validate(&args)?;
-    let needed = u64::try_from(args.desktops * 2 + args.agents + 512).unwrap_or(u64::MAX);
+    // One connection per desktop (its held request; a second one only
+    // while it reports), the agents' requests in flight, and slack.
+    let needed = u64::try_from(args.desktops + args.agents * 2 + 512).unwrap_or(u64::MAX);
     let open_files = match raise_open_file_limit() {
         Ok(limit) => Some(limit.now),
         Err(e) => {
@@ -545,10 +547,14 @@ fn start_desktop(
                 connected = true;
                 tally.connected.fetch_add(1, Ordering::Relaxed);
             }
-            DriverEvent::Relay(RelayEvent::SyncFailed { .. })
+            DriverEvent::Relay(RelayEvent::SyncFailed { unreachable, .. })
                 if tally.loaded.load(Ordering::Relaxed) =>
             {
-                tally.error("relay_sync_failed");
+                tally.error(if unreachable {
+                    "relay_sync_no_answer"
+                } else {
+                    "relay_sync_refused"
+                });
             }
             DriverEvent::OutboxError(_) => tally.error("relay_outbox"),
             _ => {}
@@ -827,7 +833,7 @@ impl ServerUnderTest {
         let in_flight = (args.rate * (args.run_seconds + f64::from(WAIT_SECONDS))).ceil() as usize;
         let file = ConfigFile {
             server: ServerSection {
-                max_connections: Some(args.desktops * 2 + args.agents * 2 + in_flight + 256),
+                max_connections: Some(args.desktops + args.agents * 2 + in_flight + 256),
                 ..ServerSection::default()
             },
             oauth: None,
