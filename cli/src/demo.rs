@@ -28,6 +28,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
 use crate::config::{ConfigFile, ServerSection};
+use crate::mcp_client::{McpClient, McpClientError, ToolAnswer, is_terminal};
 
 /// Options of `graph-relay demo`.
 #[derive(Debug, clap::Args)]
@@ -55,9 +56,9 @@ pub enum DemoError {
     /// The server could not be set up.
     #[error("cannot start the demo server: {0}")]
     Server(String),
-    /// An MCP request of the scripted agent failed on the wire.
-    #[error("MCP request failed: {0}")]
-    Http(#[from] reqwest::Error),
+    /// An MCP request of the scripted agent failed.
+    #[error(transparent)]
+    Mcp(#[from] McpClientError),
     /// The system did not do what the scripted flow expects.
     #[error("the scripted flow went wrong: {0}")]
     Flow(String),
@@ -79,8 +80,6 @@ const FAILS: &str = "gs_00000000000000000000000000000fa1";
 const FLOW_DEADLINE: Duration = Duration::from_secs(30);
 /// `wait_seconds` offered by the demo server (below the 30 s request timeout).
 const MAX_WAIT_SECONDS: u32 = 20;
-/// MCP revision the scripted agent speaks (stateless HTTP).
-const PROTOCOL: &str = "2026-07-28";
 
 const ECHO_SH: &str = r#"#!/bin/sh
 # echo.sh: returns its arguments and reports made-up usage.
@@ -346,110 +345,29 @@ async fn stop_worker(worker: &mut tokio::process::Child) -> Result<(), DemoError
     }
 }
 
-/// An MCP client over Streamable HTTP (stateless revision) with a bearer token.
+/// The scripted agent: the shared MCP client plus the demo's printed steps.
 struct Agent {
-    http: reqwest::Client,
-    url: String,
-    token: String,
-}
-
-/// What a `tools/call` answered.
-struct ToolAnswer {
-    is_error: bool,
-    text: String,
-    structured: Value,
+    client: McpClient,
 }
 
 impl Agent {
     fn new(base: &str, token: &str) -> Result<Self, DemoError> {
         Ok(Self {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(60))
-                .build()?,
-            url: format!("{base}/mcp"),
-            token: token.into(),
+            client: McpClient::new(base, token, Duration::from_secs(60))?,
         })
-    }
-
-    /// One JSON-RPC request; returns its `result`.
-    async fn request(
-        &self,
-        method: &str,
-        name: Option<&str>,
-        params: Value,
-    ) -> Result<Value, DemoError> {
-        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        let mut request = self
-            .http
-            .post(&self.url)
-            .bearer_auth(&self.token)
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", PROTOCOL)
-            .header("mcp-method", method);
-        if let Some(name) = name {
-            request = request.header("mcp-name", name);
-        }
-        let response = request.json(&body).send().await?;
-        let status = response.status();
-        let text = response.text().await?;
-        let reply: Value = serde_json::from_str(&text).map_err(|e| {
-            DemoError::Flow(format!(
-                "{method} answered {status} with a body that is not JSON ({e}): {text}"
-            ))
-        })?;
-        if let Some(error) = reply.get("error") {
-            return Err(DemoError::Flow(format!(
-                "{method} answered an error: {error}"
-            )));
-        }
-        Ok(reply.get("result").cloned().unwrap_or(Value::Null))
-    }
-
-    fn meta() -> Value {
-        json!({"io.modelcontextprotocol/protocolVersion": PROTOCOL,
-               "io.modelcontextprotocol/clientCapabilities": {}})
     }
 
     async fn list_tools(&self) -> Result<Vec<String>, DemoError> {
-        let result = self
-            .request("tools/list", None, json!({"_meta": Self::meta()}))
-            .await?;
-        Ok(result["tools"]
-            .as_array()
-            .map(|tools| {
-                tools
-                    .iter()
-                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default())
+        Ok(self.client.list_tools().await?)
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> Result<ToolAnswer, DemoError> {
-        let result = self
-            .request(
-                "tools/call",
-                Some(tool),
-                json!({"name": tool, "arguments": arguments, "_meta": Self::meta()}),
-            )
-            .await?;
-        Ok(ToolAnswer {
-            is_error: result["isError"].as_bool().unwrap_or(false),
-            text: result["content"][0]["text"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned(),
-            structured: result["structuredContent"].clone(),
-        })
+        Ok(self.client.call(tool, arguments).await?)
     }
 
     /// A tool call that must not be a tool error; returns its structured content.
     async fn call_ok(&self, tool: &str, arguments: Value) -> Result<Value, DemoError> {
-        let answer = self.call(tool, arguments).await?;
-        if answer.is_error {
-            return Err(DemoError::Flow(format!("{tool}: {}", answer.text)));
-        }
-        Ok(answer.structured)
+        Ok(self.client.call_ok(tool, arguments).await?)
     }
 
     async fn run(&self, gs: &str, key: &str, arguments: Value) -> Result<String, DemoError> {
@@ -482,11 +400,7 @@ impl Agent {
     }
 
     async fn get(&self, id: &str, wait_seconds: u32) -> Result<Value, DemoError> {
-        let mut arguments = json!({"command_id": id});
-        if wait_seconds > 0 {
-            arguments["wait_seconds"] = json!(wait_seconds);
-        }
-        self.call_ok("get_graph_run", arguments).await
+        Ok(self.client.get_graph_run(id, wait_seconds).await?)
     }
 
     /// Polls `get_graph_run` every 20 ms until `done` holds for the run.
@@ -517,10 +431,7 @@ impl Agent {
         let start = Instant::now();
         loop {
             let run = self.get(id, MAX_WAIT_SECONDS).await?;
-            if matches!(
-                run["status"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            ) {
+            if is_terminal(&run) {
                 return Ok(run);
             }
             if start.elapsed() > FLOW_DEADLINE {

@@ -11,6 +11,8 @@ mod config;
 mod console;
 mod demo;
 mod graphs;
+mod loadtest;
+mod mcp_client;
 mod orphans;
 mod process_executor;
 mod run_status;
@@ -118,6 +120,9 @@ enum Command {
     /// desktops, shared sessions, the queue, the last hour's runs and
     /// pickup latency.
     Status(status::StatusArgs),
+    /// Load a server with simulated desktops and agents and report pickup,
+    /// cancel and result latency, errors, and the server's CPU and RSS.
+    Loadtest(loadtest::LoadtestArgs),
     /// Serve one MCP client over stdin/stdout as a configured agent.
     Stdio {
         #[command(flatten)]
@@ -274,6 +279,8 @@ enum CliError {
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
     #[error(transparent)]
+    Loadtest(#[from] loadtest::LoadtestError),
+    #[error(transparent)]
     Status(#[from] status::StatusError),
     #[error(transparent)]
     Sim(#[from] graph_relay_sim::UnknownExperiment),
@@ -322,7 +329,7 @@ fn main() -> ExitCode {
     // The worker prints its own status lines: only warnings from the log
     // unless it is asked to be verbose.
     let default_filter = match &cli.command {
-        Command::Demo(_) => "warn",
+        Command::Demo(_) | Command::Loadtest(_) => "warn",
         Command::Worker(args) if !args.verbose => "warn",
         _ => "info",
     };
@@ -375,6 +382,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Token { config, command } => token(&config, command),
         Command::Worker(args) => Ok(worker::run(args)?),
         Command::Demo(args) => Ok(demo::run(args)?),
+        Command::Loadtest(args) => Ok(loadtest::run(args)?),
         Command::Approve { console, command } => answer(&console, &command, true, None),
         Command::Deny {
             console,

@@ -14,6 +14,7 @@
 //!   command, the `quickstart-python` client (its `TOKEN` set to the agent
 //!   token `serve` printed) with the Python of the real MCP peers, and
 //!   `status-command` on the database it left;
+//! - `loadtest-small` runs as is (the harness starts its own server);
 //! - the configuration examples: `config-server` and `config-oauth` load
 //!   as `graph-relay.toml`, `graphs-reference` loads in a worker, and the
 //!   `stdio-config` client configuration starts `graph-relay stdio`;
@@ -186,6 +187,7 @@ fn every_readme_block_is_run_or_says_why_not() {
         "quickstart-worker",
         "echo-script",
         "status-command",
+        "loadtest-small",
         "stdio-config",
         "config-server",
         "config-oauth",
@@ -197,7 +199,7 @@ fn every_readme_block_is_run_or_says_why_not() {
     }
     assert_eq!(
         blocks.len(),
-        12,
+        13,
         "a README block is marked but not run: {:?}",
         blocks.keys()
     );
@@ -287,6 +289,16 @@ fn the_embedding_examples_run() {
             );
         }
     }
+}
+
+#[test]
+fn the_small_load_test_runs_every_run_exactly_once() {
+    let blocks = readme_blocks();
+    let args = command_line(&block(&blocks, "loadtest-small", "sh"), "loadtest");
+    let cwd = tempfile::tempdir().expect("cwd");
+    let stdout = run_ok(&args, cwd.path());
+    assert!(stdout.contains("twice 0  never 0"), "{stdout}");
+    assert!(stdout.contains("errors none"), "{stdout}");
 }
 
 #[test]

@@ -1,0 +1,1371 @@
+//! `graph-relay loadtest`: how many desktops and agents one server holds,
+//! and how fast runs go through it, for sizing a deployment.
+//!
+//! The harness connects N simulated desktops and M agents to a server:
+//!
+//! - **the server** is, by default, this binary's `serve` started as a child
+//!   process on a SQLite file in a temporary folder, with a configuration
+//!   written for the run (so one command runs everything, and the server's
+//!   CPU and RSS are its own, read from `/proc/<pid>`). With `--server URL`
+//!   it is a running server: the harness adds its tokens (owner
+//!   `loadtest-<tag>`) to that server's `--config` file, which the server
+//!   reloads, and removes them at the end; `--server-pid` names the
+//!   process whose CPU and RSS to read when it runs on this machine.
+//! - **desktops** are real relays: the core's `RelayDriver` with the HTTP
+//!   transport in long-poll mode, each with its own device token and an
+//!   in-memory outbox. All belong to one owner and share into one project;
+//!   each shares its own Graph session (`gs_…` numbered after the desktop),
+//!   because the queue assigns a session shared by several desktops to one
+//!   of them. Their executor runs the Graph in-process: it sleeps
+//!   `--run-seconds` and completes, or, for a run the harness will cancel,
+//!   waits for the cancel.
+//! - **agents** speak MCP over HTTP (`run_graph_session`, then
+//!   `get_graph_run` with `wait_seconds` under `--wait`, or polling), each
+//!   with its own agent token. Runs are issued at `--rate` per second for
+//!   `--duration` seconds, round robin over agents and desktops.
+//!
+//! Figures (milliseconds; p50, p99 and max by nearest rank):
+//!
+//! - **pickup**: the agent sends `run_graph_session` → the desktop's
+//!   executor starts the run;
+//! - **cancel**: the agent sends `cancel_graph_run` on a running run → the
+//!   agent reads it `cancelled`;
+//! - **result**: the desktop's executor returns → the agent reads the run
+//!   `completed`.
+//!
+//! Every execution is counted per command id at the desktops: a run that
+//! was never executed, or executed twice, is an error. Errors are counted
+//! by kind; the command exits non-zero when there is any.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
+use graph_relay_core::envelope::FinishStatus;
+use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
+use graph_relay_core::prelude::*;
+use graph_relay_core::relay::{
+    ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, RelayMode, SharedSet,
+};
+use graph_relay_store_memory::MemoryOutbox;
+use graph_relay_transport_http::TokioSleeper;
+use graph_relay_transport_http::auth::{
+    AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
+};
+use graph_relay_transport_http::relay_http::{
+    ClientBuildError, DriverEvent, HttpRelayConfig, HttpRelayTransport, RelayDriver,
+};
+use graph_relay_transport_http::serve::raise_open_file_limit;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
+
+use crate::config::{ConfigFile, ServerSection};
+use crate::mcp_client::{McpClient, McpClientError, is_terminal};
+
+/// Most desktops one harness connects.
+pub const MAX_DESKTOPS: usize = 20_000;
+/// Most agents one harness runs.
+pub const MAX_AGENTS: usize = 2_000;
+/// Highest target rate, in runs per second.
+pub const MAX_RATE: f64 = 1_000.0;
+/// Longest load phase, in seconds.
+pub const MAX_DURATION_SECONDS: f64 = 600.0;
+/// Longest simulated Graph run, in seconds.
+pub const MAX_RUN_SECONDS: f64 = 60.0;
+/// Most runs in one harness run (rate × duration).
+pub const MAX_RUNS: usize = 100_000;
+/// `wait_seconds` of the agents under `--wait` (the local server offers it).
+const WAIT_SECONDS: u32 = 20;
+/// How long a run may take to be picked up or to end before it is an error.
+const RUN_DEADLINE: Duration = Duration::from_secs(90);
+/// The project every desktop shares into and every agent is connected to.
+const PROJECT: &str = "loadtest";
+
+/// Options of `graph-relay loadtest`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadtestArgs {
+    /// A running server (`http://host:port`) instead of one started for the
+    /// run; needs `--config`. Loopback only unless `--allow-remote`.
+    #[arg(long, value_name = "URL", requires = "config")]
+    pub server: Option<String>,
+    /// With `--server`: that server's `graph-relay.toml`; the harness adds
+    /// its tokens to it for the run and removes them afterwards.
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub config: Option<PathBuf>,
+    /// With `--server` on this machine: the server's process id, for its
+    /// CPU and RSS.
+    #[arg(long, value_name = "PID", requires = "server")]
+    pub server_pid: Option<u32>,
+    /// Allow a `--server` that is not on a loopback address.
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Simulated desktops (relays over HTTP in long-poll mode).
+    #[arg(long, default_value_t = 50)]
+    pub desktops: usize,
+    /// Agents (MCP clients over HTTP).
+    #[arg(long, default_value_t = 20)]
+    pub agents: usize,
+    /// Target rate of new runs, per second.
+    #[arg(long, value_name = "RUNS_PER_S", default_value_t = 10.0)]
+    pub rate: f64,
+    /// How long runs are issued, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub duration: f64,
+    /// How long each Graph runs on its desktop, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.1)]
+    pub run_seconds: f64,
+    /// Agents wait for the result with `wait_seconds` instead of polling.
+    #[arg(long)]
+    pub wait: bool,
+    /// Without `--wait`: milliseconds between two polls of a run.
+    #[arg(long, value_name = "MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(20..=60_000))]
+    pub poll_ms: u64,
+    /// Share of runs the agents cancel once they run (0 to 1).
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.0)]
+    pub cancel_fraction: f64,
+    /// Seconds of measuring the server with every desktop connected and no
+    /// runs, before the load.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(0..=60))]
+    pub idle_seconds: u64,
+    /// Print the report as one JSON document instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Why the harness could not run, or found errors.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadtestError {
+    /// An option is out of its bounds.
+    #[error("{0}")]
+    Bounds(String),
+    /// The server URL is not usable.
+    #[error("--server must be http://HOST:PORT, got `{0}`")]
+    BadUrl(String),
+    /// The server is not on a loopback address.
+    #[error("--server {0} is not a loopback address; pass --allow-remote to load a remote server")]
+    NotLoopback(String),
+    /// A file or socket could not be used.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// The configuration could not be read or written.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// The generated tokens are unusable.
+    #[error(transparent)]
+    Tokens(#[from] TokenConfigError),
+    /// The server did not start or stop as it should.
+    #[error("the server: {0}")]
+    Server(String),
+    /// A desktop's HTTP client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientBuildError),
+    /// An agent's HTTP client could not be built.
+    #[error(transparent)]
+    Mcp(#[from] McpClientError),
+    /// Not every desktop connected.
+    #[error("only {connected} of {desktops} desktops connected within {seconds} s")]
+    NotConnected {
+        /// Desktops whose first sync was answered.
+        connected: usize,
+        /// Desktops started.
+        desktops: usize,
+        /// How long the harness waited.
+        seconds: u64,
+    },
+    /// The report could not be written as JSON.
+    #[error("cannot write the report: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The load ran, and some runs went wrong (the report says which).
+    #[error("{0} errors during the load (see the report)")]
+    Failed(u64),
+}
+
+/// Runs the harness and prints its report; fails when any run went wrong.
+pub fn run(args: LoadtestArgs) -> Result<(), LoadtestError> {
+    validate(&args)?;
+    // One connection per desktop (its held request; a second one only
+    // while it reports), the agents' requests in flight, and slack.
+    let needed = u64::try_from(args.desktops + args.agents * 2 + 512).unwrap_or(u64::MAX);
+    let open_files = match raise_open_file_limit() {
+        Ok(limit) => Some(limit.now),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the open-file limit");
+            None
+        }
+    };
+    if let Some(limit) = open_files
+        && limit < needed
+    {
+        return Err(LoadtestError::Bounds(format!(
+            "{} desktops and {} agents need about {needed} open files; the limit is {limit} (raise the hard limit: `ulimit -Hn`)",
+            args.desktops, args.agents
+        )));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(load(&args))?;
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    let errors: u64 = report.errors.values().sum();
+    if errors > 0 {
+        return Err(LoadtestError::Failed(errors));
+    }
+    Ok(())
+}
+
+/// Checks every bound before anything starts.
+fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
+    let bounds = |what: String| Err(LoadtestError::Bounds(what));
+    if args.desktops == 0 || args.desktops > MAX_DESKTOPS {
+        return bounds(format!(
+            "--desktops must be 1 to {MAX_DESKTOPS}, got {}",
+            args.desktops
+        ));
+    }
+    if args.agents == 0 || args.agents > MAX_AGENTS {
+        return bounds(format!(
+            "--agents must be 1 to {MAX_AGENTS}, got {}",
+            args.agents
+        ));
+    }
+    if !(args.rate > 0.0 && args.rate <= MAX_RATE) {
+        return bounds(format!(
+            "--rate must be above 0 and at most {MAX_RATE} runs/s, got {}",
+            args.rate
+        ));
+    }
+    if !(args.duration > 0.0 && args.duration <= MAX_DURATION_SECONDS) {
+        return bounds(format!(
+            "--duration must be above 0 and at most {MAX_DURATION_SECONDS} s, got {}",
+            args.duration
+        ));
+    }
+    if !(args.run_seconds >= 0.0 && args.run_seconds <= MAX_RUN_SECONDS) {
+        return bounds(format!(
+            "--run-seconds must be 0 to {MAX_RUN_SECONDS}, got {}",
+            args.run_seconds
+        ));
+    }
+    if !(0.0..=1.0).contains(&args.cancel_fraction) {
+        return bounds(format!(
+            "--cancel-fraction must be 0 to 1, got {}",
+            args.cancel_fraction
+        ));
+    }
+    if planned_runs(args) > MAX_RUNS {
+        return bounds(format!(
+            "--rate × --duration asks for {} runs; at most {MAX_RUNS}",
+            planned_runs(args)
+        ));
+    }
+    if let Some(url) = &args.server {
+        let host = server_host(url)?;
+        let loopback = host == "localhost"
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        if !loopback && !args.allow_remote {
+            return Err(LoadtestError::NotLoopback(url.clone()));
+        }
+    }
+    Ok(())
+}
+
+/// How many runs the load phase issues.
+fn planned_runs(args: &LoadtestArgs) -> usize {
+    // Both factors are bounded and positive: the product is a small float.
+    (args.rate * args.duration).round().max(1.0) as usize
+}
+
+/// The host of an `http(s)://host[:port]` URL.
+fn server_host(url: &str) -> Result<&str, LoadtestError> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| LoadtestError::BadUrl(url.into()))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = if authority.starts_with('[') {
+        authority.split_inclusive(']').next().unwrap_or_default()
+    } else {
+        authority.split(':').next().unwrap_or_default()
+    };
+    if host.is_empty() {
+        return Err(LoadtestError::BadUrl(url.into()));
+    }
+    Ok(host)
+}
+
+/// The Graph session desktop `index` shares.
+fn session_id(index: usize) -> String {
+    format!("gs_{:032x}", 0x10ad_0000_0000_0000_u128 + index as u128)
+}
+
+/// The whole run: server, desktops, idle window, load, drain, report.
+async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
+    let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let owner = if args.server.is_some() {
+        format!("loadtest-{tag}")
+    } else {
+        "loadtest".to_owned()
+    };
+    let device_tokens: Vec<String> = (0..args.desktops)
+        .map(|_| new_token(TokenKind::Device))
+        .collect();
+    let agent_tokens: Vec<String> = (0..args.agents)
+        .map(|_| new_token(TokenKind::Agent))
+        .collect();
+    let agents: Vec<AgentToken> = agent_tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| AgentToken {
+            name: format!("loadtest-agent-{i}"),
+            owner: owner.clone(),
+            projects: vec![PROJECT.into()],
+            scopes: vec![READ_SCOPE.into(), RUN_SCOPE.into()],
+            token_sha256: hash_token(token),
+            revoked: false,
+        })
+        .collect();
+    let devices: Vec<DeviceToken> = device_tokens
+        .iter()
+        .enumerate()
+        .map(|(i, token)| DeviceToken {
+            name: format!("loadtest-desktop-{i}"),
+            owner: owner.clone(),
+            token_sha256: hash_token(token),
+            revoked: false,
+        })
+        .collect();
+
+    let mut server = match (&args.server, &args.config) {
+        (Some(url), Some(config)) => {
+            ServerUnderTest::external(url, config, &owner, agents, devices, args.server_pid).await?
+        }
+        _ => ServerUnderTest::local(args, agents, devices).await?,
+    };
+    let outcome = drive(args, &server.base, &device_tokens, &agent_tokens, &server).await;
+    let stopped = server.stop().await;
+    let mut report = outcome?;
+    stopped?;
+    report.server.url = server.base.clone();
+    report.server.pid = server.pid;
+    Ok(report)
+}
+
+/// Desktops, idle window, load and drain against a server at `base`.
+async fn drive(
+    args: &LoadtestArgs,
+    base: &str,
+    device_tokens: &[String],
+    agent_tokens: &[String],
+    server: &ServerUnderTest,
+) -> Result<Report, LoadtestError> {
+    let tally = Arc::new(Tally::default());
+    let run_time = Duration::from_secs_f64(args.run_seconds);
+
+    // Desktops.
+    let connect_start = Instant::now();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut desktops = Vec::with_capacity(device_tokens.len());
+    for (index, token) in device_tokens.iter().enumerate() {
+        desktops.push(start_desktop(
+            index,
+            base,
+            token,
+            Arc::clone(&tally),
+            run_time,
+            stop_rx.clone(),
+        )?);
+        if index % 100 == 99 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let connect_deadline = Duration::from_secs(30 + (device_tokens.len() / 100) as u64);
+    while tally.connected.load(Ordering::Relaxed) < device_tokens.len() {
+        if connect_start.elapsed() > connect_deadline {
+            let _ = stop_tx.send(true);
+            return Err(LoadtestError::NotConnected {
+                connected: tally.connected.load(Ordering::Relaxed),
+                desktops: device_tokens.len(),
+                seconds: connect_deadline.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let connect_seconds = connect_start.elapsed().as_secs_f64();
+    // From here on a failed sync is an error, not a desktop still connecting.
+    tally.loaded.store(true, Ordering::Relaxed);
+
+    // Idle window: every desktop held, no runs.
+    let idle_start = server.sample();
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let idle_cpu = server.sample().cpu_percent_since(&idle_start);
+
+    // Load.
+    let clients = agent_tokens
+        .iter()
+        .map(|token| McpClient::new(base, token, RUN_DEADLINE))
+        .collect::<Result<Vec<_>, _>>()?;
+    let total = planned_runs(args);
+    let key_tag = uuid::Uuid::new_v4().simple().to_string();
+    let load_start_server = server.sample();
+    let load_start_self = ProcessSample::of_self();
+    let start = tokio::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
+        let plan = RunPlan {
+            index: i,
+            desktop: i % device_tokens.len(),
+            cancel: cancels(i, args.cancel_fraction),
+            key: format!("loadtest-{key_tag}-{i}"),
+            wait: args.wait,
+            poll: Duration::from_millis(args.poll_ms),
+        };
+        tasks.spawn(one_run(
+            clients[i % clients.len()].clone(),
+            Arc::clone(&tally),
+            plan,
+        ));
+    }
+    let issued_seconds = start.elapsed().as_secs_f64();
+    let mut records = Vec::with_capacity(total);
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(record) => records.push(record),
+            Err(e) => tally.error(if e.is_panic() {
+                "harness_task_panicked"
+            } else {
+                "harness_task_cancelled"
+            }),
+        }
+    }
+    let load_seconds = start.elapsed().as_secs_f64();
+    let load_end_server = server.sample();
+    let load_self = ProcessSample::of_self().cpu_percent_since(&load_start_self);
+
+    // Stop the desktops before the server.
+    tally.loaded.store(false, Ordering::Relaxed);
+    let _ = stop_tx.send(true);
+    for desktop in desktops {
+        if tokio::time::timeout(Duration::from_secs(15), desktop)
+            .await
+            .is_err()
+        {
+            tally.error("desktop_did_not_stop");
+        }
+    }
+
+    Ok(summarize(
+        args,
+        &tally,
+        records,
+        Phases {
+            connect_seconds,
+            issued_seconds,
+            load_seconds,
+            idle_cpu,
+            load_cpu: load_end_server.cpu_percent_since(&load_start_server),
+            server_end: load_end_server,
+            harness_cpu: load_self,
+        },
+    ))
+}
+
+/// Whether run `i` is one the agents cancel: spread evenly, `fraction` of all.
+fn cancels(i: usize, fraction: f64) -> bool {
+    ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
+}
+
+/// Starts desktop `index`: a relay over HTTP in long-poll mode.
+fn start_desktop(
+    index: usize,
+    base: &str,
+    token: &str,
+    tally: Arc<Tally>,
+    run_time: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, LoadtestError> {
+    let mut shared = SharedSet::new();
+    let project = ProjectId::parse(PROJECT)
+        .map_err(|e| LoadtestError::Bounds(format!("project `{PROJECT}`: {e}")))?;
+    let session = session_id(index);
+    shared.share(
+        project,
+        SessionMeta {
+            graph_session_id: GraphSessionId::parse(&session)
+                .map_err(|e| LoadtestError::Bounds(format!("session `{session}`: {e}")))?,
+            name: format!("Load test {index}").into(),
+            description: "Sleeps for --run-seconds, then completes".into(),
+            slug: "loadtest".into(),
+            version: "1".into(),
+            status: "ready".into(),
+        },
+    );
+    let config = RelayConfig {
+        mode: RelayMode::LongPoll,
+        seed: index as u64,
+        shutdown_timeout: Duration::from_secs(5),
+        ..RelayConfig::default()
+    };
+    let transport = HttpRelayTransport::new(HttpRelayConfig::new(base, token))?;
+    let executor = LoadExecutor {
+        tally: Arc::clone(&tally),
+        run_time,
+    };
+    let driver = RelayDriver::new(
+        Relay::new(config, shared, SystemClock.now()),
+        Arc::new(transport),
+        Arc::new(MemoryOutbox::new()),
+        Arc::new(executor),
+        Arc::new(SystemClock),
+        Arc::new(TokioSleeper),
+    );
+    let mut connected = false;
+    Ok(tokio::spawn(driver.run(
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+        move |event| match event {
+            DriverEvent::Relay(RelayEvent::Synced { .. }) if !connected => {
+                connected = true;
+                tally.connected.fetch_add(1, Ordering::Relaxed);
+            }
+            DriverEvent::Relay(RelayEvent::SyncFailed { unreachable, .. })
+                if tally.loaded.load(Ordering::Relaxed) =>
+            {
+                tally.error(if unreachable {
+                    "relay_sync_no_answer"
+                } else {
+                    "relay_sync_refused"
+                });
+            }
+            DriverEvent::OutboxError(_) => tally.error("relay_outbox"),
+            _ => {}
+        },
+    )))
+}
+
+/// What the harness records of each execution, per command id.
+#[derive(Debug, Default)]
+struct Execution {
+    /// How many times a desktop's executor started the command.
+    starts: u32,
+    /// When it first started.
+    started: Option<Instant>,
+    /// When the executor returned.
+    finished: Option<Instant>,
+    /// Agents waiting for the start.
+    waiters: Vec<oneshot::Sender<Instant>>,
+}
+
+/// What the desktops and agents share: executions, errors, connections.
+#[derive(Debug, Default)]
+struct Tally {
+    executions: Mutex<HashMap<String, Execution>>,
+    errors: Mutex<BTreeMap<String, u64>>,
+    connected: AtomicUsize,
+    /// The load phase runs: failed syncs count as errors.
+    loaded: AtomicBool,
+}
+
+impl Tally {
+    fn executions(&self) -> MutexGuard<'_, HashMap<String, Execution>> {
+        self.executions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn error(&self, kind: &str) {
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(kind.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Resolves when command `id` starts (at once if it did).
+    fn started(&self, id: &str) -> oneshot::Receiver<Instant> {
+        let (tx, rx) = oneshot::channel();
+        let mut executions = self.executions();
+        let execution = executions.entry(id.to_owned()).or_default();
+        match execution.started {
+            Some(at) => {
+                let _ = tx.send(at);
+            }
+            None => execution.waiters.push(tx),
+        }
+        rx
+    }
+
+    fn finished(&self, id: &str) -> Option<Instant> {
+        self.executions().get(id).and_then(|e| e.finished)
+    }
+}
+
+/// The desktops' executor: sleeps for the run time and completes, or waits
+/// for the cancel when the run says `hold`.
+struct LoadExecutor {
+    tally: Arc<Tally>,
+    run_time: Duration,
+}
+
+#[async_trait]
+impl Executor for LoadExecutor {
+    async fn execute(
+        &self,
+        job: Job,
+        cancel: CancelSignal,
+        _progress: ProgressSink,
+    ) -> ExecutionOutcome {
+        let id = job.command.id.to_string();
+        {
+            let now = Instant::now();
+            let mut executions = self.tally.executions();
+            let execution = executions.entry(id.clone()).or_default();
+            execution.starts += 1;
+            if execution.started.is_none() {
+                execution.started = Some(now);
+            }
+            for waiter in execution.waiters.drain(..) {
+                let _ = waiter.send(now);
+            }
+        }
+        let hold = job.command.arguments.get("hold") == Some(&Value::Bool(true));
+        let outcome = if hold {
+            // The agent cancels it; the deadline only bounds a lost cancel.
+            tokio::select! {
+                () = cancel => ExecutionOutcome {
+                    status: Some(FinishStatus::Cancelled),
+                    ..Default::default()
+                },
+                () = tokio::time::sleep(RUN_DEADLINE) => ExecutionOutcome::completed(json!({"held": true})),
+            }
+        } else {
+            tokio::select! {
+                () = cancel => ExecutionOutcome {
+                    status: Some(FinishStatus::Cancelled),
+                    ..Default::default()
+                },
+                () = tokio::time::sleep(self.run_time) => ExecutionOutcome::completed(json!({"slept_ms": self.run_time.as_millis()})),
+            }
+        };
+        if let Some(execution) = self.tally.executions().get_mut(&id) {
+            execution.finished = Some(Instant::now());
+        }
+        outcome
+    }
+}
+
+/// One run as the scheduler planned it.
+#[derive(Debug)]
+struct RunPlan {
+    index: usize,
+    desktop: usize,
+    cancel: bool,
+    key: String,
+    wait: bool,
+    poll: Duration,
+}
+
+/// What one run measured, or why it went wrong.
+#[derive(Debug, Default)]
+struct RunRecord {
+    command: Option<String>,
+    cancel: bool,
+    pickup: Option<Duration>,
+    cancel_latency: Option<Duration>,
+    result_latency: Option<Duration>,
+    /// The status the agent last read.
+    status: Option<String>,
+    error: Option<&'static str>,
+}
+
+/// An agent's side of one run: run, wait for the start, cancel or wait
+/// for the result.
+async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan) -> RunRecord {
+    let mut record = RunRecord {
+        cancel: plan.cancel,
+        ..RunRecord::default()
+    };
+    let sent = Instant::now();
+    let arguments = json!({
+        "graph_session_id": session_id(plan.desktop),
+        "idempotency_key": plan.key,
+        "arguments": {"hold": plan.cancel, "run": plan.index},
+    });
+    let ticket = match client.call("run_graph_session", arguments).await {
+        Ok(answer) if answer.is_error => return record.failed(&tally, "run_refused"),
+        Ok(answer) => answer.structured,
+        Err(e) => return record.failed(&tally, error_kind("run_graph_session", &e)),
+    };
+    let Some(id) = ticket["command_id"].as_str().map(str::to_owned) else {
+        return record.failed(&tally, "ticket_without_command_id");
+    };
+    record.command = Some(id.clone());
+    let started = tally.started(&id);
+    match tokio::time::timeout(RUN_DEADLINE, started).await {
+        Ok(Ok(at)) => record.pickup = Some(at.saturating_duration_since(sent)),
+        _ => return record.failed(&tally, "not_picked_up"),
+    }
+    if plan.cancel {
+        let asked = Instant::now();
+        if let Err(e) = client
+            .call_ok("cancel_graph_run", json!({"command_id": id}))
+            .await
+        {
+            return record.failed(&tally, error_kind("cancel_graph_run", &e));
+        }
+        match until_terminal(&client, &id, &plan).await {
+            Ok(run) => {
+                record.cancel_latency = Some(asked.elapsed());
+                record.status = run["status"].as_str().map(str::to_owned);
+            }
+            Err(kind) => return record.failed(&tally, kind),
+        }
+        if record.status.as_deref() != Some("cancelled") {
+            return record.failed(&tally, "cancelled_run_ended_otherwise");
+        }
+    } else {
+        match until_terminal(&client, &id, &plan).await {
+            Ok(run) => {
+                let have = Instant::now();
+                record.result_latency = tally
+                    .finished(&id)
+                    .map(|done| have.saturating_duration_since(done));
+                record.status = run["status"].as_str().map(str::to_owned);
+            }
+            Err(kind) => return record.failed(&tally, kind),
+        }
+        if record.status.as_deref() != Some("completed") {
+            return record.failed(&tally, "run_ended_otherwise");
+        }
+    }
+    record
+}
+
+impl RunRecord {
+    fn failed(mut self, tally: &Tally, kind: &'static str) -> Self {
+        tally.error(kind);
+        self.error = Some(kind);
+        self
+    }
+}
+
+/// The error kind of a failed MCP request.
+fn error_kind(tool: &str, error: &McpClientError) -> &'static str {
+    match (tool, error) {
+        (_, McpClientError::Http(e)) if e.is_timeout() => "agent_http_timeout",
+        (_, McpClientError::Http(e)) if e.is_connect() => "agent_http_connect",
+        (_, McpClientError::Http(_)) => "agent_http_other",
+        (_, McpClientError::NotJson { .. }) => "agent_reply_not_json",
+        (_, McpClientError::Rpc { .. }) => "agent_jsonrpc_error",
+        ("cancel_graph_run", McpClientError::Tool { .. }) => "cancel_refused",
+        ("get_graph_run", McpClientError::Tool { .. }) => "get_refused",
+        (_, McpClientError::Tool { .. }) => "tool_error",
+    }
+}
+
+/// `get_graph_run` (waiting or polling) until the run is terminal.
+async fn until_terminal(
+    client: &McpClient,
+    id: &str,
+    plan: &RunPlan,
+) -> Result<Value, &'static str> {
+    let start = Instant::now();
+    loop {
+        let wait = if plan.wait { WAIT_SECONDS } else { 0 };
+        let run = client
+            .get_graph_run(id, wait)
+            .await
+            .map_err(|e| error_kind("get_graph_run", &e))?;
+        if is_terminal(&run) {
+            return Ok(run);
+        }
+        if start.elapsed() > RUN_DEADLINE {
+            return Err("not_finished");
+        }
+        if !plan.wait {
+            tokio::time::sleep(plan.poll).await;
+        }
+    }
+}
+
+/// The server the load goes to, and how to read its process.
+struct ServerUnderTest {
+    base: String,
+    pid: Option<u32>,
+    /// The child process and its folder, when the harness started it.
+    child: Option<(tokio::process::Child, tempfile::TempDir)>,
+    /// With an external server: its configuration file and the owner whose
+    /// tokens the harness added.
+    added: Option<(PathBuf, String)>,
+}
+
+impl ServerUnderTest {
+    /// Starts this binary's `serve` on a SQLite file in a temporary folder.
+    async fn local(
+        args: &LoadtestArgs,
+        agents: Vec<AgentToken>,
+        devices: Vec<DeviceToken>,
+    ) -> Result<Self, LoadtestError> {
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("graph-relay.toml");
+        // Room for every desktop's held sync and its posts, every agent's
+        // requests in flight, and slack.
+        let in_flight = (args.rate * (args.run_seconds + f64::from(WAIT_SECONDS))).ceil() as usize;
+        let file = ConfigFile {
+            server: ServerSection {
+                max_connections: Some(args.desktops + args.agents * 2 + in_flight + 256),
+                ..ServerSection::default()
+            },
+            oauth: None,
+            agents,
+            devices,
+        };
+        file.save(&config)?;
+        let exe = std::env::current_exe()?;
+        let mut child = tokio::process::Command::new(exe)
+            .arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--config")
+            .arg(&config)
+            .arg("--db")
+            .arg(dir.path().join("queue.db"))
+            .args(["--max-wait-seconds", &WAIT_SECONDS.to_string()])
+            .env("GRAPH_RELAY_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| LoadtestError::Server(format!("cannot start `serve`: {e}")))?;
+        let pid = child.id();
+        let stderr = child
+            .stderr
+            .take()
+            .ok_or_else(|| LoadtestError::Server("no stderr".into()))?;
+        // Read the log: the address, then drain it.
+        let (address_tx, address_rx) = oneshot::channel();
+        tokio::spawn(read_server_log(stderr, address_tx));
+        let base = tokio::time::timeout(Duration::from_secs(30), address_rx)
+            .await
+            .map_err(|_| LoadtestError::Server("did not start within 30 s".into()))?
+            .map_err(|_| LoadtestError::Server("exited before it listened".into()))?;
+        Ok(Self {
+            base,
+            pid,
+            child: Some((child, dir)),
+            added: None,
+        })
+    }
+
+    /// A running server: adds the harness's tokens to its configuration.
+    async fn external(
+        url: &str,
+        config: &Path,
+        owner: &str,
+        agents: Vec<AgentToken>,
+        devices: Vec<DeviceToken>,
+        pid: Option<u32>,
+    ) -> Result<Self, LoadtestError> {
+        let mut file = ConfigFile::load(config)?;
+        file.agents.extend(agents);
+        file.devices.extend(devices);
+        file.save(config)?;
+        // The server looks at its token file four times a second.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Ok(Self {
+            base: url.trim_end_matches('/').to_owned(),
+            pid,
+            child: None,
+            added: Some((config.to_owned(), owner.to_owned())),
+        })
+    }
+
+    /// CPU and memory of the server's process, when it is known.
+    fn sample(&self) -> Option<ProcessSample> {
+        self.pid.and_then(ProcessSample::of)
+    }
+
+    /// Stops the child server (SIGTERM, then SIGKILL after 15 s), or
+    /// removes the harness's tokens from an external server's file.
+    async fn stop(&mut self) -> Result<(), LoadtestError> {
+        if let Some((path, owner)) = self.added.take() {
+            let mut file = ConfigFile::load(&path)?;
+            file.agents.retain(|a| a.owner != owner);
+            file.devices.retain(|d| d.owner != owner);
+            file.save(&path)?;
+        }
+        if let Some((mut child, _dir)) = self.child.take() {
+            if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(LoadtestError::Server(e.to_string())),
+                Err(_) => {
+                    let _ = child.kill().await;
+                    return Err(LoadtestError::Server(
+                        "did not stop within 15 s; killed".into(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the child server's log: sends its base URL once it listens, then
+/// passes warnings and errors on to this process's stderr.
+async fn read_server_log(stderr: tokio::process::ChildStderr, address: oneshot::Sender<String>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut address = Some(address);
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(rest) = line.split("serving MCP at ").nth(1)
+            && let Some(tx) = address.take()
+        {
+            let url = rest.split_whitespace().next().unwrap_or_default();
+            let _ = tx.send(url.trim_end_matches("/mcp").to_owned());
+            continue;
+        }
+        if line.contains(" WARN ") || line.contains(" ERROR ") {
+            eprintln!("server | {line}");
+        }
+    }
+}
+
+/// CPU time and memory of a process at one moment (`/proc/<pid>`).
+#[derive(Debug, Clone, Copy)]
+struct ProcessSample {
+    at: Instant,
+    cpu: Duration,
+    rss_bytes: u64,
+    peak_rss_bytes: u64,
+}
+
+impl ProcessSample {
+    /// Process `pid`, or `None` where `/proc` does not have it.
+    fn of(pid: u32) -> Option<Self> {
+        Self::read(&format!("/proc/{pid}"))
+    }
+
+    /// This process.
+    fn of_self() -> Option<Self> {
+        Self::read("/proc/self")
+    }
+
+    fn read(dir: &str) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
+        // Fields after the command name, which ends at the last ')':
+        // state is field 3; utime and stime are fields 14 and 15.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()
+            .flatten()
+            .and_then(|hz| u64::try_from(hz).ok())
+            .filter(|hz| *hz > 0)
+            .unwrap_or(100);
+        let status = std::fs::read_to_string(format!("{dir}/status")).ok()?;
+        let kib = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|v| v * 1024)
+        };
+        Some(Self {
+            at: Instant::now(),
+            cpu: Duration::from_secs_f64(ticks as f64 / hz as f64),
+            rss_bytes: kib("VmRSS:")?,
+            peak_rss_bytes: kib("VmHWM:").unwrap_or_default(),
+        })
+    }
+}
+
+/// CPU use between two samples, in percent of one core.
+trait CpuSince {
+    fn cpu_percent_since(&self, earlier: &Self) -> Option<f64>;
+}
+
+impl CpuSince for Option<ProcessSample> {
+    fn cpu_percent_since(&self, earlier: &Self) -> Option<f64> {
+        let (now, then) = ((*self)?, (*earlier)?);
+        let wall = now.at.saturating_duration_since(then.at).as_secs_f64();
+        (wall > 0.0).then(|| now.cpu.saturating_sub(then.cpu).as_secs_f64() / wall * 100.0)
+    }
+}
+
+/// Timings and samples of the phases, for the report.
+struct Phases {
+    connect_seconds: f64,
+    issued_seconds: f64,
+    load_seconds: f64,
+    idle_cpu: Option<f64>,
+    load_cpu: Option<f64>,
+    server_end: Option<ProcessSample>,
+    harness_cpu: Option<f64>,
+}
+
+/// The harness's report (the `--json` document).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// What was asked for.
+    pub config: ReportConfig,
+    /// Desktops connected and how long that took.
+    pub connect: ConnectFigures,
+    /// Counts of runs.
+    pub runs: RunCounts,
+    /// Latencies in milliseconds: `pickup`, `cancel`, `result`.
+    pub latency_ms: BTreeMap<String, Latency>,
+    /// Errors by kind (empty when everything went right).
+    pub errors: BTreeMap<String, u64>,
+    /// The server's process, when it runs on this machine.
+    pub server: ServerFigures,
+    /// The harness's own CPU during the load, in percent of one core.
+    pub harness_cpu_percent: Option<f64>,
+}
+
+/// The options of the run, as used.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReportConfig {
+    /// Desktops.
+    pub desktops: usize,
+    /// Agents.
+    pub agents: usize,
+    /// Target runs per second.
+    pub rate: f64,
+    /// Load phase, seconds.
+    pub duration_seconds: f64,
+    /// Each Graph's run time, seconds.
+    pub run_seconds: f64,
+    /// `wait` (`wait_seconds`) or `poll`.
+    pub mode: String,
+    /// Share of runs cancelled.
+    pub cancel_fraction: f64,
+}
+
+/// How the desktops connected.
+#[derive(Debug, Clone, Serialize)]
+pub struct ConnectFigures {
+    /// Desktops whose first sync was answered.
+    pub desktops_connected: usize,
+    /// Seconds until the last one was.
+    pub seconds: f64,
+}
+
+/// Counts of runs.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunCounts {
+    /// Runs the scheduler issued.
+    pub issued: usize,
+    /// Runs the server queued (a ticket came back).
+    pub queued: usize,
+    /// Runs the agents read `completed`.
+    pub completed: usize,
+    /// Runs the agents cancelled and read `cancelled`.
+    pub cancelled: usize,
+    /// Queued runs a desktop executed exactly once.
+    pub executed_once: usize,
+    /// Queued runs executed more than once (each is an error).
+    pub executed_twice: usize,
+    /// Queued runs never executed (each is an error).
+    pub never_executed: usize,
+    /// Runs issued per second, as achieved.
+    pub issued_per_second: f64,
+    /// Seconds from the first run issued to the last one read.
+    pub load_seconds: f64,
+}
+
+/// One latency's distribution, milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: usize,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Latency {
+    /// The distribution of `samples` (nearest rank); zeros when empty.
+    fn of(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let rank = |p: f64| {
+            let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            samples
+                .get(rank.clamp(1, samples.len().max(1)) - 1)
+                .copied()
+                .map_or(0.0, ms)
+        };
+        Self {
+            count: samples.len(),
+            p50: rank(50.0),
+            p99: rank(99.0),
+            max: rank(100.0),
+        }
+    }
+}
+
+/// The server's process figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerFigures {
+    /// The server's base URL.
+    pub url: String,
+    /// Its process id, when known.
+    pub pid: Option<u32>,
+    /// CPU with every desktop connected and no runs, percent of one core.
+    pub idle_cpu_percent: Option<f64>,
+    /// CPU during the load, percent of one core.
+    pub load_cpu_percent: Option<f64>,
+    /// Resident memory at the end of the load, MiB.
+    pub rss_mib: Option<f64>,
+    /// Peak resident memory, MiB.
+    pub peak_rss_mib: Option<f64>,
+}
+
+/// Builds the report from the runs and the desktops' tally.
+fn summarize(
+    args: &LoadtestArgs,
+    tally: &Tally,
+    records: Vec<RunRecord>,
+    phases: Phases,
+) -> Report {
+    let mut executed_once = 0;
+    let mut executed_twice = 0;
+    let mut never_executed = 0;
+    {
+        let mut executions = tally.executions();
+        for record in &records {
+            let Some(id) = &record.command else { continue };
+            match executions.remove(id).map_or(0, |e| e.starts) {
+                0 => never_executed += 1,
+                1 => executed_once += 1,
+                _ => executed_twice += 1,
+            }
+        }
+        // A command no agent queued in this run (or whose ticket was lost).
+        let unknown = executions.values().filter(|e| e.starts > 0).count();
+        drop(executions);
+        for _ in 0..unknown {
+            tally.error("executed_unknown_command");
+        }
+    }
+    for _ in 0..executed_twice {
+        tally.error("executed_twice");
+    }
+    for _ in 0..never_executed {
+        tally.error("never_executed");
+    }
+    let queued = records.iter().filter(|r| r.command.is_some()).count();
+    let ok = |r: &&RunRecord| r.error.is_none();
+    let completed = records
+        .iter()
+        .filter(ok)
+        .filter(|r| !r.cancel && r.status.as_deref() == Some("completed"))
+        .count();
+    let cancelled = records
+        .iter()
+        .filter(ok)
+        .filter(|r| r.cancel && r.status.as_deref() == Some("cancelled"))
+        .count();
+    let mut latency = BTreeMap::new();
+    latency.insert(
+        "pickup".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.pickup).collect()),
+    );
+    latency.insert(
+        "cancel".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
+    );
+    latency.insert(
+        "result".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
+    );
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let errors = tally
+        .errors
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    Report {
+        config: ReportConfig {
+            desktops: args.desktops,
+            agents: args.agents,
+            rate: args.rate,
+            duration_seconds: args.duration,
+            run_seconds: args.run_seconds,
+            mode: if args.wait { "wait" } else { "poll" }.into(),
+            cancel_fraction: args.cancel_fraction,
+        },
+        connect: ConnectFigures {
+            desktops_connected: tally.connected.load(Ordering::Relaxed),
+            seconds: phases.connect_seconds,
+        },
+        runs: RunCounts {
+            issued: records.len(),
+            queued,
+            completed,
+            cancelled,
+            executed_once,
+            executed_twice,
+            never_executed,
+            issued_per_second: if phases.issued_seconds > 0.0 {
+                records.len() as f64 / phases.issued_seconds
+            } else {
+                records.len() as f64
+            },
+            load_seconds: phases.load_seconds,
+        },
+        latency_ms: latency,
+        errors,
+        server: ServerFigures {
+            url: String::new(),
+            pid: None,
+            idle_cpu_percent: phases.idle_cpu,
+            load_cpu_percent: phases.load_cpu,
+            rss_mib: phases.server_end.map(|s| mib(s.rss_bytes)),
+            peak_rss_mib: phases.server_end.map(|s| mib(s.peak_rss_bytes)),
+        },
+        harness_cpu_percent: phases.harness_cpu,
+    }
+}
+
+impl Report {
+    /// The report as a table.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let c = &self.config;
+        let r = &self.runs;
+        let opt =
+            |v: Option<f64>, unit: &str| v.map_or("n/a".to_owned(), |v| format!("{v:.1}{unit}"));
+        let _ = writeln!(
+            out,
+            "graph-relay loadtest: {} desktops, {} agents, {} runs/s for {} s, runs of {} s, agents {}, {:.0}% cancelled",
+            c.desktops,
+            c.agents,
+            c.rate,
+            c.duration_seconds,
+            c.run_seconds,
+            if c.mode == "wait" {
+                "wait (wait_seconds)"
+            } else {
+                "poll"
+            },
+            c.cancel_fraction * 100.0
+        );
+        let _ = writeln!(
+            out,
+            "server {}  desktops connected {} in {:.1} s",
+            self.server.url, self.connect.desktops_connected, self.connect.seconds
+        );
+        let _ = writeln!(
+            out,
+            "runs   issued {} ({:.1}/s)  queued {}  completed {}  cancelled {}  executed once {}  twice {}  never {}",
+            r.issued,
+            r.issued_per_second,
+            r.queued,
+            r.completed,
+            r.cancelled,
+            r.executed_once,
+            r.executed_twice,
+            r.never_executed
+        );
+        let _ = writeln!(
+            out,
+            "\n{:<8} {:>7} {:>10} {:>10} {:>10}",
+            "latency", "count", "p50 ms", "p99 ms", "max ms"
+        );
+        for (name, l) in &self.latency_ms {
+            let _ = writeln!(
+                out,
+                "{name:<8} {:>7} {:>10.2} {:>10.2} {:>10.2}",
+                l.count, l.p50, l.p99, l.max
+            );
+        }
+        let s = &self.server;
+        let _ = writeln!(
+            out,
+            "\nserver CPU idle {}  under load {}  (of one core)  RSS {}  peak {}",
+            opt(s.idle_cpu_percent, "%"),
+            opt(s.load_cpu_percent, "%"),
+            opt(s.rss_mib, " MiB"),
+            opt(s.peak_rss_mib, " MiB")
+        );
+        let _ = writeln!(
+            out,
+            "harness CPU under load {}",
+            opt(self.harness_cpu_percent, "%")
+        );
+        if self.errors.is_empty() {
+            let _ = writeln!(out, "errors none");
+        } else {
+            let _ = writeln!(out, "errors");
+            for (kind, n) in &self.errors {
+                let _ = writeln!(out, "  {kind:<32} {n}");
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancels_spreads_the_fraction() {
+        let n = (0..1000).filter(|&i| cancels(i, 0.1)).count();
+        assert_eq!(n, 100);
+        assert_eq!((0..50).filter(|&i| cancels(i, 0.0)).count(), 0);
+        assert_eq!((0..50).filter(|&i| cancels(i, 1.0)).count(), 50);
+    }
+
+    #[test]
+    fn latency_uses_nearest_rank() {
+        let samples = (1..=100).map(Duration::from_millis).collect();
+        let l = Latency::of(samples);
+        assert_eq!((l.count, l.p50, l.p99, l.max), (100, 50.0, 99.0, 100.0));
+        assert_eq!(Latency::of(Vec::new()).count, 0);
+    }
+
+    #[test]
+    fn server_host_reads_the_authority() {
+        assert_eq!(server_host("http://127.0.0.1:8787").ok(), Some("127.0.0.1"));
+        assert_eq!(server_host("http://[::1]:8787/").ok(), Some("[::1]"));
+        assert_eq!(
+            server_host("https://relay.example.com").ok(),
+            Some("relay.example.com")
+        );
+        assert!(server_host("ftp://x").is_err());
+    }
+}

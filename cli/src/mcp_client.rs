@@ -1,0 +1,198 @@
+//! A small MCP client over Streamable HTTP (the stateless revision) with a
+//! bearer token: what the scripted agent of `graph-relay demo` and the
+//! agents of `graph-relay loadtest` use to talk real MCP to a server.
+//!
+//! One JSON-RPC request per POST to `/mcp`; a JSON reply (not an event
+//! stream). Tool errors (`isError`) are answers, not failures: [`McpClient::call`]
+//! returns them, [`McpClient::call_ok`] turns them into [`McpClientError::Tool`].
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// MCP revision the client speaks (stateless HTTP).
+pub const PROTOCOL: &str = "2026-07-28";
+
+/// Why an MCP request did not give the answer asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum McpClientError {
+    /// The request failed on the wire (connect, timeout, body).
+    #[error("MCP request failed: {0}")]
+    Http(#[from] reqwest::Error),
+    /// The server answered something that is not a JSON-RPC reply.
+    #[error("{method} answered {status} with a body that is not JSON ({reason}): {body}")]
+    NotJson {
+        /// The JSON-RPC method.
+        method: String,
+        /// The HTTP status.
+        status: reqwest::StatusCode,
+        /// The parse error.
+        reason: String,
+        /// The body (at most 500 characters of it).
+        body: String,
+    },
+    /// The server answered a JSON-RPC error.
+    #[error("{method} answered an error: {error}")]
+    Rpc {
+        /// The JSON-RPC method.
+        method: String,
+        /// The `error` member.
+        error: Value,
+    },
+    /// The tool answered a tool error (`isError`).
+    #[error("{tool}: {text}")]
+    Tool {
+        /// The tool.
+        tool: String,
+        /// The error text the model would read.
+        text: String,
+    },
+}
+
+/// What a `tools/call` answered.
+#[derive(Debug, Clone)]
+pub struct ToolAnswer {
+    /// The tool reported an error.
+    pub is_error: bool,
+    /// The first text content.
+    pub text: String,
+    /// `structuredContent` (`Null` when absent).
+    pub structured: Value,
+}
+
+/// An MCP client over Streamable HTTP with a bearer token.
+#[derive(Debug, Clone)]
+pub struct McpClient {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl McpClient {
+    /// A client of the server at `base` (`http://host:port`, no `/mcp`),
+    /// whose requests time out after `timeout`.
+    pub fn new(base: &str, token: &str, timeout: Duration) -> Result<Self, McpClientError> {
+        Ok(Self {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            url: format!("{}/mcp", base.trim_end_matches('/')),
+            token: token.into(),
+        })
+    }
+
+    /// One JSON-RPC request; returns its `result`.
+    pub async fn request(
+        &self,
+        method: &str,
+        name: Option<&str>,
+        params: Value,
+    ) -> Result<Value, McpClientError> {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let mut request = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", PROTOCOL)
+            .header("mcp-method", method);
+        if let Some(name) = name {
+            request = request.header("mcp-name", name);
+        }
+        let response = request.json(&body).send().await?;
+        let status = response.status();
+        let text = response.text().await?;
+        let mut reply: Value =
+            serde_json::from_str(&text).map_err(|e| McpClientError::NotJson {
+                method: method.into(),
+                status,
+                reason: e.to_string(),
+                body: text.chars().take(500).collect(),
+            })?;
+        if let Some(error) = reply.get_mut("error") {
+            return Err(McpClientError::Rpc {
+                method: method.into(),
+                error: error.take(),
+            });
+        }
+        Ok(reply
+            .get_mut("result")
+            .map(Value::take)
+            .unwrap_or(Value::Null))
+    }
+
+    /// The `_meta` of a stateless request.
+    fn meta() -> Value {
+        json!({"io.modelcontextprotocol/protocolVersion": PROTOCOL,
+               "io.modelcontextprotocol/clientCapabilities": {}})
+    }
+
+    /// `tools/list`: the names of the tools.
+    pub async fn list_tools(&self) -> Result<Vec<String>, McpClientError> {
+        let result = self
+            .request("tools/list", None, json!({"_meta": Self::meta()}))
+            .await?;
+        Ok(result["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// `tools/call` of `tool`; a tool error is an answer.
+    pub async fn call(&self, tool: &str, arguments: Value) -> Result<ToolAnswer, McpClientError> {
+        let mut result = self
+            .request(
+                "tools/call",
+                Some(tool),
+                json!({"name": tool, "arguments": arguments, "_meta": Self::meta()}),
+            )
+            .await?;
+        Ok(ToolAnswer {
+            is_error: result["isError"].as_bool().unwrap_or(false),
+            text: result["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            structured: result
+                .get_mut("structuredContent")
+                .map(Value::take)
+                .unwrap_or(Value::Null),
+        })
+    }
+
+    /// A tool call that must not be a tool error; returns its structured content.
+    pub async fn call_ok(&self, tool: &str, arguments: Value) -> Result<Value, McpClientError> {
+        let answer = self.call(tool, arguments).await?;
+        if answer.is_error {
+            return Err(McpClientError::Tool {
+                tool: tool.into(),
+                text: answer.text,
+            });
+        }
+        Ok(answer.structured)
+    }
+
+    /// `get_graph_run` of `id`, with `wait_seconds` when it is not 0.
+    pub async fn get_graph_run(
+        &self,
+        id: &str,
+        wait_seconds: u32,
+    ) -> Result<Value, McpClientError> {
+        let mut arguments = json!({"command_id": id});
+        if wait_seconds > 0 {
+            arguments["wait_seconds"] = json!(wait_seconds);
+        }
+        self.call_ok("get_graph_run", arguments).await
+    }
+}
+
+/// Whether a run's status (as `get_graph_run` shows it) is terminal.
+pub fn is_terminal(run: &Value) -> bool {
+    matches!(
+        run["status"].as_str(),
+        Some("completed" | "failed" | "cancelled")
+    )
+}
