@@ -6,9 +6,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Relay;
+use common::scrape::{sample, scrape, scrape_until};
 use serde_json::json;
 
 const AGENT_TOKEN: &str = "gra_metrics_agent_token_0123456789abcdef";
@@ -16,45 +17,6 @@ const DEVICE_TOKEN: &str = "grd_metrics_device_token_0123456789abcdef";
 const GS: &str = "gs_cccccccccccccccccccccccccccccccc";
 const GS_SLOW: &str = "gs_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// The value of the sample `series` (name and labels exactly as exposed).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
-async fn scrape(http: &reqwest::Client, url: &str) -> String {
-    let response = http.get(url).send().await.expect("scrape");
-    assert_eq!(response.status(), 200);
-    let kind = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
-    response.text().await.expect("body")
-}
-
-/// Scrapes until `check` holds for the text; returns it.
-async fn scrape_until(
-    http: &reqwest::Client,
-    url: &str,
-    what: &str,
-    check: impl Fn(&str) -> bool,
-) -> String {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let text = scrape(http, url).await;
-        if check(&text) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{what} never showed:\n{text}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scrape_after_a_run_shows_the_figures_moved() {
@@ -138,7 +100,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         .run(&url, GS, "metrics-key-0001", json!({"n": 1}))
         .await;
     relay.wait_status(&url, &id, "completed").await;
-    let text = scrape_until(http, &metrics, "the finished run", |t| {
+    let text = scrape_until(http, &metrics, "the finished run", DEADLINE, |t| {
         sample(t, r#"graph_relay_runs_finished_total{status="completed"}"#) == Some(1.0)
     })
     .await;
@@ -244,7 +206,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
     relay.wait_exists("slow.started", "the slow run").await;
     relay.cancel(&url, &slow).await;
     relay.wait_status(&url, &slow, "cancelled").await;
-    let text = scrape_until(http, &metrics, "the cancelled run", |t| {
+    let text = scrape_until(http, &metrics, "the cancelled run", DEADLINE, |t| {
         sample(t, r#"graph_relay_runs_finished_total{status="cancelled"}"#) == Some(1.0)
     })
     .await;
@@ -261,7 +223,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
     // The unknown path counts under one label, not its own.
     let _ = http.get(format!("{url}/no-such-path")).send().await;
     // The idle long-polling worker holds a sync.
-    let text = scrape_until(http, &metrics, "a held request", |t| {
+    let text = scrape_until(http, &metrics, "a held request", DEADLINE, |t| {
         sample(t, "graph_relay_held_requests").is_some_and(|n| n >= 1.0)
     })
     .await;

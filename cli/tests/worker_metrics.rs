@@ -7,9 +7,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Relay;
+use common::scrape::{sample, scrape, scrape_until};
 use serde_json::json;
 
 const AGENT_TOKEN: &str = "gra_wmetrics_agent_token_0123456789abcdef";
@@ -18,38 +19,6 @@ const GS_PROGRESS: &str = "gs_cccccccccccccccccccccccccccccccc";
 const GS_FAIL: &str = "gs_dddddddddddddddddddddddddddddddd";
 const GS_WAIT: &str = "gs_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 const DEADLINE: Duration = Duration::from_secs(40);
-
-/// The value of the sample `series` (name and labels exactly as exposed).
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
-        rest.split_whitespace().next()?.parse().ok()
-    })
-}
-
-async fn scrape(http: &reqwest::Client, url: &str) -> String {
-    let response = http.get(url).send().await.expect("scrape");
-    assert_eq!(response.status(), 200);
-    response.text().await.expect("body")
-}
-
-/// Scrapes until `check` holds for the text; returns it.
-async fn scrape_until(
-    http: &reqwest::Client,
-    url: &str,
-    what: &str,
-    check: impl Fn(&str) -> bool,
-) -> String {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let text = scrape(http, url).await;
-        if check(&text) {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{what} never showed:\n{text}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_worker_metrics_follow_its_runs_and_its_outbox() {
@@ -93,7 +62,7 @@ echo '{"done": true}'
     let http = &relay.http;
     worker.wait_line("sync: project p1");
 
-    let before = scrape_until(http, &metrics, "the first sync", |t| {
+    let before = scrape_until(http, &metrics, "the first sync", DEADLINE, |t| {
         sample(t, "graph_relay_worker_server_reachable") == Some(1.0)
     })
     .await;
@@ -140,10 +109,16 @@ echo '{"done": true}'
     relay
         .wait_exists("progress.started", "the progress run")
         .await;
-    scrape_until(http, &metrics, "the running run and its progress", |t| {
-        sample(t, "graph_relay_worker_running") == Some(1.0)
-            && sample(t, "graph_relay_worker_progress_posted_total").is_some_and(|n| n >= 1.0)
-    })
+    scrape_until(
+        http,
+        &metrics,
+        "the running run and its progress",
+        DEADLINE,
+        |t| {
+            sample(t, "graph_relay_worker_running") == Some(1.0)
+                && sample(t, "graph_relay_worker_progress_posted_total").is_some_and(|n| n >= 1.0)
+        },
+    )
     .await;
     std::fs::write(relay.path("progress.go"), "").expect("go");
     relay.wait_status(&url, &id, "completed").await;
@@ -152,7 +127,7 @@ echo '{"done": true}'
         .run(&url, GS_FAIL, "wmetrics-key-0002", json!({}))
         .await;
     relay.wait_status(&url, &failing, "failed").await;
-    let text = scrape_until(http, &metrics, "both runs delivered", |t| {
+    let text = scrape_until(http, &metrics, "both runs delivered", DEADLINE, |t| {
         sample(t, "graph_relay_worker_reports_delivered_total").is_some_and(|n| n >= 2.0)
     })
     .await;
@@ -173,10 +148,16 @@ echo '{"done": true}'
     relay.wait_exists("wait.started", "the waiting run").await;
     server.sigkill();
     std::fs::write(relay.path("wait.go"), "").expect("go");
-    let text = scrape_until(http, &metrics, "the report kept in the outbox", |t| {
-        sample(t, "graph_relay_worker_outbox_pending") == Some(1.0)
-            && sample(t, "graph_relay_worker_server_reachable") == Some(0.0)
-    })
+    let text = scrape_until(
+        http,
+        &metrics,
+        "the report kept in the outbox",
+        DEADLINE,
+        |t| {
+            sample(t, "graph_relay_worker_outbox_pending") == Some(1.0)
+                && sample(t, "graph_relay_worker_server_reachable") == Some(0.0)
+        },
+    )
     .await;
     assert_eq!(
         sample(
