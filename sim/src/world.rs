@@ -21,6 +21,8 @@ use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerI
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{ControlAnswer, Queue, QueueConfig, RunView, SyncRequest};
+use graph_relay_core::relay::driver::RelayTransport;
+use graph_relay_core::relay::in_process::QueueTransport;
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,
     RelayConfig, RelayMode, SharedSet, SyncFailure,
@@ -800,15 +802,12 @@ impl World {
                         return;
                     }
                     Ok(response) => Ok(response.commands.iter().map(RelayCommand::from).collect()),
-                    Err(e) => Err(refusal(e.is_retryable(), e).into()),
+                    Err(e) => Err(Refusal::new(Some(e.is_retryable()), e.to_string()).into()),
                 };
                 self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
             Request::Claim { command, execution } => {
-                let outcome = match block_on(self.queue.start(&device, &command, &execution)) {
-                    Ok(_) => ClaimOutcome::Granted,
-                    Err(e) => refusal(e.is_retryable(), e).into(),
-                };
+                let outcome = block_on(self.desk(&device).claim(&command, &execution));
                 self.schedule(
                     reply_at,
                     Event::Answer(epoch, Answer::Claim(command, outcome)),
@@ -835,42 +834,31 @@ impl World {
                 execution,
                 report,
             } => {
-                let outcome = match block_on(self.queue.report_progress(
-                    &device,
-                    &command,
-                    &execution,
-                    report.message,
-                    report.percent,
-                )) {
-                    Ok(_) => PostOutcome::Acknowledged,
-                    Err(e) => refusal(e.is_retryable(), e).into(),
-                };
+                let outcome = block_on(
+                    self.desk(&device)
+                        .post_progress(&command, &execution, &report),
+                );
                 self.schedule(
                     reply_at,
                     Event::Answer(epoch, Answer::ProgressPosted(command, outcome)),
                 );
             }
             Request::Post(item) => {
-                let outcome = match &item.report {
-                    RelayReport::Completion { envelope } => {
-                        match block_on(self.queue.complete(&device, &item.command, envelope)) {
-                            Ok(_) => PostOutcome::Acknowledged,
-                            Err(e) => refusal(e.is_retryable(), e).into(),
-                        }
-                    }
-                    RelayReport::Declined => {
-                        match block_on(self.queue.decline(&device, &item.command)) {
-                            Ok(_) => PostOutcome::Acknowledged,
-                            Err(e) => refusal(e.is_retryable(), e).into(),
-                        }
-                    }
-                };
+                let outcome = block_on(self.desk(&device).post_report(&item));
                 self.schedule(
                     reply_at,
                     Event::Answer(epoch, Answer::Posted(item.command, outcome)),
                 );
             }
         }
+    }
+
+    /// The in-process relay transport over the real queue: the simulated
+    /// server answers claims, reports and progress exactly as an embedded
+    /// desktop is answered (its held requests are scheduled here instead).
+    fn desk(&self, device: &Device) -> QueueTransport {
+        let sleeper = Arc::new(graph_relay_core::time::ThreadSleeper);
+        QueueTransport::new(Arc::new(self.queue.clone()), device.clone(), sleeper)
     }
 
     /// Subscriptions to every topic of `hold`.
@@ -941,12 +929,4 @@ impl World {
     pub fn status(&self, id: &CommandId) -> Option<CommandStatus> {
         self.command(&self.agent, id).map(|c| c.status)
     }
-}
-
-/// The simulated server's answer to a request it did not accept, as the
-/// HTTP server words it: a store failure is retryable (its 503), every other
-/// refusal is final. The relay maps it through the core's one [`Refusal`]
-/// mapping, exactly as over HTTP.
-fn refusal(retryable: bool, error: impl std::fmt::Display) -> Refusal {
-    Refusal::new(Some(retryable), error.to_string())
 }
