@@ -66,6 +66,9 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "graph_relay_desktops_online",
         "graph_relay_desktops_known",
         "graph_relay_held_requests",
+        "graph_relay_notifications",
+        "graph_relay_wakeups",
+        "graph_relay_wakeups_all",
         "graph_relay_mcp_sessions",
         "graph_relay_listen_streams",
         "graph_relay_http_requests",
@@ -233,4 +236,10 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "{text}"
     );
     assert!(!text.contains("no-such-path"), "{text}");
+    // The runs' writes notified their topics, and woke the held requests
+    // (the worker's sync and control, the agent's wait) that waited on them.
+    let notified = sample(&text, "graph_relay_notifications_total").unwrap_or(0.0);
+    let woken = sample(&text, "graph_relay_wakeups_total").unwrap_or(0.0);
+    assert!(notified >= 2.0 && woken >= 1.0, "{text}");
+    assert!(woken <= notified, "{text}");
 }

@@ -36,8 +36,8 @@ use crate::principal::{Agent, Device};
 use crate::session::{InvalidSession, MAX_SESSIONS_PER_SYNC, SessionMeta, SharedSession};
 use crate::signals::{Signals, Topic};
 use crate::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError,
 };
 use crate::time::{Clock, IdSource, Sleeper, Timestamp};
 use std::sync::Arc;
@@ -55,6 +55,11 @@ const MAX_TOUCH_CACHE: usize = 100_000;
 const MAX_RESTART_CLOSES: usize = 100;
 /// How many times a transition is retried when another writer got there first.
 const MAX_CAS_ATTEMPTS: usize = 16;
+
+/// How often a held request looks at the store on its own when other
+/// processes' writes reach this process anyway (see
+/// [`Queue::external_writes_fed`]): a safety net, longer than any hold.
+pub const FED_RECHECK: Duration = Duration::from_secs(60);
 
 /// Tunables of the queue. The defaults follow the published relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,11 +88,15 @@ pub struct QueueConfig {
     /// device and project; then the stored stamps may lag by up to this much.
     pub touch_interval: Duration,
     /// While a `wait_seconds` call waits, the store is re-read at least this
-    /// often (1 s), for changes made by another process on the same store.
+    /// often (1 s), for changes made by another process on the same store,
+    /// when those reach this process only by reading it (see
+    /// [`Queue::external_writes_fed`]; otherwise [`FED_RECHECK`]).
     pub wait_recheck: Duration,
     /// While a relay's long-poll sync or control request is held, the
     /// store is looked at at least this often (500 ms), for work queued by
-    /// another process on the same store.
+    /// another process on the same store, when that reaches this process
+    /// only by reading it (see [`Queue::external_writes_fed`]; otherwise
+    /// [`FED_RECHECK`]).
     pub hold_recheck: Duration,
     /// Most projects one device may share sessions into at once (100). A
     /// sync that would share into one more is refused with
@@ -302,6 +311,9 @@ pub struct MaintenanceReport {
     pub leases: usize,
     /// What pruning removed.
     pub pruned: PruneReport,
+    /// Held requests woken because another process wrote to the store
+    /// (under [`ExternalWrites::Marker`], when the marker moved).
+    pub woken: usize,
 }
 
 /// Why `decline` failed.
@@ -501,6 +513,8 @@ pub struct Queue {
     /// Per running command: when this queue last wrote its progress, and
     /// the latest report not written yet.
     progress: Arc<std::sync::Mutex<FastMap<CommandId, ProgressState>>>,
+    /// The store's external-write marker as [`Queue::maintain`] last read it.
+    marker: Arc<std::sync::Mutex<Option<u64>>>,
 }
 
 /// The progress writes of one command by this queue.
@@ -552,6 +566,7 @@ impl Queue {
             touched: Arc::default(),
             synced: Arc::default(),
             progress: Arc::default(),
+            marker: Arc::default(),
         }
     }
 
@@ -773,6 +788,31 @@ impl Queue {
         .await
     }
 
+    /// True when this process learns of every write another process makes
+    /// to the store without reading it: the store has no other writer, or
+    /// [`Queue::maintain`] watches its marker ([`ExternalWrites`]), or the
+    /// signals' forwarder [delivers](crate::signals::Forwarder::delivers)
+    /// other processes' notifications. Held requests then wait on
+    /// notifications alone (looking again only every [`FED_RECHECK`], a
+    /// safety net), instead of every `hold_recheck` / `wait_recheck`, so
+    /// thousands of them cost nothing while nothing happens.
+    pub fn external_writes_fed(&self) -> bool {
+        match self.store.external_writes() {
+            ExternalWrites::None | ExternalWrites::Marker => true,
+            ExternalWrites::Poll => self.signals.forwarder_delivers(),
+        }
+    }
+
+    /// The re-look pace of a held request: `polled` when other processes'
+    /// writes show only by reading the store, else [`FED_RECHECK`].
+    fn recheck(&self, polled: Duration) -> Duration {
+        if self.external_writes_fed() {
+            FED_RECHECK.max(polled)
+        } else {
+            polled
+        }
+    }
+
     /// How a relay's long-poll sync of `device` is held: until work is
     /// queued for it ([`Topic::DeviceWork`]) or [`QueueConfig::long_poll_hold`]
     /// passes, looking at the store every [`QueueConfig::hold_recheck`]; a
@@ -782,7 +822,7 @@ impl Queue {
         Hold {
             topics: vec![Topic::DeviceWork(device.owner.clone(), device.id.clone())],
             until: self.clock.now().plus(self.config.long_poll_hold),
-            recheck: self.config.hold_recheck,
+            recheck: self.recheck(self.config.hold_recheck),
             answer_on_notify: true,
         }
     }
@@ -794,7 +834,7 @@ impl Queue {
         Hold {
             topics: vec![Topic::Command(*id)],
             until: self.clock.now().plus(self.config.long_poll_hold),
-            recheck: self.config.hold_recheck,
+            recheck: self.recheck(self.config.hold_recheck),
             answer_on_notify: true,
         }
     }
@@ -872,7 +912,7 @@ impl Queue {
         Hold {
             topics: ids.iter().map(|id| Topic::Command(*id)).collect(),
             until: self.clock.now().plus(lifetime),
-            recheck: self.config.wait_recheck,
+            recheck: self.recheck(self.config.wait_recheck),
             answer_on_notify: false,
         }
     }
@@ -1328,9 +1368,30 @@ impl Queue {
     /// ([`Queue::sweep_lapsed`]) and prunes ([`Queue::prune`]).
     pub async fn maintain(&self) -> Result<MaintenanceReport, StoreError> {
         Ok(MaintenanceReport {
+            woken: self.watch_external_writes().await?,
             progress: self.flush_progress().await?,
             leases: self.sweep_lapsed().await?,
             pruned: self.prune().await?,
+        })
+    }
+
+    /// Under [`ExternalWrites::Marker`]: reads the store's marker and, when
+    /// it moved since the last call, wakes every held request (each looks
+    /// at the store again). Returns how many were woken; the first call
+    /// only records the marker. [`Queue::maintain`] calls it.
+    pub async fn watch_external_writes(&self) -> Result<usize, StoreError> {
+        if self.store.external_writes() != ExternalWrites::Marker {
+            return Ok(0);
+        }
+        let now = self.store.external_write_marker().await?;
+        let before = self
+            .marker
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(now);
+        Ok(match before {
+            Some(before) if before != now => self.signals.wake_all(),
+            _ => 0,
         })
     }
 

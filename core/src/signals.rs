@@ -14,6 +14,7 @@
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
@@ -34,6 +35,32 @@ pub enum Topic {
 pub trait Forwarder: Send + Sync {
     /// Called after local waiters on `topic` were woken.
     fn forward(&self, topic: &Topic);
+
+    /// True while every notification the other processes send reaches this
+    /// process's [`Signals`] too (e.g. a listening database connection).
+    /// Held requests then rely on notifications alone instead of looking at
+    /// a shared store every recheck; a forwarder that was not delivering
+    /// (its connection was lost) calls [`Signals::wake_all`] once it
+    /// delivers again, so nothing written meanwhile is missed. The default
+    /// makes no promise.
+    fn delivers(&self) -> bool {
+        false
+    }
+}
+
+/// How many notifications a [`Signals`] had and how many waiters they woke,
+/// since it was made: `woken / notified` is the wake-ups per notification
+/// (1 or less when each change concerns one waiter, as a relay's sync or an
+/// agent's wait; a figure growing with the number of waiters would be a
+/// thundering herd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SignalCounts {
+    /// Topics notified in this process (local and forwarded from others).
+    pub notified: u64,
+    /// Waiters those notifications woke.
+    pub woken: u64,
+    /// Waiters woken by [`Signals::wake_all`].
+    pub woken_all: u64,
 }
 
 /// The registry of waiters. Cheap to share (`Arc`).
@@ -42,6 +69,9 @@ pub struct Signals {
     waiters: Mutex<HashMap<Topic, Vec<oneshot::Sender<()>>>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
     closed: std::sync::atomic::AtomicBool,
+    notified: AtomicU64,
+    woken: AtomicU64,
+    woken_all: AtomicU64,
 }
 
 impl std::fmt::Debug for Signals {
@@ -94,6 +124,7 @@ impl Signals {
     /// Wakes the waiters of this process only (for a notification that came
     /// from another process).
     pub fn notify_local(&self, topic: &Topic) {
+        self.notified.fetch_add(1, Ordering::Relaxed);
         let senders = {
             let mut waiters = self.lock();
             if waiters.is_empty() {
@@ -101,8 +132,21 @@ impl Signals {
             }
             waiters.remove(topic)
         };
+        let mut woken = 0;
         for s in senders.into_iter().flatten() {
-            let _ = s.send(());
+            if s.send(()).is_ok() {
+                woken += 1;
+            }
+        }
+        self.woken.fetch_add(woken, Ordering::Relaxed);
+    }
+
+    /// The notifications and wake-ups so far.
+    pub fn counts(&self) -> SignalCounts {
+        SignalCounts {
+            notified: self.notified.load(Ordering::Relaxed),
+            woken: self.woken.load(Ordering::Relaxed),
+            woken_all: self.woken_all.load(Ordering::Relaxed),
         }
     }
 
@@ -111,13 +155,40 @@ impl Signals {
         *self.forwarder.lock().unwrap_or_else(|p| p.into_inner()) = Some(forwarder);
     }
 
+    /// Wakes every waiter once (each looks at the store again and, if it is
+    /// still not answered, waits anew): anything may have changed, e.g.
+    /// another process wrote to a shared store while its notifications
+    /// could not arrive. Returns the number of waiters woken.
+    pub fn wake_all(&self) -> usize {
+        let all = std::mem::take(&mut *self.lock());
+        let mut woken = 0;
+        for s in all.into_values().flatten() {
+            if s.send(()).is_ok() {
+                woken += 1;
+            }
+        }
+        self.woken_all
+            .fetch_add(u64::try_from(woken).unwrap_or(u64::MAX), Ordering::Relaxed);
+        woken
+    }
+
+    /// True when a forwarder is installed and
+    /// [delivers](Forwarder::delivers) other processes' notifications now.
+    pub fn forwarder_delivers(&self) -> bool {
+        self.forwarder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|f| f.delivers())
+    }
+
     /// Wakes every waiter, now and from now on: the process is shutting
     /// down, and a held request answers with what it has at once instead of
     /// waiting (see [`Queue::shut_down`](crate::queue::Queue::shut_down)).
     pub fn close(&self) {
         let all = {
             let mut waiters = self.lock();
-            self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+            self.closed.store(true, Ordering::SeqCst);
             std::mem::take(&mut *waiters)
         };
         drop(all);
@@ -125,7 +196,7 @@ impl Signals {
 
     /// True once [`Signals::close`] was called.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        self.closed.load(Ordering::SeqCst)
     }
 
     /// Number of live waiters (for tests and metrics).
@@ -168,6 +239,15 @@ mod tests {
         assert!((&mut a).now_or_never().is_some());
         assert!((&mut b).now_or_never().is_none());
         assert_eq!(s.waiting(), 1);
+        s.notify(&Topic::Command(id));
+        assert_eq!(
+            s.counts(),
+            SignalCounts {
+                notified: 2,
+                woken: 1,
+                woken_all: 0
+            }
+        );
     }
 
     #[test]
@@ -193,6 +273,43 @@ mod tests {
         }
         let _live = s.subscribe(Topic::Command(id));
         assert_eq!(s.lock().get(&Topic::Command(id)).map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn wake_all_wakes_every_topic_once_and_keeps_the_registry_open() {
+        let s = Signals::new();
+        let a_id = CommandId::from_uuid(uuid::Uuid::from_u128(1));
+        let mut a = s.subscribe(Topic::Command(a_id));
+        let mut b = s.subscribe(Topic::DeviceWork(
+            OwnerId::parse("o").unwrap(),
+            DeviceId::parse("d").unwrap(),
+        ));
+        drop(s.subscribe(Topic::Command(a_id)));
+        assert_eq!(s.wake_all(), 2);
+        assert_eq!(s.counts().woken_all, 2);
+        assert!((&mut a).now_or_never().is_some());
+        assert!((&mut b).now_or_never().is_some());
+        assert!(!s.is_closed());
+        let mut later = s.subscribe(Topic::Command(a_id));
+        assert!((&mut later).now_or_never().is_none());
+        assert_eq!(s.wake_all(), 1);
+    }
+
+    #[test]
+    fn forwarder_delivers_only_when_one_says_so() {
+        struct Says(bool);
+        impl Forwarder for Says {
+            fn forward(&self, _: &Topic) {}
+            fn delivers(&self) -> bool {
+                self.0
+            }
+        }
+        let s = Signals::new();
+        assert!(!s.forwarder_delivers());
+        s.set_forwarder(Arc::new(Says(false)));
+        assert!(!s.forwarder_delivers());
+        s.set_forwarder(Arc::new(Says(true)));
+        assert!(s.forwarder_delivers());
     }
 
     #[test]

@@ -109,6 +109,32 @@ pub struct PruneReport {
     pub commands: usize,
 }
 
+/// How a process learns of writes that *other* processes make to the same
+/// store, so that requests it holds see them (see [`crate::hold`]).
+///
+/// The [`Queue`](crate::queue::Queue) wakes its own held requests after
+/// each of its own writes. Writes by another process reach them in one of
+/// three ways, and the cheaper the way, the less a held request has to
+/// look at the store while it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExternalWrites {
+    /// No other process can write to this store (it lives in this
+    /// process's memory): held requests never need to look again on their
+    /// own.
+    None,
+    /// [`Store::external_write_marker`] changes whenever another process
+    /// committed a write. [`Queue::maintain`](crate::queue::Queue::maintain)
+    /// reads it once per call and wakes every held request when it moved,
+    /// so a held request does not look again on its own.
+    Marker,
+    /// Only a fresh read shows them: every held request looks again every
+    /// [`QueueConfig::hold_recheck`](crate::queue::QueueConfig::hold_recheck)
+    /// (or `wait_recheck`), unless a signal [`Forwarder`](crate::signals::Forwarder)
+    /// installed on the queue's signals [delivers](crate::signals::Forwarder::delivers)
+    /// other processes' notifications.
+    Poll,
+}
+
 /// Durable state of the queue. See the module docs for the contract.
 ///
 /// Three implementations ship (`graph-relay-store-memory`, `-sqlite`,
@@ -267,4 +293,19 @@ pub trait Store: Send + Sync {
 
     /// Deletes expired keys and old terminal commands, each at most `batch`.
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError>;
+
+    /// How this process learns of other processes' writes to this store.
+    /// The default, [`ExternalWrites::Poll`], is always correct; a wrapper
+    /// around another store should forward both this and
+    /// [`Store::external_write_marker`].
+    fn external_writes(&self) -> ExternalWrites {
+        ExternalWrites::Poll
+    }
+
+    /// Under [`ExternalWrites::Marker`]: a value that changes whenever
+    /// another process committed a write since the last call (and never
+    /// because of this store's own writes). Other stores answer a constant.
+    async fn external_write_marker(&self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
 }

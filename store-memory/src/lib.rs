@@ -61,8 +61,8 @@ use graph_relay_core::ids::{
 use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 
@@ -524,6 +524,11 @@ impl Store for MemoryStore {
         device: &DeviceId,
     ) -> Result<Option<DeviceRecord>, StoreError> {
         Ok(self.lock().devices.get(&Parts((owner, device))).cloned())
+    }
+
+    /// Only this process can write to memory it owns.
+    fn external_writes(&self) -> ExternalWrites {
+        ExternalWrites::None
     }
 
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {

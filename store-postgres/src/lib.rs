@@ -31,11 +31,15 @@
 //! ## When a notification is missed
 //! `NOTIFY` is a hint, not a delivery guarantee: a listener that is
 //! reconnecting, or a publish that fails, loses it. Nothing depends on it
-//! alone. A held long-poll sync and a held control request re-read the store
-//! every 500 ms (`RelayApiConfig::recheck` in `graph-relay-transport-http`),
-//! and `wait_seconds` waits re-read it every second
-//! (`QueueConfig::wait_recheck` in the core). A missed notification costs at
-//! most that delay; a delivered one wakes the waiter within a round trip.
+//! alone. While the bridge's listener is not listening, a held long-poll
+//! sync and a held control request re-read the store every 500 ms
+//! (`QueueConfig::hold_recheck` in the core), and `wait_seconds` waits
+//! re-read it every second (`QueueConfig::wait_recheck`): a missed
+//! notification costs at most that delay. While it listens, held requests
+//! wait on notifications alone (`Queue::external_writes_fed`), and every
+//! time the listener starts listening again it wakes every held request
+//! once (`Signals::wake_all`), so that what was written while it was away
+//! is seen. A delivered notification wakes the waiter within a round trip.
 
 mod schema;
 mod signal_bridge;
@@ -46,6 +50,6 @@ pub mod testing;
 pub use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use crate::signal_bridge::{
     CHANNEL, SignalBridge, SignalBridgeHandle, SignalForwarder, SignalListener, SignalStats,
-    SignalStatus, TopicDecodeError, decode_topic, encode_topic,
+    SignalStatus, TopicDecodeError, WAKE_ALL, decode_topic, encode_topic,
 };
 pub use crate::store::{ConnectError, DropSchemaError, PostgresOptions, PostgresStore};

@@ -25,7 +25,7 @@
 //! 1 s for `wait_seconds`) are the fallback. See the crate docs.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -41,6 +41,13 @@ use crate::store::describe;
 
 /// The notification channel: `LISTEN graph_relay`.
 pub const CHANNEL: &str = "graph_relay";
+
+/// The payload that asks every other server to wake all its held requests
+/// once ([`Signals::wake_all`]): sent after this server lost hints (its
+/// publish queue was full, a publish failed, or it was not connected), so
+/// that what those hints were about is looked at anyway. `*` is never a
+/// topic's payload.
+pub const WAKE_ALL: &str = "*";
 
 /// Topics waiting to be published; beyond this, hints are dropped.
 const QUEUE: usize = 4096;
@@ -100,6 +107,11 @@ pub struct SignalStats {
     pub malformed: u64,
     /// Connections made (the first one and every reconnection).
     pub connects: u64,
+    /// [`WAKE_ALL`] requests published (after hints were lost here).
+    pub wake_alls_sent: u64,
+    /// [`WAKE_ALL`] requests received from other servers, and reconnections
+    /// of this listener: each woke every local held request once.
+    pub wake_alls: u64,
 }
 
 #[derive(Debug, Default)]
@@ -110,6 +122,8 @@ struct Counters {
     dropped: AtomicU64,
     malformed: AtomicU64,
     connects: AtomicU64,
+    wake_alls_sent: AtomicU64,
+    wake_alls: AtomicU64,
 }
 
 /// State shared by the forwarder, the listener and the status handles.
@@ -119,11 +133,20 @@ struct Shared {
     /// Backend process id of the listening connection; 0 while not listening.
     pid: AtomicI32,
     listening: watch::Sender<bool>,
+    /// A hint was dropped since the last [`WAKE_ALL`] was published.
+    lost: AtomicBool,
 }
 
 impl Shared {
     fn count(&self, field: impl Fn(&Counters) -> &AtomicU64, n: u64) {
         field(&self.counters).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` hints could not be published: counted, and the other servers
+    /// will be asked to wake everything once this server can publish.
+    fn drop_hints(&self, n: u64) {
+        self.count(|c| &c.dropped, n);
+        self.lost.store(true, Ordering::Release);
     }
 
     fn set_listening(&self, pid: Option<i32>) {
@@ -163,6 +186,7 @@ where
             counters: Counters::default(),
             pid: AtomicI32::new(0),
             listening: watch::Sender::new(false),
+            lost: AtomicBool::new(false),
         });
         Self {
             forwarder: Arc::new(SignalForwarder {
@@ -214,9 +238,15 @@ impl Forwarder for SignalForwarder {
     fn forward(&self, topic: &Topic) {
         if self.tx.try_send(encode_topic(topic)).is_err() {
             // Full (the database is slow or gone) or stopped: a hint lost,
-            // which the waiters' periodic re-checks make up for.
-            self.shared.count(|c| &c.dropped, 1);
+            // made up for by a wake-all once the listener publishes again.
+            self.shared.drop_hints(1);
         }
+    }
+
+    /// True while the listener listens: every other server's hint then
+    /// arrives here (a reconnection wakes everything, see the module docs).
+    fn delivers(&self) -> bool {
+        *self.shared.listening.borrow()
     }
 }
 
@@ -298,6 +328,12 @@ where
             .get(0);
         self.shared.count(|c| &c.connects, 1);
         self.shared.set_listening(Some(pid));
+        if self.shared.counters.connects.load(Ordering::Relaxed) > 1 {
+            // Other servers' hints sent while this listener was away are
+            // lost: every local held request looks once.
+            self.shared.count(|c| &c.wake_alls, 1);
+            self.signals.wake_all();
+        }
         if *failing {
             tracing::info!("postgres wake-ups: listening again");
             *failing = false;
@@ -307,6 +343,7 @@ where
             .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
             .await
             .map_err(|e| describe(&e))?;
+        self.publish_wake_all_if_lost(&client).await?;
         let mut forwarders_gone = false;
         loop {
             tokio::select! {
@@ -330,15 +367,35 @@ where
                         batch.dedup();
                         let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
                         if let Err(e) = client.execute(&publish, &[&CHANNEL, &batch]).await {
-                            self.shared.count(|c| &c.dropped, n);
+                            self.shared.drop_hints(n);
                             return Err(describe(&e));
                         }
                         self.shared.count(|c| &c.published, n);
+                        self.publish_wake_all_if_lost(&client).await?;
                     }
                     None => forwarders_gone = true,
                 },
             }
         }
+    }
+
+    /// Publishes [`WAKE_ALL`] if hints were lost since the last one.
+    async fn publish_wake_all_if_lost(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<(), String> {
+        if !self.shared.lost.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if let Err(e) = client
+            .execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &WAKE_ALL])
+            .await
+        {
+            self.shared.lost.store(true, Ordering::Release);
+            return Err(describe(&e));
+        }
+        self.shared.count(|c| &c.wake_alls_sent, 1);
+        Ok(())
     }
 
     fn apply(&self, n: &Notification, own_pid: i32) {
@@ -347,6 +404,11 @@ where
         }
         if n.process_id() == own_pid {
             self.shared.count(|c| &c.own, 1);
+            return;
+        }
+        if n.payload() == WAKE_ALL {
+            self.shared.count(|c| &c.wake_alls, 1);
+            self.signals.wake_all();
             return;
         }
         match decode_topic(n.payload()) {
@@ -408,6 +470,8 @@ impl SignalStatus {
             dropped: get(&c.dropped),
             malformed: get(&c.malformed),
             connects: get(&c.connects),
+            wake_alls_sent: get(&c.wake_alls_sent),
+            wake_alls: get(&c.wake_alls),
         }
     }
 }
@@ -426,9 +490,12 @@ impl SignalBridgeHandle {
         &self.status
     }
 
-    /// Stops listening (the forwarder then drops every hint).
+    /// Stops listening (the forwarder then drops every hint, and no longer
+    /// [delivers](graph_relay_core::signals::Forwarder::delivers), so held
+    /// requests go back to looking at the store every recheck).
     pub fn stop(self) {
         self.task.abort();
+        self.status.0.set_listening(None);
     }
 }
 

@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 };
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use rusqlite::types::ValueRef;
@@ -529,6 +529,27 @@ impl Store for SqliteStore {
                 }))
             })
             .map_err(store_error)
+    }
+
+    /// Another process may open the same file; `PRAGMA data_version` on
+    /// the writer connection tells when one committed.
+    fn external_writes(&self) -> ExternalWrites {
+        ExternalWrites::Marker
+    }
+
+    /// `PRAGMA data_version` of the writer connection: it changes when
+    /// another connection (another process, or a second store on the same
+    /// file) committed since, never for this store's own writes, which all
+    /// go through that connection.
+    async fn external_write_marker(&self) -> Result<u64, StoreError> {
+        let version = self
+            .db
+            .write(
+                |conn| Ok(conn.query_row("PRAGMA data_version", [], |row| row.get::<_, i64>(0))?),
+            )
+            .await
+            .map_err(store_error)?;
+        Ok(version.unsigned_abs())
     }
 
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {

@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
@@ -175,6 +175,12 @@ impl Store for OnTempFile<SqliteStore> {
     }
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
         self.inner.prune(request).await
+    }
+    fn external_writes(&self) -> ExternalWrites {
+        self.inner.external_writes()
+    }
+    async fn external_write_marker(&self) -> Result<u64, StoreError> {
+        self.inner.external_write_marker().await
     }
 }
 

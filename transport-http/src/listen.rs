@@ -38,8 +38,6 @@ use crate::{Authenticated, HttpState};
 
 /// How often an idle stream sends a keep-alive comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-/// How often the watched tasks are re-read without a signal.
-const RECHECK: Duration = Duration::from_secs(1);
 
 /// Default of [`ListenLimits::max_streams_per_agent`].
 pub const DEFAULT_MAX_LISTEN_STREAMS_PER_AGENT: usize = 16;
@@ -182,8 +180,9 @@ async fn watch(
         return false;
     }
     let queue = server.queue();
-    let mut hold = queue.watch_hold(&listen.task_ids, lifetime);
-    hold.recheck = RECHECK;
+    // Re-read without a signal at the queue's pace (see
+    // `Queue::external_writes_fed`).
+    let hold = queue.watch_hold(&listen.task_ids, lifetime);
     // What each task last showed, and the tasks still worth watching.
     let last: Mutex<HashMap<CommandId, Value>> = Mutex::default();
     let watching = Mutex::new(listen.task_ids.clone());

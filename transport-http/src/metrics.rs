@@ -33,6 +33,9 @@
 //! | `graph_relay_desktops_online` | gauge | | desktops heard from within three expected sync gaps |
 //! | `graph_relay_desktops_known` | gauge | | desktops ever seen |
 //! | `graph_relay_held_requests` | gauge | | requests parked on the queue's wake-ups now: held syncs and control polls, `wait_seconds` calls, listen streams |
+//! | `graph_relay_notifications_total` | counter | | topics notified to this server's held requests (its own writes and, on a shared store, other servers' forwarded hints) |
+//! | `graph_relay_wakeups_total` | counter | | held requests those notifications woke: divided by `graph_relay_notifications_total`, the wake-ups per notification (about 1: a notification wakes only the requests it concerns) |
+//! | `graph_relay_wakeups_all_total` | counter | | held requests woken all at once because another process wrote while its hints could not arrive (an external write seen by the SQLite marker, a wake-up bridge that reconnected) |
 //! | `graph_relay_mcp_sessions` | gauge | | initialize-era MCP sessions |
 //! | `graph_relay_listen_streams` | gauge | | open `subscriptions/listen` streams |
 //! | `graph_relay_http_requests_total` | counter | `route`, `method`, `status` | answered HTTP requests by route pattern (`unmatched` for unknown paths) |
@@ -167,6 +170,9 @@ pub struct Metrics {
     desktops_online: Gauge,
     desktops_known: Gauge,
     held: Gauge,
+    notifications: Counter,
+    wakeups: Counter,
+    wakeups_all: Counter,
     sessions: Gauge,
     listen_streams: Gauge,
     http_requests: Family<HttpLabels, Counter>,
@@ -245,6 +251,24 @@ impl Metrics {
             "Requests parked on the queue's wake-ups (held syncs and control polls, waiting calls, listen streams)",
             held.clone(),
         );
+        let notifications = Counter::default();
+        registry.register(
+            "graph_relay_notifications",
+            "Topics notified to this server's held requests",
+            notifications.clone(),
+        );
+        let wakeups = Counter::default();
+        registry.register(
+            "graph_relay_wakeups",
+            "Held requests woken by a notification of their topic",
+            wakeups.clone(),
+        );
+        let wakeups_all = Counter::default();
+        registry.register(
+            "graph_relay_wakeups_all",
+            "Held requests woken all at once after another process wrote unannounced",
+            wakeups_all.clone(),
+        );
         let sessions = Gauge::default();
         registry.register(
             "graph_relay_mcp_sessions",
@@ -286,6 +310,9 @@ impl Metrics {
             desktops_online,
             desktops_known,
             held,
+            notifications,
+            wakeups,
+            wakeups_all,
             sessions,
             listen_streams,
             http_requests,
@@ -353,8 +380,17 @@ impl Metrics {
 
     async fn refresh(&self, state: &HttpState) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.held
-            .set(gauge(state.mcp().queue().signals().waiting()));
+        let signals = state.mcp().queue().signals();
+        self.held.set(gauge(signals.waiting()));
+        let counts = signals.counts();
+        // The totals live in the signals; the counters catch up to them.
+        for (counter, total) in [
+            (&self.notifications, counts.notified),
+            (&self.wakeups, counts.woken),
+            (&self.wakeups_all, counts.woken_all),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         self.sessions.set(gauge(state.session_count()));
         self.listen_streams.set(gauge(state.listen_count()));
         let Some(figures) = &self.figures else {

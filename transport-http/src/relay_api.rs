@@ -18,8 +18,9 @@
 //! ended (control), and otherwise waits until a topic fires (a sync then
 //! answers with what is queued, possibly nothing, so the relay starts a
 //! fresh pass), until the hold bound passes, or until a periodic look at
-//! the store (every [`RelayApiConfig::recheck`] at most) finds a change
-//! made by another process on the same database.
+//! the store finds a change made by another process on the same database
+//! (every `hold_recheck` when such changes show only by reading; see
+//! [`Queue::external_writes_fed`](graph_relay_core::queue::Queue::external_writes_fed)).
 
 use std::time::Duration;
 
@@ -46,24 +47,20 @@ use crate::relay_wire::{
 use crate::{DevicePrincipal, HttpState, TokioSleeper};
 
 /// Tunables of the relay API.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RelayApiConfig {
     /// Longest hold of a long-poll sync or control request; `None` uses the
     /// queue's [`long_poll_hold`](graph_relay_core::queue::QueueConfig::long_poll_hold)
     /// (25 s). Always kept below the request timeout.
     pub hold: Option<Duration>,
     /// While holding, how often the store is looked at directly, for work
-    /// queued by another process on the same database (500 ms).
-    pub recheck: Duration,
-}
-
-impl Default for RelayApiConfig {
-    fn default() -> Self {
-        Self {
-            hold: None,
-            recheck: Duration::from_millis(500),
-        }
-    }
+    /// queued by another process on the same database. `None` (the
+    /// default) follows the queue: every
+    /// [`hold_recheck`](graph_relay_core::queue::QueueConfig::hold_recheck)
+    /// (500 ms) when such work shows only by reading the store, otherwise
+    /// only as a rare safety net, so that thousands of held requests cost
+    /// nothing while nothing happens. `Some` forces a pace.
+    pub recheck: Option<Duration>,
 }
 
 /// A refusal, rendered as [`ErrorReply`].
@@ -261,9 +258,11 @@ pub(crate) async fn sync(
 
 /// `hold` within this transport's bound ([`RelayApiConfig::hold`], and
 /// before the request timeout) and at its re-look pace
-/// ([`RelayApiConfig::recheck`]).
+/// ([`RelayApiConfig::recheck`], if set).
 fn bounded(state: &HttpState, mut hold: Hold) -> Hold {
-    hold.recheck = state.config().relay.recheck;
+    if let Some(recheck) = state.config().relay.recheck {
+        hold.recheck = recheck;
+    }
     let now = state.mcp().queue().now();
     hold.until_at_most(now.plus(hold_bound(state)))
 }

@@ -17,8 +17,8 @@ use graph_relay_core::ids::{
 };
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -275,5 +275,14 @@ impl Store for TimedStore {
 
     async fn prune(&self, request: PruneRequest) -> Result<PruneReport, StoreError> {
         self.timed("prune", self.inner.prune(request)).await
+    }
+
+    fn external_writes(&self) -> ExternalWrites {
+        self.inner.external_writes()
+    }
+
+    /// Not timed: it is read once per maintenance tick, not per request.
+    async fn external_write_marker(&self) -> Result<u64, StoreError> {
+        self.inner.external_write_marker().await
     }
 }

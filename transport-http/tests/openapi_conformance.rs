@@ -76,7 +76,7 @@ async fn server() -> Server {
         max_body_bytes: 64 * 1024,
         relay: RelayApiConfig {
             hold: Some(Duration::from_millis(300)),
-            recheck: Duration::from_millis(100),
+            recheck: Some(Duration::from_millis(100)),
         },
         ..HttpConfig::default()
     };

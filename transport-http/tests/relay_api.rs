@@ -136,7 +136,7 @@ async fn server_with(hold: Duration, queue_config: QueueConfig) -> Server {
         max_body_bytes: 512 * 1024,
         relay: RelayApiConfig {
             hold: Some(hold),
-            recheck: Duration::from_millis(100),
+            recheck: Some(Duration::from_millis(100)),
         },
         ..HttpConfig::default()
     };

@@ -1,0 +1,92 @@
+//! Another process writing to the same SQLite file: the store's
+//! external-write marker (`PRAGMA data_version` of its writer) moves for
+//! that write and never for the store's own, and `Queue::maintain` then
+//! wakes the requests this process holds, which otherwise wait on
+//! notifications alone (no periodic re-read per held request).
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use graph_relay_core::queue::{FED_RECHECK, SyncRequest};
+use graph_relay_core::store::{ExternalWrites, Store};
+use graph_relay_core::testkit::{World, meta, p1};
+use graph_relay_core::time::ThreadSleeper;
+use graph_relay_store_sqlite::SqliteStore;
+
+/// Two stores on one file, as two processes would open it.
+fn two_stores() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("shared.sqlite");
+    let a = Arc::new(SqliteStore::open(&path).expect("open a"));
+    let b = Arc::new(SqliteStore::open(&path).expect("open b"));
+    (dir, a, b)
+}
+
+#[test]
+fn the_marker_moves_for_another_connections_write_only() {
+    let (_dir, a, b) = two_stores();
+    assert_eq!(a.external_writes(), ExternalWrites::Marker);
+    let wa = World::new(a.clone());
+    let wb = World::new(b.clone());
+    let first = block_on(a.external_write_marker()).expect("marker");
+    // Its own writes: a share, and another share after time passed.
+    block_on(wa.sync(&wa.device, p1(), &[1]));
+    wa.advance(5);
+    block_on(wa.sync(&wa.device, p1(), &[1, 2]));
+    assert_eq!(block_on(a.external_write_marker()).expect("marker"), first);
+    // A write by the other store.
+    block_on(wb.run(&wb.agent, 1, "their-run-key"));
+    let moved = block_on(a.external_write_marker()).expect("marker");
+    assert_ne!(moved, first);
+    assert_eq!(block_on(a.external_write_marker()).expect("marker"), moved);
+}
+
+#[test]
+fn maintain_wakes_a_held_sync_when_another_process_queued_work() {
+    let (_dir, a, b) = two_stores();
+    let wa = World::new(a);
+    let wb = World::new(b);
+    block_on(wa.sync(&wa.device, p1(), &[1]));
+    assert!(wa.queue.external_writes_fed());
+    // The hold waits on notifications alone.
+    assert_eq!(wa.queue.sync_hold(&wa.device).recheck, FED_RECHECK);
+    // The first maintenance only records the marker.
+    assert_eq!(block_on(wa.queue.maintain()).expect("maintain").woken, 0);
+
+    let (tx, rx) = mpsc::channel();
+    let queue = wa.queue.clone();
+    let device = wa.device.clone();
+    let held = std::thread::spawn(move || {
+        let request = SyncRequest {
+            project: p1(),
+            sessions: vec![meta(1)],
+            long_poll: true,
+            restarted: false,
+            running: None,
+        };
+        let answer = block_on(queue.sync_held(&device, &request, |h| h, &ThreadSleeper));
+        let _ = tx.send(answer.map(|r| r.commands.len()));
+    });
+    while wa.queue.signals().waiting() == 0 {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Nothing of this process wakes it: the other store queues the run.
+    let queued = block_on(wb.run(&wb.agent, 1, "from-elsewhere"));
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "the held sync answered before maintenance looked"
+    );
+    let report = block_on(wa.queue.maintain()).expect("maintain");
+    assert_eq!(report.woken, 1);
+    // Woken, it looks and answers with the run (a hold left alone would
+    // wait out its 25 s bound: a generous limit still tells them apart).
+    let answer = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the held sync answered after maintenance");
+    assert_eq!(answer.expect("sync"), 1, "hands out {}", queued.id);
+    held.join().expect("thread");
+    // Nothing new since: the next maintenance wakes nobody.
+    assert_eq!(block_on(wa.queue.maintain()).expect("maintain").woken, 0);
+}
