@@ -18,7 +18,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::cache::{Entry, MetaCache, RecordCache};
-use crate::database::{Database, DbError};
+use crate::database::{Database, DbError, Statements};
 use crate::{OpenError, SqliteOptions, schema};
 
 /// The columns of `commands` that [`decode_row`] reads, in its order.
@@ -56,6 +56,7 @@ impl SqliteStore {
     ) -> Result<Option<CommandRecord>, StoreError> {
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let mut stmt = conn.prepare_cached(sql)?;
                 let mut rows = stmt.query(params)?;
                 rows.next()?
@@ -74,6 +75,7 @@ impl SqliteStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let mut stmt = conn.prepare_cached(sql)?;
                 let mut rows = stmt.query(params)?;
                 let mut commands = Vec::new();
@@ -109,10 +111,27 @@ impl SqliteStore {
         &self.path
     }
 
+    /// How many SQL statements this store has executed against its
+    /// database since it was opened: every execution of a query or a
+    /// write by one of its calls (a statement run once per row or per
+    /// project counts once per run), and every `BEGIN`, `COMMIT`,
+    /// savepoint and `ROLLBACK` of its writer. Concurrent writes share one
+    /// transaction (group commit), so their `BEGIN` and `COMMIT` count once
+    /// for the whole group. Not counted: the statements of opening and
+    /// migrating the file, and the background checkpoints of the WAL.
+    ///
+    /// One relaxed atomic load: cheap enough to sample at any rate. Meant
+    /// for benchmarks and tests (e.g. to catch a change that adds a
+    /// statement to a hot path).
+    pub fn statements_executed(&self) -> u64 {
+        self.db.statements().get()
+    }
+
     /// Number of commands stored, in every state.
     pub async fn command_count(&self) -> Result<u64, StoreError> {
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let n: i64 = conn
                     .prepare_cached("SELECT count(*) FROM commands")?
                     .query_row([], |r| r.get(0))?;
@@ -130,10 +149,11 @@ impl SqliteStore {
             .map(CommandRow::encode)
             .collect::<Result<Vec<_>, _>>()
             .map_err(store_error)?;
+        let statements = Arc::clone(self.db.statements());
         self.db
             .write(move |conn| {
                 for row in &rows {
-                    row.insert(conn)?;
+                    row.insert(conn, &statements)?;
                 }
                 Ok(())
             })
@@ -153,7 +173,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = millis(now)?;
         self.db
-            .read(|conn| live_key(conn, owner, agent, key, now))
+            .read(|conn| live_key(conn, self.db.statements(), owner, agent, key, now))
             .map_err(store_error)
     }
 
@@ -169,6 +189,7 @@ impl Store for SqliteStore {
         let key_command = id_text(&key.command);
         let now = millis(now)?;
         let expires_at = millis(key.expires_at)?;
+        let statements = Arc::clone(self.db.statements());
         let outcome = self
             .db
             .write(move |conn| {
@@ -176,6 +197,7 @@ impl Store for SqliteStore {
                 // connection can insert the same key between this statement
                 // and the ones below. The key is written unless a live one
                 // (`expires_at > now`, as `live_key` reads it) holds it.
+                statements.add(1);
                 let written = conn
                     .prepare_cached(
                         "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
@@ -196,7 +218,8 @@ impl Store for SqliteStore {
                         key.owner.as_str()
                     ])?;
                 if written == 0 {
-                    let existing = live_key(conn, &key.owner, &key.agent, &key.key, now)?
+                    let existing =
+                        live_key(conn, &statements, &key.owner, &key.agent, &key.key, now)?
                         .ok_or_else(|| {
                             DbError::Sqlite(format!(
                                 "idempotency key {} was neither written nor found",
@@ -205,7 +228,7 @@ impl Store for SqliteStore {
                         })?;
                     return Ok(InsertOutcome::KeyTaken(existing));
                 }
-                row.insert(conn)?;
+                row.insert(conn, &statements)?;
                 Ok(InsertOutcome::Inserted)
             })
             .await
@@ -289,6 +312,7 @@ impl Store for SqliteStore {
         let previous = revision(previous)?;
         let row = CommandRow::encode(next).map_err(store_error)?;
         let entry = Arc::clone(&row.entry);
+        let statements = Arc::clone(self.db.statements());
         let changed = self
             .db
             .write(move |conn| {
@@ -297,6 +321,7 @@ impl Store for SqliteStore {
                 // id, agent, owner, project, device, key and creation time of
                 // a command never change (and are checked against the record
                 // at every read).
+                statements.add(1);
                 let changed = conn
                     .prepare_cached(
                         "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4, record = ?5,
@@ -365,8 +390,10 @@ impl Store for SqliteStore {
             })
             .collect::<Result<Vec<_>, _>>()
             .map_err(store_error)?;
+        let statements = Arc::clone(self.db.statements());
         self.db
             .write(move |conn| {
+                statements.add(1);
                 conn.prepare_cached(
                     "DELETE FROM shared_sessions WHERE owner = ?1 AND project = ?2 AND device = ?3",
                 )?
@@ -376,6 +403,7 @@ impl Store for SqliteStore {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )?;
                 for (session, meta) in &rows {
+                    statements.add(1);
                     insert.execute(params![
                         owner.as_str(),
                         project.as_str(),
@@ -400,6 +428,7 @@ impl Store for SqliteStore {
         let limit = sql_limit(limit);
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT DISTINCT project FROM shared_sessions
                      WHERE owner = ?1 AND device = ?2
@@ -425,6 +454,7 @@ impl Store for SqliteStore {
         let limit = sql_limit(limit);
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let mut stmt = conn.prepare_cached(&format!(
                     "SELECT project, device, synced_at, meta FROM shared_sessions
                      WHERE owner = ?1 AND project = ?2
@@ -454,6 +484,7 @@ impl Store for SqliteStore {
                      ORDER BY device LIMIT 1",
                 )?;
                 for project in projects {
+                    self.db.statements().add(1);
                     let mut rows =
                         stmt.query(params![owner.as_str(), project.as_str(), id.as_str()])?;
                     if let Some(row) = rows.next()? {
@@ -478,8 +509,10 @@ impl Store for SqliteStore {
             DeviceContact::Sync { long_poll } => (Some(now), long_poll),
             DeviceContact::Other => (None, false),
         };
+        let statements = Arc::clone(self.db.statements());
         self.db
             .write(move |conn| {
+                statements.add(1);
                 conn.prepare_cached(
                     "INSERT INTO devices (owner, device, last_sync_at, last_seen_at, long_poll)
                      VALUES (?1, ?2, ?3, ?4, ?5)
@@ -504,6 +537,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<DeviceRecord>, StoreError> {
         self.db
             .read(|conn| {
+                self.db.statements().add(1);
                 let found = conn
                     .prepare_cached(
                         "SELECT last_sync_at, last_seen_at, long_poll FROM devices
@@ -535,8 +569,10 @@ impl Store for SqliteStore {
         let now = millis(request.now)?;
         let cutoff = request.terminal_before.map(millis).transpose()?;
         let batch = sql_limit(request.batch);
+        let statements = Arc::clone(self.db.statements());
         self.db
             .write(move |conn| {
+                statements.add(1 + u64::from(cutoff.is_some()));
                 let keys = conn
                     .prepare_cached(&format!(
                         "DELETE FROM idempotency_keys WHERE (owner, agent, key) IN (
@@ -571,11 +607,13 @@ impl Store for SqliteStore {
 /// The live key for (owner, agent, key) at `now`, if any.
 fn live_key(
     conn: &Connection,
+    statements: &Statements,
     owner: &OwnerId,
     agent: &AgentId,
     key: &IdempotencyKey,
     now: i64,
 ) -> Result<Option<IdempotencyRecord>, DbError> {
+    statements.add(1);
     let found = conn
         .prepare_cached(
             "SELECT command, fingerprint, expires_at FROM idempotency_keys
@@ -632,8 +670,9 @@ impl CommandRow {
         })
     }
 
-    fn insert(&self, conn: &Connection) -> Result<(), DbError> {
+    fn insert(&self, conn: &Connection, statements: &Statements) -> Result<(), DbError> {
         let c = &self.entry.record;
+        statements.add(1);
         let inserted = conn
             .prepare_cached(
                 "INSERT INTO commands
