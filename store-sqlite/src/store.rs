@@ -146,6 +146,7 @@ impl SqliteStore {
     pub async fn import_commands(&self, commands: Vec<CommandRecord>) -> Result<(), StoreError> {
         let rows = commands
             .iter()
+            .cloned()
             .map(CommandRow::encode)
             .collect::<Result<Vec<_>, _>>()
             .map_err(store_error)?;
@@ -183,8 +184,7 @@ impl Store for SqliteStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        let row = CommandRow::encode(command).map_err(store_error)?;
-        let entry = Arc::clone(&row.entry);
+        let mut row = Encoding::new(command.clone());
         let key = key.clone();
         let key_command = id_text(&key.command);
         let now = millis(now)?;
@@ -226,14 +226,16 @@ impl Store for SqliteStore {
                                 key.key.as_str()
                             ))
                         })?;
-                    return Ok(InsertOutcome::KeyTaken(existing));
+                    return Ok((InsertOutcome::KeyTaken(existing), None));
                 }
+                let row = row.row()?;
                 row.insert(conn, &statements)?;
-                Ok(InsertOutcome::Inserted)
+                Ok((InsertOutcome::Inserted, Some(Arc::clone(&row.entry))))
             })
             .await
             .map_err(store_error)?;
-        if let InsertOutcome::Inserted = outcome {
+        let (outcome, entry) = outcome;
+        if let Some(entry) = entry {
             self.records.put(command.id, entry);
         }
         Ok(outcome)
@@ -310,10 +312,9 @@ impl Store for SqliteStore {
             return Ok(false);
         };
         let previous = revision(previous)?;
-        let row = CommandRow::encode(next).map_err(store_error)?;
-        let entry = Arc::clone(&row.entry);
+        let mut row = Encoding::new(next.clone());
         let statements = Arc::clone(self.db.statements());
-        let changed = self
+        let (changed, entry) = self
             .db
             .write(move |conn| {
                 // One conditional statement: the compare-and-swap on the
@@ -321,6 +322,7 @@ impl Store for SqliteStore {
                 // id, agent, owner, project, device, key and creation time of
                 // a command never change (and are checked against the record
                 // at every read).
+                let row = row.row()?;
                 statements.add(1);
                 let changed = conn
                     .prepare_cached(
@@ -337,7 +339,7 @@ impl Store for SqliteStore {
                         previous,
                         row.lease_expires_at
                     ])?;
-                Ok(changed == 1)
+                Ok((changed == 1, Arc::clone(&row.entry)))
             })
             .await
             .map_err(store_error)?;
@@ -655,7 +657,7 @@ struct CommandRow {
 }
 
 impl CommandRow {
-    fn encode(c: &CommandRecord) -> Result<Self, DbError> {
+    fn encode(c: CommandRecord) -> Result<Self, DbError> {
         Ok(Self {
             id: id_text(&c.id),
             created_at: encode_millis(c.created_at)?,
@@ -664,8 +666,8 @@ impl CommandRow {
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
             entry: Arc::new(Entry {
-                json: serde_json::to_string(c).map_err(|e| DbError::Encode(e.to_string()))?,
-                record: c.clone(),
+                json: serde_json::to_string(&c).map_err(|e| DbError::Encode(e.to_string()))?,
+                record: c,
             }),
         })
     }
@@ -702,6 +704,46 @@ impl CommandRow {
             )));
         }
         Ok(())
+    }
+}
+
+/// A command a write job stores, encoded ([`CommandRow::encode`]) by the
+/// job itself, on the writer thread, the first time it runs.
+///
+/// Encoding the JSON is most of the CPU a write costs its caller. Under
+/// load the callers' threads are the busy ones (they run every read, the
+/// queue's logic and the answers), while the writer waits for jobs between
+/// groups: moving the encoding there balances the two. A job run a second
+/// time (its group is retried) reuses the first encoding, or its error.
+enum Encoding {
+    /// Not encoded yet (boxed: a record is ten times the size of a row).
+    Pending(Box<CommandRecord>),
+    /// Encoded.
+    Row(CommandRow),
+    /// The encoding failed with this error.
+    Failed(DbError),
+}
+
+impl Encoding {
+    fn new(record: CommandRecord) -> Self {
+        Self::Pending(Box::new(record))
+    }
+
+    /// The row, encoded now if not yet.
+    fn row(&mut self) -> Result<&CommandRow, DbError> {
+        *self = match std::mem::replace(self, Self::Failed(DbError::Stopped)) {
+            Self::Pending(record) => match CommandRow::encode(*record) {
+                Ok(row) => Self::Row(row),
+                Err(e) => Self::Failed(e),
+            },
+            done => done,
+        };
+        match self {
+            Self::Row(row) => Ok(row),
+            Self::Failed(e) => Err(e.clone()),
+            // Replaced just above.
+            Self::Pending(_) => Err(DbError::Stopped),
+        }
     }
 }
 
@@ -826,5 +868,41 @@ fn store_error(e: DbError) -> StoreError {
     match e {
         DbError::Corrupt(m) => StoreError::Corrupt(m),
         other => StoreError::Backend(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graph_relay_core::testkit::World;
+
+    fn record() -> CommandRecord {
+        World::new(Arc::new(graph_relay_store_memory::MemoryStore::new())).sync_template(0)
+    }
+
+    #[test]
+    fn a_job_run_again_reuses_the_first_encoding() {
+        let record = record();
+        let mut encoding = Encoding::new(record.clone());
+        let first = Arc::clone(&encoding.row().expect("encodes").entry);
+        let again = Arc::clone(&encoding.row().expect("still encoded").entry);
+        assert!(Arc::ptr_eq(&first, &again), "encoded once");
+        assert_eq!(first.record, record);
+        let decoded: CommandRecord = serde_json::from_str(&first.json).expect("valid JSON");
+        assert_eq!(decoded, record);
+    }
+
+    #[test]
+    fn a_failed_encoding_fails_every_run_with_its_error() {
+        let mut record = record();
+        record.created_at = Timestamp(u64::MAX);
+        let mut encoding = Encoding::new(record);
+        for _ in 0..2 {
+            match encoding.row() {
+                Err(DbError::Encode(message)) => assert!(message.contains("out of range")),
+                Err(other) => panic!("wrong error: {other}"),
+                Ok(_) => panic!("a timestamp past i64 milliseconds encoded"),
+            }
+        }
     }
 }
