@@ -52,12 +52,38 @@ const CHUNK: u64 = 50_000;
 
 /// Total time and iterations per measured function, for the summary.
 static TOTALS: Mutex<BTreeMap<&'static str, (Duration, u64)>> = Mutex::new(BTreeMap::new());
+/// CPU time of the whole process (every thread) per measured function.
+static CPU: Mutex<BTreeMap<&'static str, Duration>> = Mutex::new(BTreeMap::new());
 
 fn record(name: &'static str, elapsed: Duration, iterations: u64) {
     let mut totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
     let entry = totals.entry(name).or_default();
     entry.0 += elapsed;
     entry.1 += iterations;
+}
+
+fn record_cpu(name: &'static str, cpu: Duration) {
+    *CPU.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(name)
+        .or_default() += cpu;
+}
+
+/// CPU time used so far by the threads of this process that are alive
+/// (the caller's, and the writer and checkpoint threads of open stores),
+/// from `/proc/self/task/*/schedstat`; zero where that does not exist.
+/// On a machine shared with other work the rate depends on how much CPU
+/// the bench gets; the CPU time per lifecycle much less.
+fn process_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .sum()
 }
 
 fn world(store: Arc<dyn Store>) -> World {
@@ -134,7 +160,9 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
         group.throughput(Throughput::Elements(in_flight));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
+                let cpu = process_cpu();
                 let elapsed = measure(&sqlite, &many, &counter, iters);
+                record_cpu(label, process_cpu().saturating_sub(cpu));
                 record(label, elapsed, iters * in_flight);
                 elapsed
             });
@@ -166,7 +194,9 @@ fn bench_backlogs(c: &mut Criterion, scratch: &Path) {
         let many = block_on(desks(&w, IN_FLIGHT as u32));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
+                let cpu = process_cpu();
                 let elapsed = measure(&w, &many, &counter, iters);
+                record_cpu(label, process_cpu().saturating_sub(cpu));
                 record(label, elapsed, iters * IN_FLIGHT);
                 elapsed
             });
@@ -374,6 +404,18 @@ fn summary() {
             .filter(|(_, n)| *n > 0)
             .map(|(t, n)| t.as_secs_f64() / *n as f64)
     };
+    let cpu = CPU.lock().unwrap_or_else(|p| p.into_inner());
+    // CPU µs per lifecycle, all threads, where it was measured.
+    let cpu_per_op = |name: &str| {
+        let (_, n) = totals.get(name).filter(|(_, n)| *n > 0)?;
+        let used = cpu.get(name).filter(|c| !c.is_zero())?;
+        Some(used.as_secs_f64() * 1e6 / *n as f64)
+    };
+    let cpu_note = |name: &str| {
+        cpu_per_op(name).map_or_else(String::new, |us| {
+            format!("   {us:>6.1} µs CPU per lifecycle (all threads)")
+        })
+    };
     println!("\n== summary (means over every measured iteration)");
     for name in [
         "lifecycle/memory",
@@ -382,7 +424,7 @@ fn summary() {
         "lifecycle/sqlite_64_in_flight",
     ] {
         if let Some(s) = per_op(name) {
-            println!("{name:32} {:>10.0} lifecycles/s", 1.0 / s);
+            println!("{name:32} {:>10.0} lifecycles/s{}", 1.0 / s, cpu_note(name));
         }
     }
     if let (Some(m), Some(s)) = (per_op("lifecycle/memory"), per_op("lifecycle/sqlite")) {
@@ -415,10 +457,11 @@ fn summary() {
             let rate = 1.0 / s;
             let base = *first.get_or_insert(rate);
             println!(
-                "  {:>9} stored {:>10.0} lifecycles/s   {:>5.2} of the first",
+                "  {:>9} stored {:>10.0} lifecycles/s   {:>5.2} of the first{}",
                 backlog_count(stored),
                 rate,
-                rate / base
+                rate / base,
+                cpu_note(label)
             );
         }
     }
