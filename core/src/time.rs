@@ -256,13 +256,22 @@ pub trait IdSource: Send + Sync {
     fn new_command_id(&self) -> CommandId;
 }
 
-/// Random version-4 UUIDs from the operating system's generator.
+/// Time-ordered version-7 UUIDs (RFC 9562): 48 bits of Unix milliseconds
+/// from the system clock, then random bits from the operating system's
+/// generator, increasing within this process even inside one millisecond.
+///
+/// Ids made one after another sort one after another, so a store's index
+/// on the id takes new entries at its end (a few hot pages) instead of at
+/// random places all over a large file. The id is as hard to guess as a
+/// version-4 one (74 random bits against 122 at the same millisecond), and
+/// it reveals when the command was created, which `get_graph_run` tells its
+/// owner anyway.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RandomIds;
 
 impl IdSource for RandomIds {
     fn new_command_id(&self) -> CommandId {
-        CommandId::from_uuid(uuid::Uuid::new_v4())
+        CommandId::from_uuid(uuid::Uuid::now_v7())
     }
 }
 
@@ -354,6 +363,14 @@ mod tests {
         let unique: std::collections::HashSet<_> = xs.iter().collect();
         assert_eq!(unique.len(), 100);
         assert_eq!(xs[0].as_uuid().get_version_num(), 4);
+    }
+
+    #[test]
+    fn random_ids_are_version_7_and_increase() {
+        let ids: Vec<_> = (0..1000).map(|_| RandomIds.new_command_id()).collect();
+        assert!(ids.iter().all(|id| id.as_uuid().get_version_num() == 7));
+        // Strictly increasing, also within one millisecond.
+        assert!(ids.windows(2).all(|w| w[0].as_uuid() < w[1].as_uuid()));
     }
 
     #[test]

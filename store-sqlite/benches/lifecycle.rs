@@ -10,8 +10,15 @@
 //! Each run works on a copy, so the cached file stays pristine.
 //!
 //! After criterion's own report, a summary prints lifecycles/s of both
-//! stores and their ratio, and the latency ratio 1M / empty (means over
-//! every measured iteration).
+//! stores and their ratio, the latency ratio 1M / empty (means over
+//! every measured iteration), and lifecycles/s at 64 in flight against the
+//! number of commands already stored: 10,000, 100,000 and 1,000,000 (each
+//! database built once and cached like the big one, each run on a copy), so
+//! that a rate which drops as the backlog grows shows.
+//!
+//! New command ids come from the core's production source (`RandomIds`,
+//! time-ordered UUIDv7), as on a server; the stored commands of the cached
+//! databases have seeded random (version-4) ids.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,17 +31,19 @@ use criterion::{Criterion, Throughput};
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::{DeviceId, IdempotencyKey, ProjectId};
-use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::queue::{Queue, QueueConfig, SyncRequest};
 use graph_relay_core::store::Store;
 use graph_relay_core::testkit::workload::{Desk, desks, lifecycle};
 use graph_relay_core::testkit::{World, completed, exec, meta, p1};
-use graph_relay_core::time::{IdSource, SeededIds};
+use graph_relay_core::time::{IdSource, RandomIds, SeededIds};
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_store_sqlite::{SCHEMA_VERSION, SqliteStore};
 use serde_json::json;
 
 /// Commands in the big database.
 const MILLION: u64 = 1_000_000;
+/// Commands stored before the backlog variants run (see [`backlog_count`]).
+const BACKLOGS: [u64; 3] = [10_000, 100_000, MILLION];
 /// Lifecycles in flight at once in the concurrent variants.
 const IN_FLIGHT: u64 = 64;
 const IN_FLIGHT_FEW: u64 = 16;
@@ -43,6 +52,8 @@ const CHUNK: u64 = 50_000;
 
 /// Total time and iterations per measured function, for the summary.
 static TOTALS: Mutex<BTreeMap<&'static str, (Duration, u64)>> = Mutex::new(BTreeMap::new());
+/// CPU time of the whole process (every thread) per measured function.
+static CPU: Mutex<BTreeMap<&'static str, Duration>> = Mutex::new(BTreeMap::new());
 
 fn record(name: &'static str, elapsed: Duration, iterations: u64) {
     let mut totals = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
@@ -51,9 +62,46 @@ fn record(name: &'static str, elapsed: Duration, iterations: u64) {
     entry.1 += iterations;
 }
 
+fn record_cpu(name: &'static str, cpu: Duration) {
+    *CPU.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(name)
+        .or_default() += cpu;
+}
+
+/// CPU time used so far by the threads of this process that are alive
+/// (the caller's, and the writer and checkpoint threads of open stores),
+/// from `/proc/self/task/*/schedstat`; zero where that does not exist.
+/// On a machine shared with other work the rate depends on how much CPU
+/// the bench gets; the CPU time per lifecycle much less.
+fn process_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .map(Duration::from_nanos)
+        .sum()
+}
+
 fn world(store: Arc<dyn Store>) -> World {
     let w = World::new(store);
     block_on(w.sync(&w.device, p1(), &[1]));
+    w
+}
+
+/// A world over `store` whose queue makes its command ids as a server does
+/// ([`RandomIds`]: time-ordered UUIDv7), not from the testkit's seed.
+fn server_world(store: Arc<dyn Store>) -> World {
+    let mut w = World::new(Arc::clone(&store));
+    w.queue = Queue::new(
+        store,
+        w.clock.clone(),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
     w
 }
 
@@ -73,8 +121,8 @@ fn measure(w: &World, desks: &[Desk], counter: &AtomicU64, iters: u64) -> Durati
 fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
     let counter = AtomicU64::new(0);
     let mut group = c.benchmark_group("lifecycle");
-    let memory = World::new(Arc::new(MemoryStore::new()));
-    let sqlite = World::new(Arc::new(
+    let memory = server_world(Arc::new(MemoryStore::new()));
+    let sqlite = server_world(Arc::new(
         SqliteStore::open(scratch.join("lifecycle.sqlite")).expect("open"),
     ));
     for (name, w) in [("memory", &memory), ("sqlite", &sqlite)] {
@@ -112,7 +160,9 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
         group.throughput(Throughput::Elements(in_flight));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
+                let cpu = process_cpu();
                 let elapsed = measure(&sqlite, &many, &counter, iters);
+                record_cpu(label, process_cpu().saturating_sub(cpu));
                 record(label, elapsed, iters * in_flight);
                 elapsed
             });
@@ -121,23 +171,88 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
     group.finish();
 }
 
+/// Lifecycles per second at 64 in flight on a copy of a database already
+/// holding each of [`BACKLOGS`] commands (1% of them queued for other
+/// devices, the rest completed).
+fn bench_backlogs(c: &mut Criterion, scratch: &Path) {
+    let counter = AtomicU64::new(0);
+    let mut group = c.benchmark_group("lifecycle");
+    group.throughput(Throughput::Elements(IN_FLIGHT));
+    for (backlog, name, label) in [
+        (BACKLOGS[0], "sqlite_64_in_flight/10k_stored", "backlog/10k"),
+        (
+            BACKLOGS[1],
+            "sqlite_64_in_flight/100k_stored",
+            "backlog/100k",
+        ),
+        (BACKLOGS[2], "sqlite_64_in_flight/1m_stored", "backlog/1m"),
+    ] {
+        let copy = scratch.join(format!("backlog-{backlog}.sqlite"));
+        copy_synced(&stored_database(backlog_count(backlog)), &copy);
+        let store = SqliteStore::open(&copy).expect("open the backlog copy");
+        let w = server_world(Arc::new(store));
+        let many = block_on(desks(&w, IN_FLIGHT as u32));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let cpu = process_cpu();
+                let elapsed = measure(&w, &many, &counter, iters);
+                record_cpu(label, process_cpu().saturating_sub(cpu));
+                record(label, elapsed, iters * IN_FLIGHT);
+                elapsed
+            });
+        });
+        drop(w);
+        // Missing is fine: only frees the disk early.
+        let _ = std::fs::remove_file(&copy);
+    }
+    group.finish();
+}
+
+/// Copies `from` to `to` and writes the copy to disk now: otherwise the
+/// first checkpoint's fsync pays for flushing the whole fresh copy inside
+/// the measurement.
+fn copy_synced(from: &Path, to: &Path) {
+    std::fs::copy(from, to).expect("copy a cached database");
+    std::fs::File::open(to)
+        .and_then(|f| f.sync_all())
+        .expect("sync the copy");
+}
+
+/// Whether this is a real benchmark run, not `cargo test --benches`
+/// checking that the bench works.
+fn benchmarking() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 /// How many commands the big database holds: 1,000,000 under `cargo bench`;
 /// a thousand when `cargo test --benches` only checks that the bench works.
 fn big_count() -> u64 {
-    if std::env::args().any(|a| a == "--bench") {
-        MILLION
+    backlog_count(MILLION)
+}
+
+/// `n` stored commands under `cargo bench`; a thousandth of it (at least
+/// 10) under `cargo test --benches`.
+fn backlog_count(n: u64) -> u64 {
+    if benchmarking() {
+        n
     } else {
-        1_000
+        (n / 1000).max(10)
     }
 }
 
 /// The pristine big database (see [`big_count`]), built if missing.
+fn million_database() -> PathBuf {
+    stored_database(big_count())
+}
+
+/// The pristine database of `count` stored commands, built if missing and
+/// cached under the target directory.
 // The `into` below converts to `arguments` whether it is a map or a shared map.
 #[allow(clippy::useless_conversion)]
-fn million_database() -> PathBuf {
+fn stored_database(count: u64) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("graph-relay-store-sqlite-bench");
     std::fs::create_dir_all(&dir).expect("bench cache dir");
-    let path = dir.join(format!("commands-{}-v{SCHEMA_VERSION}.sqlite", big_count()));
+    let path = dir.join(format!("commands-{count}-v{SCHEMA_VERSION}.sqlite"));
     let done = path.with_extension("done");
     if done.exists() && path.exists() {
         return path;
@@ -146,7 +261,7 @@ fn million_database() -> PathBuf {
         // Missing files are fine: this only clears a half-built cache.
         let _ = std::fs::remove_file(stale);
     }
-    eprintln!("building {} (1,000,000 commands) ...", path.display());
+    eprintln!("building {} ({count} commands) ...", path.display());
     let started = Instant::now();
     let store = SqliteStore::open(&path).expect("open the big database");
     let w = World::new(Arc::new(MemoryStore::new()));
@@ -158,8 +273,8 @@ fn million_database() -> PathBuf {
         .map(|p| ProjectId::parse(&format!("project-{p}")).expect("project id"))
         .collect();
     let mut n = 0u64;
-    while n < big_count() {
-        let chunk: Vec<CommandRecord> = (n..(n + CHUNK).min(big_count()))
+    while n < count {
+        let chunk: Vec<CommandRecord> = (n..(n + CHUNK).min(count))
             .map(|i| {
                 let mut c = w.sync_template(0);
                 c.id = ids.new_command_id();
@@ -189,7 +304,7 @@ fn million_database() -> PathBuf {
         n += chunk.len() as u64;
         block_on(store.import_commands(chunk)).expect("import a chunk");
     }
-    assert_eq!(block_on(store.command_count()).expect("count"), big_count());
+    assert_eq!(block_on(store.command_count()).expect("count"), count);
     drop(store);
     std::fs::write(&done, b"complete\n").expect("marker");
     eprintln!("built in {:.1} s", started.elapsed().as_secs_f64());
@@ -216,12 +331,7 @@ fn latency_world(store: SqliteStore) -> (World, graph_relay_core::ids::CommandId
 fn bench_latency(c: &mut Criterion, scratch: &Path) {
     let empty = SqliteStore::open(scratch.join("empty.sqlite")).expect("open empty");
     let big_copy = scratch.join("million.sqlite");
-    std::fs::copy(million_database(), &big_copy).expect("copy the big database");
-    // Write the copy back to disk now: otherwise the first checkpoint's
-    // fsync pays for flushing the whole fresh copy inside the measurement.
-    std::fs::File::open(&big_copy)
-        .and_then(|f| f.sync_all())
-        .expect("sync the copy");
+    copy_synced(&million_database(), &big_copy);
     let big = SqliteStore::open(&big_copy).expect("open big");
     // Some of the million, spread over the key space, for get_graph_run.
     let ids = SeededIds::new(0x5eed);
@@ -294,6 +404,18 @@ fn summary() {
             .filter(|(_, n)| *n > 0)
             .map(|(t, n)| t.as_secs_f64() / *n as f64)
     };
+    let cpu = CPU.lock().unwrap_or_else(|p| p.into_inner());
+    // CPU µs per lifecycle, all threads, where it was measured.
+    let cpu_per_op = |name: &str| {
+        let (_, n) = totals.get(name).filter(|(_, n)| *n > 0)?;
+        let used = cpu.get(name).filter(|c| !c.is_zero())?;
+        Some(used.as_secs_f64() * 1e6 / *n as f64)
+    };
+    let cpu_note = |name: &str| {
+        cpu_per_op(name).map_or_else(String::new, |us| {
+            format!("   {us:>6.1} µs CPU per lifecycle (all threads)")
+        })
+    };
     println!("\n== summary (means over every measured iteration)");
     for name in [
         "lifecycle/memory",
@@ -302,7 +424,7 @@ fn summary() {
         "lifecycle/sqlite_64_in_flight",
     ] {
         if let Some(s) = per_op(name) {
-            println!("{name:32} {:>10.0} lifecycles/s", 1.0 / s);
+            println!("{name:32} {:>10.0} lifecycles/s{}", 1.0 / s, cpu_note(name));
         }
     }
     if let (Some(m), Some(s)) = (per_op("lifecycle/memory"), per_op("lifecycle/sqlite")) {
@@ -324,12 +446,32 @@ fn summary() {
             );
         }
     }
+    println!("lifecycles/s at {IN_FLIGHT} in flight against commands already stored:");
+    let mut first = None;
+    for (label, stored) in [
+        ("backlog/10k", BACKLOGS[0]),
+        ("backlog/100k", BACKLOGS[1]),
+        ("backlog/1m", BACKLOGS[2]),
+    ] {
+        if let Some(s) = per_op(label) {
+            let rate = 1.0 / s;
+            let base = *first.get_or_insert(rate);
+            println!(
+                "  {:>9} stored {:>10.0} lifecycles/s   {:>5.2} of the first{}",
+                backlog_count(stored),
+                rate,
+                rate / base,
+                cpu_note(label)
+            );
+        }
+    }
 }
 
 fn main() {
     let scratch = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("scratch dir");
     let mut c = Criterion::default().configure_from_args();
     bench_lifecycles(&mut c, scratch.path());
+    bench_backlogs(&mut c, scratch.path());
     bench_latency(&mut c, scratch.path());
     c.final_summary();
     summary();

@@ -13,8 +13,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
+use graph_relay_core::queue::{Queue, QueueConfig};
 use graph_relay_core::testkit::World;
 use graph_relay_core::testkit::workload::{desks, lifecycle};
+use graph_relay_core::time::RandomIds;
 use graph_relay_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
 /// CPU time of every thread of this process so far (Linux), by name.
@@ -55,10 +57,19 @@ fn main() {
     let path =
         std::env::var_os("LOOP_DB").map_or_else(|| dir.path().join("loop.sqlite"), Into::into);
     let store = SqliteStore::open_with(path, &options).expect("open the store");
-    let w = World::new(Arc::new(store));
+    let store = Arc::new(store);
+    let mut w = World::new(store.clone());
+    // Command ids as a server makes them (time-ordered UUIDv7).
+    w.queue = Queue::new(
+        store.clone(),
+        w.clock.clone(),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
     let desks = block_on(desks(&w, in_flight));
     let rounds = n.div_ceil(u64::from(in_flight));
     let before = thread_times();
+    let statements_before = store.statements_executed();
     let started = Instant::now();
     let mut counter = 0u64;
     // Keys are numbered from here, so a kept database (`LOOP_DB`) gets new keys.
@@ -85,6 +96,10 @@ fn main() {
         counter as f64 / secs
     );
     print!("{report}");
+    println!(
+        "  {:.2} SQL statements per lifecycle",
+        (store.statements_executed() - statements_before) as f64 / counter as f64
+    );
     let mut total = Duration::ZERO;
     for (name, t) in &after {
         let t0 = before

@@ -23,6 +23,7 @@ mod writer;
 
 use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -61,9 +62,32 @@ impl From<rusqlite::Error> for DbError {
     }
 }
 
+/// How many SQL statements were executed against one [`Database`]: every
+/// execution of a (cached) statement by a read or a write job, and every
+/// transaction-control statement of the writer (`BEGIN`, `COMMIT`,
+/// savepoints, `ROLLBACK`). The checkpoint thread's pragmas, run when the
+/// WAL is full rather than for any call, and the statements of opening and
+/// migrating a file are not counted. Code that executes a statement adds
+/// it here right before executing it.
+#[derive(Debug, Default)]
+pub(crate) struct Statements(AtomicU64);
+
+impl Statements {
+    /// Counts `n` statements about to be executed.
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Statements executed so far.
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// The writer thread, the checkpoint thread and the read connections of
 /// one database file.
 pub(crate) struct Database {
+    statements: Arc<Statements>,
     writer: Option<Sender<WriteJob>>,
     writer_thread: Option<JoinHandle<()>>,
     checkpoints: Arc<Checkpoints>,
@@ -118,6 +142,8 @@ impl Database {
             .spawn(move || checkpoint_loop(&checkpointer, &signal))?;
         let (write_tx, write_rx) = std::sync::mpsc::channel::<WriteJob>();
         let signal = Arc::clone(&checkpoints);
+        let statements = Arc::new(Statements::default());
+        let counted = Arc::clone(&statements);
         let writer_thread = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || {
@@ -126,7 +152,7 @@ impl Database {
                 // Replaces SQLite's autocheckpoint, which would run the
                 // checkpoint inside the commit on this thread.
                 writer.wal_hook(Some(wal_hook));
-                writer_loop(writer, write_rx);
+                writer_loop(writer, write_rx, &counted);
             });
         let writer_thread = match writer_thread {
             Ok(handle) => handle,
@@ -137,12 +163,18 @@ impl Database {
             }
         };
         Ok(Self {
+            statements,
             writer: Some(write_tx),
             writer_thread: Some(writer_thread),
             checkpoints,
             checkpoint_thread: Some(checkpoint_thread),
             readers: ReadPool::new(reader, open_reader, max_readers, busy_timeout),
         })
+    }
+
+    /// The statement counter of this database (see [`Statements`]).
+    pub(crate) fn statements(&self) -> &Arc<Statements> {
+        &self.statements
     }
 
     /// Runs `job` on the writer thread inside an immediate transaction and

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot;
 use rusqlite::Connection;
 
-use super::DbError;
+use super::{DbError, Statements};
 
 /// Most write jobs committed together in one transaction.
 const MAX_GROUP: usize = 64;
@@ -76,7 +76,7 @@ where
 
 pub(super) type WriteJob = Box<dyn WriteWork>;
 
-pub(super) fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>) {
+pub(super) fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>, statements: &Statements) {
     let mut group: Vec<WriteJob> = Vec::with_capacity(MAX_GROUP);
     let mut previous = 0;
     while let Some(first) = next_job(&jobs) {
@@ -86,7 +86,7 @@ pub(super) fn writer_loop(conn: Connection, jobs: Receiver<WriteJob>) {
             linger(&jobs, &mut group);
         }
         previous = group.len();
-        run_group(&conn, &mut group);
+        run_group(&conn, &mut group, statements);
     }
 }
 
@@ -140,62 +140,75 @@ fn linger(jobs: &Receiver<WriteJob>, group: &mut Vec<WriteJob>) {
 /// each job in its own savepoint, so that the failed job is rolled back
 /// alone and the others commit. Every job sees the database as the jobs
 /// before it in the group left it, in both runs.
-fn run_group(conn: &Connection, group: &mut Vec<WriteJob>) {
-    let settled = match begin(conn) {
+///
+/// Every transaction-control statement is counted in `statements` (the
+/// jobs count their own).
+fn run_group(conn: &Connection, group: &mut Vec<WriteJob>, statements: &Statements) {
+    let tx = Control { conn, statements };
+    let settled = match tx.begin() {
         Err(e) => Err(e),
-        Ok(()) if group.iter_mut().all(|job| job.run(conn)) => commit(conn),
+        Ok(()) if group.iter_mut().all(|job| job.run(conn)) => tx.commit(),
         Ok(()) if group.len() == 1 => {
             // Its failure rolls back the transaction: nothing to retry.
-            rollback(conn);
+            tx.rollback();
             Ok(())
         }
         Ok(()) => {
-            rollback(conn);
-            begin(conn)
-                .and_then(|()| run_in_savepoints(conn, group))
-                .and_then(|()| commit(conn))
+            tx.rollback();
+            tx.begin()
+                .and_then(|()| tx.run_in_savepoints(group))
+                .and_then(|()| tx.commit())
         }
     };
     if settled.is_err() {
-        rollback(conn);
+        tx.rollback();
     }
     for job in group.drain(..) {
         job.finish(settled.clone());
     }
 }
 
-fn begin(conn: &Connection) -> Result<(), DbError> {
-    exec(conn, "BEGIN IMMEDIATE").map_err(DbError::from)
+/// The writer's transaction-control statements, counted.
+struct Control<'a> {
+    conn: &'a Connection,
+    statements: &'a Statements,
 }
 
-/// Runs each job of `group` in its own savepoint inside the open transaction.
-fn run_in_savepoints(conn: &Connection, group: &mut [WriteJob]) -> Result<(), DbError> {
-    for job in group.iter_mut() {
-        exec(conn, "SAVEPOINT job")?;
-        if job.run(conn) {
-            exec(conn, "RELEASE job")?;
-        } else {
-            exec(conn, "ROLLBACK TO job")?;
-            exec(conn, "RELEASE job")?;
-        }
+impl Control<'_> {
+    fn begin(&self) -> Result<(), DbError> {
+        self.exec("BEGIN IMMEDIATE").map_err(DbError::from)
     }
-    Ok(())
-}
 
-fn commit(conn: &Connection) -> Result<(), DbError> {
-    exec(conn, "COMMIT").map_err(DbError::from)
-}
+    /// Runs each job of `group` in its own savepoint inside the open transaction.
+    fn run_in_savepoints(&self, group: &mut [WriteJob]) -> Result<(), DbError> {
+        for job in group.iter_mut() {
+            self.exec("SAVEPOINT job")?;
+            if job.run(self.conn) {
+                self.exec("RELEASE job")?;
+            } else {
+                self.exec("ROLLBACK TO job")?;
+                self.exec("RELEASE job")?;
+            }
+        }
+        Ok(())
+    }
 
-/// Runs one transaction-control statement through the statement cache.
-fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
-    conn.prepare_cached(sql)?.execute([]).map(|_| ())
-}
+    fn commit(&self) -> Result<(), DbError> {
+        self.exec("COMMIT").map_err(DbError::from)
+    }
 
-fn rollback(conn: &Connection) {
-    if !conn.is_autocommit() {
-        // If even ROLLBACK fails SQLite has already rolled back (or the
-        // connection is unusable and the next BEGIN reports it).
-        let _ = exec(conn, "ROLLBACK");
+    /// Runs one transaction-control statement through the statement cache.
+    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
+        self.statements.add(1);
+        self.conn.prepare_cached(sql)?.execute([]).map(|_| ())
+    }
+
+    fn rollback(&self) {
+        if !self.conn.is_autocommit() {
+            // If even ROLLBACK fails SQLite has already rolled back (or the
+            // connection is unusable and the next BEGIN reports it).
+            let _ = self.exec("ROLLBACK");
+        }
     }
 }
 
@@ -268,7 +281,7 @@ mod tests {
         });
         let (last, last_answer) = job(|conn| insert(conn, 3));
         let mut group = vec![first, failing, last];
-        run_group(&conn, &mut group);
+        run_group(&conn, &mut group, &Statements::default());
         assert!(group.is_empty());
         assert!(conn.is_autocommit(), "the transaction is settled");
         assert_eq!(ids(&conn), [1, 3]);
@@ -299,7 +312,7 @@ mod tests {
             group.push(work);
             answers.push(answer);
         }
-        run_group(&conn, &mut group);
+        run_group(&conn, &mut group, &Statements::default());
         assert_eq!(ids(&conn), [1, 2, 3]);
         for answer in answers {
             assert!(
@@ -321,7 +334,7 @@ mod tests {
             insert(conn, 1)
         });
         let mut group = vec![failing];
-        run_group(&conn, &mut group);
+        run_group(&conn, &mut group, &Statements::default());
         assert!(conn.is_autocommit());
         assert_eq!(ids(&conn), [1]);
         assert!(

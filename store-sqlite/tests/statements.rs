@@ -1,0 +1,106 @@
+//! What a lifecycle costs in SQL statements ([`SqliteStore::statements_executed`]):
+//! a change that adds a statement to a hot path fails here.
+
+use std::sync::Arc;
+
+use futures::executor::block_on;
+use graph_relay_core::command::CommandStatus;
+use graph_relay_core::ids::IdempotencyKey;
+use graph_relay_core::testkit::workload::{desks, lifecycle};
+use graph_relay_core::testkit::{World, completed, exec};
+use graph_relay_store_sqlite::SqliteStore;
+use serde_json::json;
+
+/// A world over a fresh store, with one desk that has synced and run one
+/// lifecycle (its first `start` writes the device's contact; later ones
+/// within the touch interval do not).
+fn setup(
+    dir: &tempfile::TempDir,
+) -> (
+    Arc<SqliteStore>,
+    World,
+    graph_relay_core::testkit::workload::Desk,
+) {
+    let store = Arc::new(SqliteStore::open(dir.path().join("statements.sqlite")).expect("open"));
+    let w = World::new(store.clone());
+    let desk = block_on(desks(&w, 1)).remove(0);
+    block_on(lifecycle(&w, &desk, 0));
+    (store, w, desk)
+}
+
+#[test]
+fn each_step_of_a_lifecycle_executes_exactly_its_statements() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (store, w, desk) = setup(&dir);
+    let mut last = store.statements_executed();
+    let mut step = |name: &str, expected: u64| {
+        let now = store.statements_executed();
+        assert_eq!(now - last, expected, "statements of {name}");
+        last = now;
+    };
+    let args = graph_relay_core::args::RunArgs {
+        graph_session_id: desk.sync.sessions[0].graph_session_id.clone(),
+        arguments: serde_json::Map::new(),
+        idempotency_key: IdempotencyKey::parse("statements-key-1").expect("key"),
+    };
+    let ticket = block_on(w.queue.run_graph_session(&w.agent, args)).expect("run");
+    // The session look-up; BEGIN, key, command, COMMIT; the device.
+    step("run_graph_session", 6);
+    let id = ticket.command.id;
+    let synced = block_on(w.queue.sync(&desk.device, &desk.sync)).expect("sync");
+    assert_eq!(synced.commands.len(), 1);
+    // The queued commands (the sessions were written by the last sync).
+    step("sync", 1);
+    block_on(w.queue.start(&desk.device, &id, &exec("statements-exec"))).expect("start");
+    // The device, the command; BEGIN, UPDATE, COMMIT.
+    step("start", 5);
+    block_on(w.queue.complete(
+        &desk.device,
+        &id,
+        &completed("statements-exec", json!({"ok": true})),
+    ))
+    .expect("complete");
+    // The command; BEGIN, UPDATE, COMMIT.
+    step("complete", 4);
+    let view = block_on(w.queue.get_graph_run(&w.agent, &id)).expect("get");
+    assert_eq!(view.command.status, CommandStatus::Completed);
+    step("get_graph_run", 1);
+}
+
+#[test]
+fn a_lifecycle_one_at_a_time_executes_seventeen_statements() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (store, w, desk) = setup(&dir);
+    for n in 1..=5 {
+        let before = store.statements_executed();
+        block_on(lifecycle(&w, &desk, n));
+        assert_eq!(store.statements_executed() - before, 17, "lifecycle {n}");
+    }
+}
+
+#[test]
+fn concurrent_writes_share_their_begin_and_commit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(SqliteStore::open(dir.path().join("statements.sqlite")).expect("open"));
+    let w = World::new(store.clone());
+    let many = block_on(desks(&w, 64));
+    // Warm up: every desk's first start writes its contact.
+    block_on(futures::future::join_all(
+        many.iter()
+            .enumerate()
+            .map(|(k, d)| lifecycle(&w, d, k as u64)),
+    ));
+    let before = store.statements_executed();
+    block_on(futures::future::join_all(
+        many.iter()
+            .enumerate()
+            .map(|(k, d)| lifecycle(&w, d, 1000 + k as u64)),
+    ));
+    let per_lifecycle = (store.statements_executed() - before) as f64 / 64.0;
+    // 11 statements of the calls themselves, plus BEGIN and COMMIT for
+    // each of the 3 writes, shared by the writes committed together.
+    assert!(
+        (11.0..17.0).contains(&per_lifecycle),
+        "{per_lifecycle} statements per lifecycle"
+    );
+}
