@@ -498,6 +498,33 @@ fn parse_token_config(path: &Path, text: &str) -> Result<TokenConfig, TokenConfi
     })
 }
 
+/// [`Authenticator::authenticate_request`] of an authenticator that keeps
+/// its tokens by hash: the same answers as the default, with the token
+/// hashed once (for the look-up and for revocation alike).
+async fn authenticate_by_hash<A: Authenticator + ?Sized>(
+    authenticator: &A,
+    headers: &HeaderMap,
+    lookup: impl FnOnce(&str) -> Result<Option<Principal>, AuthError>,
+) -> Result<Authenticated, AuthError> {
+    match bearer_token(headers)? {
+        None => match authenticator.anonymous().await {
+            Some(principal) => Ok(Authenticated {
+                principal,
+                token_sha256: None,
+            }),
+            None => Err(AuthError::MissingCredentials),
+        },
+        Some(token) => {
+            let token_sha256 = hash_token(token);
+            let principal = lookup(&token_sha256)?.ok_or(AuthError::InvalidToken)?;
+            Ok(Authenticated {
+                principal,
+                token_sha256: Some(token_sha256),
+            })
+        }
+    }
+}
+
 /// Tokens held in memory, by hash.
 #[derive(Debug, Default)]
 pub struct StaticTokens {
@@ -520,6 +547,10 @@ impl Authenticator for StaticTokens {
             .get(&hash_token(token))
             .cloned()
             .ok_or(AuthError::InvalidToken)
+    }
+
+    async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
+        authenticate_by_hash(self, headers, |hash| Ok(self.by_hash.get(hash).cloned())).await
     }
 
     async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
@@ -653,6 +684,10 @@ impl Authenticator for TokenFile {
         self.shared
             .lookup(&hash_token(token))?
             .ok_or(AuthError::InvalidToken)
+    }
+
+    async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
+        authenticate_by_hash(self, headers, |hash| self.shared.lookup(hash)).await
     }
 
     fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

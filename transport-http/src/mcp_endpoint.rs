@@ -1,11 +1,14 @@
 //! The `/mcp` handlers.
 
+use std::panic::AssertUnwindSafe;
+
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
 use graph_relay_core::mcp::{
     Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing, ScopeDenied,
 };
@@ -16,14 +19,23 @@ use crate::sessions::{Lookup, SessionOwner};
 use crate::{AgentPrincipal, Authenticated, HttpState};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
-    let status = StatusCode::from_u16(reply.http_status()).unwrap_or(StatusCode::OK);
+    json_response(reply.http_status(), reply.to_bytes())
+}
+
+/// [`json_reply`], moving the reply's bytes into the body instead of copying them.
+fn into_json_reply(reply: Outgoing) -> Response {
+    json_response(reply.http_status(), reply.into_bytes())
+}
+
+fn json_response(status: u16, body: Vec<u8>) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
     (
         status,
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )],
-        reply.to_bytes(),
+        body,
     )
         .into_response()
 }
@@ -68,10 +80,15 @@ fn revoked_while_held(state: &HttpState) -> Response {
 /// The token behind a held request was revoked; the request was abandoned.
 struct Revoked;
 
-/// Runs the core on its own task (a panic answers -32603 instead of taking
-/// the connection down). Handling is async end to end: a `wait_seconds`
-/// call parks on the queue's signals and the tokio timer, holding no thread.
-/// If the caller's token is revoked meanwhile, the work is abandoned.
+/// Runs the core inside this request's task, catching a panic (which is
+/// answered -32603 instead of taking the connection down). Handling is
+/// async end to end: a `wait_seconds` call parks on the queue's signals
+/// and the tokio timer, holding no thread. If the caller's token is
+/// revoked meanwhile, the work is abandoned (dropped).
+///
+/// No task of its own: spawning one per request cost a task allocation,
+/// a copy of the whole handling future into it, and a cross-thread wake-up
+/// of this one when it ended (issue #19).
 async fn run_core(
     state: &HttpState,
     who: &Authenticated,
@@ -79,25 +96,17 @@ async fn run_core(
     mut session: McpSession,
     incoming: Incoming,
 ) -> Result<(McpSession, Option<Outgoing>), Revoked> {
-    let server = state.mcp().clone();
     let id = incoming.id().cloned();
-    let mut task = tokio::spawn(async move {
-        let reply = server
-            .handle_incoming(&mut session, &caller, incoming)
-            .await;
-        (session, reply)
-    });
+    let work = AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
+        .catch_unwind();
     let joined = tokio::select! {
-        joined = &mut task => joined,
-        () = state.revoked(who) => {
-            task.abort();
-            return Err(Revoked);
-        }
+        joined = work => joined,
+        () = state.revoked(who) => return Err(Revoked),
     };
     Ok(match joined {
-        Ok(done) => done,
-        Err(e) => {
-            tracing::error!(error = %e, "MCP handling panicked");
+        Ok(reply) => (session, reply),
+        Err(_) => {
+            tracing::error!("MCP handling panicked");
             (
                 McpSession::new(),
                 Some(Outgoing::error(
@@ -212,7 +221,7 @@ pub(crate) async fn post(
     }
     let incoming = match Incoming::parse(&body) {
         Ok(incoming) => incoming,
-        Err(reply) => return json_reply(&reply),
+        Err(reply) => return into_json_reply(*reply),
     };
     // The authorization table, before any work.
     if let Err(denied) = state.mcp().authorize(&incoming, &caller) {
@@ -293,7 +302,7 @@ pub(crate) async fn post(
             };
             state.inner.sessions.put(session_id, &owner, session);
             match reply {
-                Some(reply) => json_reply(&reply),
+                Some(reply) => into_json_reply(reply),
                 None => StatusCode::ACCEPTED.into_response(),
             }
         }
@@ -308,7 +317,7 @@ pub(crate) async fn post(
                 return stream_core(&state, who, caller, McpSession::new(), incoming, drop);
             }
             match run_core(&state, &who, caller, McpSession::new(), incoming).await {
-                Ok((_, Some(reply))) => json_reply(&reply),
+                Ok((_, Some(reply))) => into_json_reply(reply),
                 Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
                 Err(Revoked) => revoked_while_held(&state),
             }
@@ -316,7 +325,7 @@ pub(crate) async fn post(
         // An initialize-era ping without its session.
         McpRoute::SessionlessPing => {
             match run_core(&state, &who, caller, McpSession::new(), incoming).await {
-                Ok((_, Some(reply))) => json_reply(&reply),
+                Ok((_, Some(reply))) => into_json_reply(reply),
                 Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
                 Err(Revoked) => revoked_while_held(&state),
             }

@@ -4,11 +4,15 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
+use std::sync::OnceLock;
+
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::version::ProtocolVersion;
 use super::wire::{
-    ErrorObject, JsonRpcErrorResponse, JsonRpcResponse, UnsupportedVersionData, to_value,
+    ErrorObject, JSONRPC_VERSION, JsonRpcErrorResponse, JsonRpcResponse, UnsupportedVersionData,
+    to_value,
 };
 
 /// `_meta` key carrying the protocol version of a 2026-07-28 request.
@@ -271,18 +275,73 @@ fn invalid(id: Option<RequestId>, message: &str) -> Outgoing {
 }
 
 /// One message to send back, with the HTTP status a transport should use.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The message is kept as the compact JSON bytes a transport writes,
+/// rendered once when the reply is made: typed replies are serialized
+/// straight to bytes (no [`Value`] tree), and every reply's bytes are the
+/// canonical rendering of its message (keys in lexicographic order, as a
+/// [`Value`] writes them). [`Outgoing::message`] decodes them on demand.
+#[derive(Clone)]
 pub struct Outgoing {
-    message: Value,
+    bytes: Vec<u8>,
+    message: OnceLock<Value>,
     error: Option<ErrorCode>,
     http_status: u16,
+}
+
+/// `{"id":…,"jsonrpc":"2.0","result":…}` over borrowed parts: the fields of
+/// [`JsonRpcResponse`] in the same order, without owning them.
+#[derive(Serialize)]
+struct ResponseRef<'a, R: ?Sized> {
+    id: &'a RequestId,
+    jsonrpc: &'static str,
+    result: &'a R,
 }
 
 impl Outgoing {
     /// A success response.
     pub fn result(id: RequestId, result: Value) -> Self {
+        let message = to_value(&JsonRpcResponse::new(id, result));
         Self {
-            message: to_value(&JsonRpcResponse::new(id, result)),
+            bytes: render(&message),
+            message: OnceLock::from(message),
+            error: None,
+            http_status: 200,
+        }
+    }
+
+    /// A success response whose result is the typed wire value `result`,
+    /// serialized straight to bytes. Its fields must be declared in the
+    /// lexicographic order of their wire names (as every type of
+    /// [`super::wire`] is), so the bytes are those of [`Outgoing::result`].
+    pub fn typed_result<R: Serialize + ?Sized>(id: &RequestId, result: &R) -> Self {
+        Self::rendered(render(&ResponseRef {
+            id,
+            jsonrpc: JSONRPC_VERSION,
+            result,
+        }))
+    }
+
+    /// A success response whose result is `result`, already rendered as
+    /// compact, canonical JSON (see [`Outgoing::typed_result`]): only the
+    /// envelope around it is written.
+    pub fn prerendered_result(id: &RequestId, result: &[u8]) -> Self {
+        let mut bytes = Vec::with_capacity(result.len() + 48);
+        bytes.extend_from_slice(b"{\"id\":");
+        // An id is a string or an integer, which serialize infallibly.
+        if serde_json::to_writer(&mut bytes, id).is_err() {
+            bytes.extend_from_slice(b"null");
+        }
+        bytes.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
+        bytes.extend_from_slice(result);
+        bytes.push(b'}');
+        Self::rendered(bytes)
+    }
+
+    fn rendered(bytes: Vec<u8>) -> Self {
+        Self {
+            bytes,
+            message: OnceLock::new(),
             error: None,
             http_status: 200,
         }
@@ -315,8 +374,10 @@ impl Outgoing {
             ErrorCode::LimitExceeded => 429,
             ErrorCode::MethodNotFound | ErrorCode::InvalidParams => 200,
         };
+        let message = to_value(&JsonRpcErrorResponse::new(id, error));
         Self {
-            message: to_value(&JsonRpcErrorResponse::new(id, error)),
+            bytes: render(&message),
+            message: OnceLock::from(message),
             error: Some(code),
             http_status,
         }
@@ -329,15 +390,27 @@ impl Outgoing {
         self
     }
 
-    /// The JSON-RPC message.
+    /// The JSON-RPC message (decoded from its bytes on first use).
     pub fn message(&self) -> &Value {
-        &self.message
+        self.message.get_or_init(|| {
+            // The bytes were rendered from a wire value: they are JSON.
+            serde_json::from_slice(&self.bytes).unwrap_or(Value::Null)
+        })
     }
 
     /// The message as compact JSON bytes (no trailing newline).
     pub fn to_bytes(&self) -> Vec<u8> {
-        // Serialising a `Value` cannot fail: its keys are strings.
-        serde_json::to_vec(&self.message).unwrap_or_default()
+        self.bytes.clone()
+    }
+
+    /// The message as compact JSON bytes (no trailing newline), without a copy.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The message's compact JSON bytes, taken out of the reply.
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
     }
 
     /// The error code, for an error response.
@@ -347,13 +420,39 @@ impl Outgoing {
 
     /// The `result` member, for a success response.
     pub fn result_value(&self) -> Option<&Value> {
-        self.message.get("result")
+        self.message().get("result")
     }
 
     /// The HTTP status a Streamable HTTP transport should answer with.
     pub fn http_status(&self) -> u16 {
         self.http_status
     }
+}
+
+impl PartialEq for Outgoing {
+    fn eq(&self, other: &Self) -> bool {
+        self.bytes == other.bytes
+            && self.error == other.error
+            && self.http_status == other.http_status
+    }
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("message", &String::from_utf8_lossy(&self.bytes))
+            .field("error", &self.error)
+            .field("http_status", &self.http_status)
+            .finish()
+    }
+}
+
+/// Compact JSON of a wire value. The wire types hold only strings,
+/// numbers, ids and maps with string keys, so this cannot fail.
+fn render<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(512);
+    serde_json::to_writer(&mut bytes, value).expect("wire types serialize to JSON");
+    bytes
 }
 
 /// The `data` of an unsupported-version error: `{supported, requested}`.

@@ -105,12 +105,16 @@ impl ServerInfo {
 }
 
 /// The authenticated agent behind a message and the scopes its token grants.
+///
+/// Cheap to clone (two shared pointers): a transport clones it on every
+/// request (from its token table into the request, and into the task that
+/// handles it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// The agent; runs are filed under it.
-    pub agent: Agent,
+    pub agent: Arc<Agent>,
     /// OAuth2 scopes granted (stdio: from configuration).
-    pub scopes: BTreeSet<String>,
+    pub scopes: Arc<BTreeSet<String>>,
 }
 
 impl Caller {
@@ -121,8 +125,8 @@ impl Caller {
         S: Into<String>,
     {
         Self {
-            agent,
-            scopes: scopes.into_iter().map(Into::into).collect(),
+            agent: Arc::new(agent),
+            scopes: Arc::new(scopes.into_iter().map(Into::into).collect()),
         }
     }
 }
@@ -205,9 +209,52 @@ struct Inner {
     queue: Queue,
     catalog: ToolCatalog,
     info: ServerInfo,
+    /// `info` as the `serverInfo` of replies.
+    implementation: wire::Implementation,
     tools_list: Vec<wire::Tool>,
+    /// The `tools/list` result of each era, rendered once: it is the same
+    /// for every caller (see `McpServer::tools_list`).
+    tools_list_rendered: ToolsListRendered,
     list_ttl_ms: u64,
     sleeper: Option<Arc<dyn Sleeper>>,
+}
+
+/// The compact JSON of the `tools/list` result of each era.
+#[derive(Debug, Clone, Default)]
+struct ToolsListRendered {
+    legacy: Arc<[u8]>,
+    modern: Arc<[u8]>,
+}
+
+/// What a method answered, before the revision's result fields are added.
+pub(crate) enum Answer {
+    /// A result as a JSON value.
+    Value(Value),
+    /// A `tools/call` result, serialized straight to bytes.
+    Tool(wire::CallToolResult),
+    /// The pre-rendered `tools/list` result.
+    ToolsList,
+}
+
+/// A 2026-07-28 `CallToolResult`: the typed result with what every result
+/// of that revision carries, fields in wire-name order (`_meta` first).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CompleteToolResult<'a> {
+    #[serde(rename = "_meta")]
+    meta: ServerInfoMeta<'a>,
+    content: &'a [wire::TextContent],
+    is_error: bool,
+    result_type: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_content: Option<&'a wire::ToolOutput>,
+}
+
+/// The `_meta` of a 2026-07-28 result.
+#[derive(serde::Serialize)]
+struct ServerInfoMeta<'a> {
+    #[serde(rename = "io.modelcontextprotocol/serverInfo")]
+    server_info: &'a wire::Implementation,
 }
 
 impl std::fmt::Debug for Inner {
@@ -234,16 +281,31 @@ impl McpServer {
     /// A server for `queue` exposing `catalog`, naming itself `info`.
     pub fn new(queue: Queue, catalog: ToolCatalog, info: ServerInfo) -> Self {
         let tools_list = catalog.tool_definitions();
-        Self {
-            inner: Arc::new(Inner {
-                queue,
-                catalog,
-                info,
-                tools_list,
-                list_ttl_ms: DEFAULT_LIST_TTL_MS,
-                sleeper: None,
-            }),
+        Self::prerendered(Inner {
+            queue,
+            catalog,
+            implementation: info.implementation(),
+            info,
+            tools_list,
+            tools_list_rendered: ToolsListRendered::default(),
+            list_ttl_ms: DEFAULT_LIST_TTL_MS,
+            sleeper: None,
+        })
+    }
+
+    /// A server over `inner` with its `tools/list` results rendered.
+    fn prerendered(inner: Inner) -> Self {
+        let mut server = Self {
+            inner: Arc::new(inner),
+        };
+        let rendered = ToolsListRendered {
+            legacy: server.render_tools_list(Era::Legacy(None)).into(),
+            modern: server.render_tools_list(Era::Modern).into(),
+        };
+        if let Some(inner) = Arc::get_mut(&mut server.inner) {
+            inner.tools_list_rendered = rendered;
         }
+        server
     }
 
     /// The same server with another `ttlMs` for `tools/list` and `server/discover`.
@@ -251,9 +313,7 @@ impl McpServer {
     pub fn with_list_ttl_ms(self, ttl_ms: u64) -> Self {
         let mut inner = (*self.inner).clone();
         inner.list_ttl_ms = ttl_ms;
-        Self {
-            inner: Arc::new(inner),
-        }
+        Self::prerendered(inner)
     }
 
     /// The same server with the runtime's timer, which `get_graph_run`'s
@@ -440,10 +500,14 @@ impl McpServer {
             Err(reply) => return Some(reply),
         };
         let result = match (method, era) {
-            (Some(Method::Initialize), _) => self.initialize(session, &id, &incoming),
-            (Some(Method::Ping), Era::Legacy(_)) => Ok(wire::to_value(&wire::EmptyResult {})),
-            (Some(Method::ServerDiscover), Era::Modern) => Ok(self.discover()),
-            (Some(Method::ToolsList), _) => Ok(self.tools_list(era)),
+            (Some(Method::Initialize), _) => {
+                self.initialize(session, &id, &incoming).map(Answer::Value)
+            }
+            (Some(Method::Ping), Era::Legacy(_)) => {
+                Ok(Answer::Value(wire::to_value(&wire::EmptyResult {})))
+            }
+            (Some(Method::ServerDiscover), Era::Modern) => Ok(Answer::Value(self.discover())),
+            (Some(Method::ToolsList), _) => Ok(Answer::ToolsList),
             (Some(Method::SubscriptionsListen), Era::Modern) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
@@ -453,7 +517,9 @@ impl McpServer {
             (
                 Some(Method::TasksGet | Method::TasksCancel | Method::TasksUpdate),
                 Era::Modern,
-            ) => tasks::handle(self, caller, &incoming, &id).await,
+            ) => tasks::handle(self, caller, &incoming, &id)
+                .await
+                .map(Answer::Value),
             (Some(Method::ToolsCall), _) => tools::call(
                 self,
                 caller,
@@ -479,14 +545,46 @@ impl McpServer {
             )),
         };
         Some(match result {
-            Ok(mut value) => {
-                if era == Era::Modern {
-                    self.modernise(&mut value);
-                }
-                Outgoing::result(id, value)
-            }
+            Ok(answer) => self.reply(&id, era, answer),
             Err(reply) => reply,
         })
+    }
+
+    /// The reply carrying `answer` in `era`.
+    fn reply(&self, id: &RequestId, era: Era, answer: Answer) -> Outgoing {
+        let modern = era == Era::Modern;
+        match answer {
+            Answer::Value(mut value) => {
+                if modern {
+                    self.modernise(&mut value);
+                }
+                Outgoing::result(id.clone(), value)
+            }
+            Answer::Tool(result) if modern => Outgoing::typed_result(
+                id,
+                &CompleteToolResult {
+                    meta: ServerInfoMeta {
+                        server_info: &self.inner.implementation,
+                    },
+                    content: &result.content,
+                    is_error: result.is_error,
+                    result_type: "complete",
+                    structured_content: result.structured_content.as_ref(),
+                },
+            ),
+            Answer::Tool(result) => Outgoing::typed_result(id, &result),
+            Answer::ToolsList => {
+                let rendered = &self.inner.tools_list_rendered;
+                Outgoing::prerendered_result(
+                    id,
+                    if modern {
+                        &rendered.modern
+                    } else {
+                        &rendered.legacy
+                    },
+                )
+            }
+        }
     }
 
     /// Decides how a request is handled, or refuses it.
@@ -659,14 +757,26 @@ impl McpServer {
         })
     }
 
+    /// The `tools/list` result of `era`, with the revision's fields.
     fn tools_list(&self, era: Era) -> Value {
         let modern = era == Era::Modern;
-        wire::to_value(&wire::ListToolsResult {
+        let mut value = wire::to_value(&wire::ListToolsResult {
             // The catalog is the same for every caller.
             cache_scope: modern.then(|| "public".to_owned()),
             tools: self.inner.tools_list.clone(),
             ttl_ms: modern.then_some(self.inner.list_ttl_ms),
-        })
+        });
+        if modern {
+            self.modernise(&mut value);
+        }
+        value
+    }
+
+    /// `McpServer::tools_list` as the compact JSON every reply to it
+    /// carries (rendered once, in [`McpServer::new`]).
+    fn render_tools_list(&self, era: Era) -> Vec<u8> {
+        // Serialising a `Value` cannot fail: its keys are strings.
+        serde_json::to_vec(&self.tools_list(era)).unwrap_or_default()
     }
 
     /// Adds what every 2026-07-28 result carries.
@@ -684,7 +794,7 @@ impl McpServer {
         if let Some(meta) = meta.as_object_mut() {
             meta.insert(
                 META_SERVER_INFO.into(),
-                wire::to_value(&self.inner.info.implementation()),
+                wire::to_value(&self.inner.implementation),
             );
         }
     }

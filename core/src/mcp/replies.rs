@@ -98,6 +98,7 @@ impl Recorder<'_> {
             .fixture
             .send(session, caller, &request)
             .expect("a request gets a reply");
+        assert_canonical(&reply);
         let message = reply.message().clone();
         self.push(name, kind, message.clone());
         message
@@ -133,9 +134,23 @@ impl Recorder<'_> {
 
     /// Raw bytes outside any session.
     fn raw(&mut self, name: &str, bytes: &[u8]) {
-        let message = self.fixture.raw(bytes).message().clone();
-        self.push(name, Kind::Error, message);
+        let reply = self.fixture.raw(bytes);
+        assert_canonical(&reply);
+        self.push(name, Kind::Error, reply.message().clone());
     }
+}
+
+/// The bytes a transport writes are exactly the compact rendering of the
+/// message a [`Value`] gives (keys in lexicographic order): typed replies
+/// serialized straight to bytes and pre-rendered ones included, so the
+/// snapshots (taken of the message) pin the bytes too.
+fn assert_canonical(reply: &Outgoing) {
+    let rendered = serde_json::to_vec(reply.message()).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(reply.as_bytes()),
+        String::from_utf8_lossy(&rendered),
+        "the bytes on the wire differ from the message's rendering"
+    );
 }
 
 /// Queues a run with `key` and returns its command id.

@@ -515,6 +515,83 @@ fn unknown_method_is_32601_in_both_eras() {
     assert_eq!(code(&modern), -32601);
 }
 
+/// The `tools/list` reply bytes of `server` in a session of `version`
+/// (`None`: a 2026-07-28 request), with request id `id`.
+fn tools_list_bytes(f: &Fixture, server: &McpServer, version: Option<&str>, id: Value) -> Vec<u8> {
+    let (mut session, params) = match version {
+        Some(version) => (f.legacy(version), json!({})),
+        None => (McpSession::new(), json!({"_meta": modern_meta()})),
+    };
+    let request = json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params});
+    block_on(server.handle(&mut session, &f.alice, request.to_string().as_bytes()))
+        .expect("a reply")
+        .into_bytes()
+}
+
+#[test]
+fn prerendered_tools_list_is_the_rendered_one_for_every_catalog_and_era() {
+    let f = fixture();
+    let renamed = ToolCatalog::builder()
+        .name(crate::catalog::ToolKind::GetGraphRun, "read_run")
+        .description(
+            crate::catalog::ToolKind::RunGraphSession,
+            "Queue a run \"now\" — ünïcode and quotes",
+        )
+        .scopes(crate::catalog::ToolKind::ListGraphSessions, ["acme:read"])
+        .wait_seconds(Some(30))
+        .build()
+        .unwrap();
+    let rescoped = ToolCatalog::builder()
+        .scopes(
+            crate::catalog::ToolKind::GetGraphRun,
+            ["acme:read", "acme:audit"],
+        )
+        .scopes(crate::catalog::ToolKind::CancelGraphRun, ["acme:admin"])
+        .wait_seconds(None)
+        .build()
+        .unwrap();
+    let mut instructed = ServerInfo::new("relay \"x\"", "9.9.9");
+    instructed.instructions = Some("Poll after 20 s.".into());
+    let servers = [
+        (
+            ToolCatalog::published(),
+            ServerInfo::new("graph-relay", "0.1.0"),
+            None,
+        ),
+        (renamed, instructed.clone(), Some(1_234)),
+        (rescoped, instructed, Some(0)),
+    ];
+    for (catalog, info, ttl) in servers {
+        let mut server = McpServer::new(f.server.queue().clone(), catalog.clone(), info.clone());
+        if let Some(ttl) = ttl {
+            server = server.with_list_ttl_ms(ttl);
+        }
+        for id in [json!(1), json!("list-\"1\""), json!(u64::MAX)] {
+            for version in ["2025-03-26", "2025-06-18", "2025-11-25"] {
+                let expected = json!({"id": id, "jsonrpc": "2.0",
+                                      "result": {"tools": catalog.tools_list()}});
+                assert_eq!(
+                    String::from_utf8(tools_list_bytes(&f, &server, Some(version), id.clone())),
+                    Ok(expected.to_string()),
+                    "{version}"
+                );
+            }
+            let expected = json!({"id": id, "jsonrpc": "2.0", "result": {
+                "_meta": {META_SERVER_INFO: {"name": info.name, "version": info.version}},
+                "cacheScope": "public",
+                "resultType": "complete",
+                "tools": catalog.tools_list(),
+                "ttlMs": ttl.unwrap_or(DEFAULT_LIST_TTL_MS),
+            }});
+            assert_eq!(
+                String::from_utf8(tools_list_bytes(&f, &server, None, id.clone())),
+                Ok(expected.to_string()),
+                "2026-07-28"
+            );
+        }
+    }
+}
+
 #[test]
 fn tools_list_matches_the_catalog_in_both_eras() {
     let f = fixture();

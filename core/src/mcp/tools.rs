@@ -3,9 +3,9 @@
 use serde_json::Value;
 
 use super::progress::{ProgressNotifications, token as progress_token};
-use super::wire::{CallToolResult, GraphRun, GraphRunTicket, SessionList, ToolOutput, to_value};
+use super::wire::{CallToolResult, GraphRun, GraphRunTicket, SessionList, ToolOutput, to_json};
 use super::{
-    Caller, ErrorCode, Incoming, McpServer, Notifier, Outgoing, ProtocolVersion, RequestId,
+    Answer, Caller, ErrorCode, Incoming, McpServer, Notifier, Outgoing, ProtocolVersion, RequestId,
 };
 use crate::args::{ArgError, ToolArgs};
 use crate::queue::{CancelError, GetError, ListError, RunError};
@@ -46,27 +46,27 @@ impl CallError {
                 Outgoing::error(Some(id.clone()), ErrorCode::InternalError, text, None)
             }
             // Not reached: tool errors are results (see `call`).
-            Self::Tool(_) => Outgoing::result(id.clone(), tool_error(&text)),
+            Self::Tool(_) => Outgoing::typed_result(id, &tool_error(&text)),
         }
     }
 }
 
-fn tool_error(text: &str) -> Value {
-    to_value(&CallToolResult::error(text))
+fn tool_error(text: &str) -> CallToolResult {
+    CallToolResult::error(text)
 }
 
 /// A success whose text is the compact JSON of its structured content.
-fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Value {
-    to_value(&CallToolResult::of_output(
+fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Answer {
+    Answer::Tool(CallToolResult::of_output(
         structured,
         false,
         version.has_structured_content(),
     ))
 }
 
-fn tool_result_with_text(text: String, structured: ToolOutput, version: ProtocolVersion) -> Value {
+fn tool_result_with_text(text: String, structured: ToolOutput, version: ProtocolVersion) -> Answer {
     let structured = version.has_structured_content().then_some(structured);
-    to_value(&CallToolResult::success(text, structured))
+    Answer::Tool(CallToolResult::success(text, structured))
 }
 
 /// Runs one `tools/call`. Tool execution errors come back as `Ok` results
@@ -78,9 +78,9 @@ pub(super) async fn call(
     version: ProtocolVersion,
     tasks: bool,
     notifier: &dyn Notifier,
-) -> Result<Value, CallError> {
+) -> Result<Answer, CallError> {
     match run(server, caller, incoming, version, tasks, notifier).await {
-        Err(CallError::Tool(message)) => Ok(tool_error(&message)),
+        Err(CallError::Tool(message)) => Ok(Answer::Tool(tool_error(&message))),
         other => other,
     }
 }
@@ -92,7 +92,7 @@ async fn run(
     version: ProtocolVersion,
     tasks: bool,
     notifier: &dyn Notifier,
-) -> Result<Value, CallError> {
+) -> Result<Answer, CallError> {
     let name = incoming
         .params()
         .get("name")
@@ -127,13 +127,13 @@ async fn run(
                     poll_after_seconds: Some(ticket.poll_after_seconds),
                     device_offline_since: None,
                 };
-                return Ok(super::tasks::created(&view));
+                return Ok(Answer::Value(super::tasks::created(&view)));
             }
             let structured = GraphRunTicket::from(&ticket);
             let text = format!(
                 "Queued ticket, not a result. {} Ticket: {}",
                 structured.message,
-                to_value(&structured)
+                to_json(&structured)
             );
             Ok(tool_result_with_text(
                 text,
@@ -158,23 +158,24 @@ async fn run(
             // `wait_seconds` waits on the queue's signals with the transport's timer.
             let wait = std::time::Duration::from_secs(u64::from(args.wait_seconds));
             // With a progress token, each change while it waits is a
-            // `notifications/progress` before the result.
+            // `notifications/progress` before the result. The waiting
+            // futures are boxed: they are large, and inline they would make
+            // every call's future (moved as a whole by the transports) as
+            // large as theirs.
             let view = match (server.sleeper(), progress_token(incoming.meta())) {
                 (Some(sleeper), Some(token)) if args.wait_seconds > 0 => {
                     let mut progress = ProgressNotifications::new(token, notifier);
-                    queue
-                        .watch_graph_run(
-                            agent,
-                            &args.command_id,
-                            wait,
-                            sleeper.as_ref(),
-                            &mut |view| progress.observe(view),
-                        )
-                        .await
+                    Box::pin(queue.watch_graph_run(
+                        agent,
+                        &args.command_id,
+                        wait,
+                        sleeper.as_ref(),
+                        &mut |view| progress.observe(view),
+                    ))
+                    .await
                 }
                 (Some(sleeper), None) if args.wait_seconds > 0 => {
-                    queue
-                        .wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref())
+                    Box::pin(queue.wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref()))
                         .await
                 }
                 _ => queue.get_graph_run(agent, &args.command_id).await,

@@ -373,7 +373,7 @@ impl CallToolResult {
     /// carries as structured content too when `with_structured` (the
     /// revision has structured content).
     pub fn of_output(structured: ToolOutput, is_error: bool, with_structured: bool) -> Self {
-        let text = to_value(&structured).to_string();
+        let text = to_json(&structured);
         Self {
             content: vec![TextContent::new(text)],
             is_error,
@@ -653,7 +653,14 @@ pub struct ListenNotifications {
     pub task_ids: Vec<CommandId>,
 }
 
-/// Serializes a wire value into the [`Value`] the transports write.
+/// Serializes a wire value straight to compact JSON text: the same text as
+/// `to_value(value).to_string()`, because wire types declare their fields
+/// in the lexicographic order of their wire names, without the [`Value`].
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).expect("wire types serialize to JSON")
+}
+
+/// Serializes a wire value into a [`Value`].
 ///
 /// The wire types hold only strings, numbers, ids and maps with string keys,
 /// so this cannot fail.
