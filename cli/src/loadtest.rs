@@ -11,6 +11,14 @@
 //!   `loadtest-<tag>`) to that server's `--config` file, which the server
 //!   reloads, and removes them at the end; `--server-pid` names the
 //!   process whose CPU and RSS to read when it runs on this machine.
+//! - **several servers** sharing one queue (`serve --postgres` on one
+//!   database): `--server URL` given once per server, all reading the one
+//!   token file given with `--config`, and `--server-pid` once per server
+//!   in the same order. Desktop *i* connects to server *i mod n* and agent
+//!   *j* to server *(j + 1) mod n*: runs go round robin over both, so with
+//!   desktops and agents in multiples of *n* every run is queued on another
+//!   server than the one its desktop waits on, and its pickup depends on
+//!   the servers waking each other.
 //! - **desktops** are real relays: the core's `RelayDriver` with the HTTP
 //!   transport in long-poll mode, each with its own device token and an
 //!   in-memory outbox. All belong to one owner and share into one project;
@@ -92,17 +100,21 @@ const PROJECT: &str = "loadtest";
 #[derive(Debug, Clone, clap::Args)]
 pub struct LoadtestArgs {
     /// A running server (`http://host:port`) instead of one started for the
-    /// run; needs `--config`. Loopback only unless `--allow-remote`.
+    /// run; needs `--config`. Loopback only unless `--allow-remote`. Give it
+    /// once per server to load several servers sharing one queue (desktops
+    /// and agents are spread round robin over them).
     #[arg(long, value_name = "URL", requires = "config")]
-    pub server: Option<String>,
-    /// With `--server`: that server's `graph-relay.toml`; the harness adds
-    /// its tokens to it for the run and removes them afterwards.
+    pub server: Vec<String>,
+    /// With `--server`: the servers' `graph-relay.toml` (one file, read by
+    /// every server); the harness adds its tokens to it for the run and
+    /// removes them afterwards.
     #[arg(long, value_name = "FILE", requires = "server")]
     pub config: Option<PathBuf>,
     /// With `--server` on this machine: the server's process id, for its
-    /// CPU and RSS.
+    /// CPU and RSS; once per `--server`, in the same order (the first pid is
+    /// the first server's).
     #[arg(long, value_name = "PID", requires = "server")]
-    pub server_pid: Option<u32>,
+    pub server_pid: Vec<u32>,
     /// Allow a `--server` that is not on a loopback address.
     #[arg(long)]
     pub allow_remote: bool,
@@ -272,7 +284,14 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
             planned_runs(args)
         ));
     }
-    if let Some(url) = &args.server {
+    if args.server_pid.len() > args.server.len() {
+        return bounds(format!(
+            "{} --server-pid for {} --server: give at most one pid per server, in the same order",
+            args.server_pid.len(),
+            args.server.len()
+        ));
+    }
+    for url in &args.server {
         let host = server_host(url)?;
         let loopback = host == "localhost"
             || host
@@ -319,7 +338,7 @@ fn session_id(index: usize) -> String {
 /// The whole run: server, desktops, idle window, load, drain, report.
 async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let tag = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let owner = if args.server.is_some() {
+    let owner = if !args.server.is_empty() {
         format!("loadtest-{tag}")
     } else {
         "loadtest".to_owned()
@@ -353,29 +372,43 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
         })
         .collect();
 
-    let mut server = match (&args.server, &args.config) {
-        (Some(url), Some(config)) => {
-            ServerUnderTest::external(url, config, &owner, agents, devices, args.server_pid).await?
+    let mut server = match &args.config {
+        Some(config) if !args.server.is_empty() => {
+            ServerUnderTest::external(
+                &args.server,
+                config,
+                &owner,
+                agents,
+                devices,
+                &args.server_pid,
+            )
+            .await?
         }
         _ => ServerUnderTest::local(args, agents, devices).await?,
     };
-    let outcome = drive(args, &server.base, &device_tokens, &agent_tokens, &server).await;
+    let outcome = drive(args, &device_tokens, &agent_tokens, &server).await;
     let stopped = server.stop().await;
     let mut report = outcome?;
     stopped?;
-    report.server.url = server.base.clone();
-    report.server.pid = server.pid;
+    for (figures, target) in report.servers.iter_mut().zip(&server.targets) {
+        figures.url = target.base.clone();
+        figures.pid = target.pid;
+    }
+    if let Some(first) = report.servers.first() {
+        report.server = first.clone();
+    }
     Ok(report)
 }
 
-/// Desktops, idle window, load and drain against a server at `base`.
+/// Desktops, idle window, load and drain against the servers.
 async fn drive(
     args: &LoadtestArgs,
-    base: &str,
     device_tokens: &[String],
     agent_tokens: &[String],
     server: &ServerUnderTest,
 ) -> Result<Report, LoadtestError> {
+    let bases: Vec<&str> = server.targets.iter().map(|t| t.base.as_str()).collect();
+    let n = bases.len().max(1);
     let tally = Arc::new(Tally::default());
     let run_time = Duration::from_secs_f64(args.run_seconds);
 
@@ -386,7 +419,7 @@ async fn drive(
     for (index, token) in device_tokens.iter().enumerate() {
         desktops.push(start_desktop(
             index,
-            base,
+            bases[index % n],
             token,
             Arc::clone(&tally),
             run_time,
@@ -415,12 +448,14 @@ async fn drive(
     // Idle window: every desktop held, no runs.
     let idle_start = server.sample();
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let idle_cpu = server.sample().cpu_percent_since(&idle_start);
+    let idle_cpu = cpu_since(&server.sample(), &idle_start);
 
     // Load.
+    // Agent j on the server after desktop j's: see the module docs.
     let clients = agent_tokens
         .iter()
-        .map(|token| McpClient::new(base, token, RUN_DEADLINE))
+        .enumerate()
+        .map(|(j, token)| McpClient::new(bases[(j + 1) % n], token, RUN_DEADLINE))
         .collect::<Result<Vec<_>, _>>()?;
     let total = planned_runs(args);
     let key_tag = uuid::Uuid::new_v4().simple().to_string();
@@ -481,11 +516,19 @@ async fn drive(
             issued_seconds,
             load_seconds,
             idle_cpu,
-            load_cpu: load_end_server.cpu_percent_since(&load_start_server),
+            load_cpu: cpu_since(&load_end_server, &load_start_server),
             server_end: load_end_server,
             harness_cpu: load_self,
         },
     ))
+}
+
+/// CPU use of each server between two samples of all of them.
+fn cpu_since(now: &[Option<ProcessSample>], then: &[Option<ProcessSample>]) -> Vec<Option<f64>> {
+    now.iter()
+        .zip(then)
+        .map(|(now, then)| now.cpu_percent_since(then))
+        .collect()
 }
 
 /// Whether run `i` is one the agents cancel: spread evenly, `fraction` of all.
@@ -808,10 +851,16 @@ async fn until_terminal(
     }
 }
 
-/// The server the load goes to, and how to read its process.
-struct ServerUnderTest {
+/// One server the load goes to.
+struct Target {
     base: String,
     pid: Option<u32>,
+}
+
+/// The servers the load goes to, and how to read their processes.
+struct ServerUnderTest {
+    /// One, or (with several `--server`) every server, in order.
+    targets: Vec<Target>,
     /// The child process and its folder, when the harness started it.
     child: Option<(tokio::process::Child, tempfile::TempDir)>,
     /// With an external server: its configuration file and the owner whose
@@ -871,21 +920,21 @@ impl ServerUnderTest {
             .map_err(|_| LoadtestError::Server("did not start within 30 s".into()))?
             .map_err(|_| LoadtestError::Server("exited before it listened".into()))?;
         Ok(Self {
-            base,
-            pid,
+            targets: vec![Target { base, pid }],
             child: Some((child, dir)),
             added: None,
         })
     }
 
-    /// A running server: adds the harness's tokens to its configuration.
+    /// Running servers sharing the token file `config`: adds the harness's
+    /// tokens to it. `pids` are the servers' process ids, in their order.
     async fn external(
-        url: &str,
+        urls: &[String],
         config: &Path,
         owner: &str,
         agents: Vec<AgentToken>,
         devices: Vec<DeviceToken>,
-        pid: Option<u32>,
+        pids: &[u32],
     ) -> Result<Self, LoadtestError> {
         let mut file = ConfigFile::load(config)?;
         file.agents.extend(agents);
@@ -894,16 +943,25 @@ impl ServerUnderTest {
         // The server looks at its token file four times a second.
         tokio::time::sleep(Duration::from_secs(1)).await;
         Ok(Self {
-            base: url.trim_end_matches('/').to_owned(),
-            pid,
+            targets: urls
+                .iter()
+                .enumerate()
+                .map(|(i, url)| Target {
+                    base: url.trim_end_matches('/').to_owned(),
+                    pid: pids.get(i).copied(),
+                })
+                .collect(),
             child: None,
             added: Some((config.to_owned(), owner.to_owned())),
         })
     }
 
-    /// CPU and memory of the server's process, when it is known.
-    fn sample(&self) -> Option<ProcessSample> {
-        self.pid.and_then(ProcessSample::of)
+    /// CPU and memory of each server's process, where it is known.
+    fn sample(&self) -> Vec<Option<ProcessSample>> {
+        self.targets
+            .iter()
+            .map(|t| t.pid.and_then(ProcessSample::of))
+            .collect()
     }
 
     /// Stops the child server (SIGTERM, then SIGKILL after 15 s), or
@@ -1025,9 +1083,10 @@ struct Phases {
     connect_seconds: f64,
     issued_seconds: f64,
     load_seconds: f64,
-    idle_cpu: Option<f64>,
-    load_cpu: Option<f64>,
-    server_end: Option<ProcessSample>,
+    /// Per server, in order.
+    idle_cpu: Vec<Option<f64>>,
+    load_cpu: Vec<Option<f64>>,
+    server_end: Vec<Option<ProcessSample>>,
     harness_cpu: Option<f64>,
 }
 
@@ -1044,8 +1103,12 @@ pub struct Report {
     pub latency_ms: BTreeMap<String, Latency>,
     /// Errors by kind (empty when everything went right).
     pub errors: BTreeMap<String, u64>,
-    /// The server's process, when it runs on this machine.
+    /// The server's process, when it runs on this machine (with several
+    /// `--server`, the first one's; see `servers`).
     pub server: ServerFigures,
+    /// Every server's process figures, in the order of `--server` (one
+    /// entry without it).
+    pub servers: Vec<ServerFigures>,
     /// The harness's own CPU during the load, in percent of one core.
     pub harness_cpu_percent: Option<f64>,
 }
@@ -1136,7 +1199,7 @@ impl Latency {
 }
 
 /// The server's process figures.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ServerFigures {
     /// The server's base URL.
     pub url: String,
@@ -1211,6 +1274,19 @@ fn summarize(
         Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
     );
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let servers: Vec<ServerFigures> = phases
+        .server_end
+        .iter()
+        .enumerate()
+        .map(|(i, end)| ServerFigures {
+            url: String::new(),
+            pid: None,
+            idle_cpu_percent: phases.idle_cpu.get(i).copied().flatten(),
+            load_cpu_percent: phases.load_cpu.get(i).copied().flatten(),
+            rss_mib: end.map(|s| mib(s.rss_bytes)),
+            peak_rss_mib: end.map(|s| mib(s.peak_rss_bytes)),
+        })
+        .collect();
     let errors = tally
         .errors
         .lock()
@@ -1247,14 +1323,8 @@ fn summarize(
         },
         latency_ms: latency,
         errors,
-        server: ServerFigures {
-            url: String::new(),
-            pid: None,
-            idle_cpu_percent: phases.idle_cpu,
-            load_cpu_percent: phases.load_cpu,
-            rss_mib: phases.server_end.map(|s| mib(s.rss_bytes)),
-            peak_rss_mib: phases.server_end.map(|s| mib(s.peak_rss_bytes)),
-        },
+        server: servers.first().cloned().unwrap_or_default(),
+        servers,
         harness_cpu_percent: phases.harness_cpu,
     }
 }
@@ -1283,10 +1353,14 @@ impl Report {
             },
             c.cancel_fraction * 100.0
         );
+        let urls: Vec<&str> = self.servers.iter().map(|s| s.url.as_str()).collect();
         let _ = writeln!(
             out,
-            "server {}  desktops connected {} in {:.1} s",
-            self.server.url, self.connect.desktops_connected, self.connect.seconds
+            "server{} {}  desktops connected {} in {:.1} s",
+            if urls.len() > 1 { "s" } else { "" },
+            urls.join(" "),
+            self.connect.desktops_connected,
+            self.connect.seconds
         );
         let _ = writeln!(
             out,
@@ -1312,15 +1386,22 @@ impl Report {
                 l.count, l.p50, l.p99, l.max
             );
         }
-        let s = &self.server;
-        let _ = writeln!(
-            out,
-            "\nserver CPU idle {}  under load {}  (of one core)  RSS {}  peak {}",
-            opt(s.idle_cpu_percent, "%"),
-            opt(s.load_cpu_percent, "%"),
-            opt(s.rss_mib, " MiB"),
-            opt(s.peak_rss_mib, " MiB")
-        );
+        let _ = writeln!(out);
+        for (i, s) in self.servers.iter().enumerate() {
+            let name = if self.servers.len() > 1 {
+                format!("server {}", i + 1)
+            } else {
+                "server".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "{name} CPU idle {}  under load {}  (of one core)  RSS {}  peak {}",
+                opt(s.idle_cpu_percent, "%"),
+                opt(s.load_cpu_percent, "%"),
+                opt(s.rss_mib, " MiB"),
+                opt(s.peak_rss_mib, " MiB")
+            );
+        }
         let _ = writeln!(
             out,
             "harness CPU under load {}",

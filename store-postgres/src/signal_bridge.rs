@@ -20,9 +20,12 @@
 //! (a woken waiter re-reads its own store and waits again), and only when
 //! both use the same owner and device names.
 //!
-//! Notifications sent while a listener is reconnecting are lost to it; the
-//! held requests' periodic store re-checks (500 ms for syncs and control,
-//! 1 s for `wait_seconds`) are the fallback. See the crate docs.
+//! Notifications sent while a listener is reconnecting are lost to it:
+//! meanwhile held requests re-check the store (500 ms for syncs and
+//! control, 1 s for `wait_seconds`), and once it listens again it wakes
+//! every held request once ([`Signals::wake_all`]). Hints this server could
+//! not publish are made up for by a [`WAKE_ALL`] to the others. See the
+//! crate docs.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -274,6 +277,8 @@ where
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
     /// Listens until the task is dropped or aborted, reconnecting as needed.
+    /// From the moment it is dropped or aborted it no longer counts as
+    /// listening (the forwarder stops [delivering](Forwarder::delivers)).
     pub async fn run(mut self) {
         let mut backoff = BACKOFF_MIN;
         let mut failing = false;
@@ -328,6 +333,9 @@ where
             .get(0);
         self.shared.count(|c| &c.connects, 1);
         self.shared.set_listening(Some(pid));
+        // Not listening once this session ends, also when the task running
+        // it is aborted or dropped mid-way.
+        let _listening = ListeningUntilDrop(self.shared.clone());
         if self.shared.counters.connects.load(Ordering::Relaxed) > 1 {
             // Other servers' hints sent while this listener was away are
             // lost: every local held request looks once.
@@ -421,6 +429,15 @@ where
                 tracing::debug!(error = %e, "postgres wake-ups: ignored a notification");
             }
         }
+    }
+}
+
+/// Marks the bridge not listening when a session ends, however it ends.
+struct ListeningUntilDrop(Arc<Shared>);
+
+impl Drop for ListeningUntilDrop {
+    fn drop(&mut self) {
+        self.0.set_listening(None);
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -108,6 +109,9 @@ pub struct PostgresStore {
     pool: Pool,
     config: tokio_postgres::Config,
     schema: Option<String>,
+    /// SQL statements sent by the [`Store`] methods (see
+    /// [`PostgresStore::statements_executed`]); shared by the clones.
+    statements: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -193,12 +197,33 @@ impl PostgresStore {
             pool,
             config,
             schema,
+            statements: Arc::default(),
         })
     }
 
     /// The schema given at connection, if any.
     pub fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
+    }
+
+    /// SQL statements this store (and its clones) sent since it connected:
+    /// every query and execute of its [`Store`] methods and of
+    /// [`command_count`](Self::command_count), each counted once when it is
+    /// sent (whether or not it succeeds), with a transaction's `BEGIN` and
+    /// `COMMIT` counted as one statement each. Not counted: the migrations
+    /// run by [`connect`](Self::connect), the one-off preparation of a
+    /// statement on a pooled connection (each connection prepares each
+    /// statement once and caches it), queries run on [`pool`](Self::pool)
+    /// by others, and the wake-up listener's own connection (see
+    /// [`SignalStats`](crate::SignalStats)). A relaxed atomic counter: cheap
+    /// enough to leave on, meant for tests, benchmarks and metrics.
+    pub fn statements_executed(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` statements about to be sent.
+    fn sent(&self, n: u64) {
+        self.statements.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The pool (for metrics, or for running admin queries in the same schema).
@@ -215,6 +240,7 @@ impl PostgresStore {
     /// Number of commands stored, in every state.
     pub async fn command_count(&self) -> Result<u64, StoreError> {
         let client = self.client().await?;
+        self.sent(1);
         let row = client
             .query_one("SELECT count(*) FROM commands", &[])
             .await
@@ -260,6 +286,7 @@ impl PostgresStore {
     ) -> Result<Option<CommandRecord>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(backend)?;
+        self.sent(1);
         let row = client.query_opt(&stmt, params).await.map_err(backend)?;
         row.map(|r| decode_command(&r)).transpose()
     }
@@ -272,6 +299,7 @@ impl PostgresStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await.map_err(backend)?;
+        self.sent(1);
         let rows = client.query(&stmt, params).await.map_err(backend)?;
         rows.iter().map(decode_command).collect()
     }
@@ -292,6 +320,7 @@ impl PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let Some(row) = client
             .query_opt(
                 &stmt,
@@ -362,6 +391,7 @@ impl Store for PostgresStore {
             let inserted = {
                 let client = self.client().await?;
                 let stmt = client.prepare_cached(INSERT).await.map_err(backend)?;
+                self.sent(1);
                 let count: i64 = client
                     .query_one(
                         &stmt,
@@ -490,6 +520,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let changed = client
             .execute(
                 &stmt,
@@ -575,6 +606,7 @@ impl Store for PostgresStore {
             .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
             .await
             .map_err(backend)?;
+        self.sent(1);
         let tx = client.transaction().await.map_err(backend)?;
         // Two syncs of one device and project at once take turns, so the
         // second's delete sees the first's rows (no duplicate-key failure).
@@ -584,12 +616,14 @@ impl Store for PostgresStore {
         let delete_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&o, &p, &d];
         let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&o, &p, &d, &now, &ids, &metas];
+        self.sent(3);
         futures::try_join!(
             tx.execute(&lock, &lock_params),
             tx.execute(&delete, &delete_params),
             tx.execute(&insert, &insert_params),
         )
         .map_err(backend)?;
+        self.sent(1);
         tx.commit().await.map_err(backend)
     }
 
@@ -608,6 +642,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let rows = client
             .query(
                 &stmt,
@@ -639,6 +674,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let rows = client
             .query(
                 &stmt,
@@ -671,6 +707,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let row = client
             .query_opt(&stmt, &[&owner.as_str(), &projects, &id.as_str()])
             .await
@@ -705,6 +742,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         client
             .execute(
                 &stmt,
@@ -734,6 +772,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let Some(row) = client
             .query_opt(&stmt, &[&owner.as_str(), &device.as_str()])
             .await
@@ -768,6 +807,7 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
+        self.sent(1);
         let keys = client
             .execute(&keys_stmt, &[&now, &batch])
             .await
@@ -796,6 +836,7 @@ impl Store for PostgresStore {
                     )
                     .await
                     .map_err(backend)?;
+                self.sent(1);
                 client
                     .execute(&stmt, &[&cutoff, &now, &batch])
                     .await

@@ -1,5 +1,8 @@
-//! Test support (feature `testing`): the test database and a throw-away
-//! schema per test.
+//! Test support (feature `testing`): the test database, a throw-away
+//! schema per test ([`TestSchema`]), and a throw-away database per test
+//! ([`TestDatabase`]) for tests that count wake-ups: `NOTIFY` channels are
+//! per database, so only a database of its own keeps other tests'
+//! notifications out of a test's counts.
 //!
 //! The database is `GRAPH_RELAY_POSTGRES_URL`, or the conventional local
 //! server [`DEFAULT_URL`] when that is unset. A test that cannot reach it
@@ -130,4 +133,110 @@ impl Drop for TestSchema {
             Err(_) => eprintln!("could not drop test schema {}: panicked", self.name),
         }
     }
+}
+
+/// A database `graph_relay_test_<random>` created for one test and dropped
+/// (`WITH (FORCE)`, so connections still open are ended) when this value is
+/// dropped. Its `LISTEN`/`NOTIFY` channel is its own: servers in it hear no
+/// other test's notifications.
+#[derive(Debug)]
+pub struct TestDatabase {
+    admin_url: String,
+    name: String,
+    config: tokio_postgres::Config,
+}
+
+impl TestDatabase {
+    /// Creates a fresh database on the server at `url` (whose user may
+    /// create databases). Call inside a Tokio runtime.
+    pub async fn create(url: &str) -> Result<Self, ConnectError> {
+        use std::str::FromStr;
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| ConnectError::Url(crate::store::describe(&e)))?;
+        let name = format!("graph_relay_test_{}", uuid::Uuid::new_v4().simple());
+        run_admin(url, &format!("CREATE DATABASE \"{name}\""))
+            .await
+            .map_err(ConnectError::Connect)?;
+        config.dbname(&name);
+        Ok(Self {
+            admin_url: url.to_owned(),
+            name,
+            config,
+        })
+    }
+
+    /// The database name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A connection configuration for this database.
+    pub fn config(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+
+    /// Options that put a store in schema `graph_relay` of this database
+    /// (pool of 8).
+    pub fn options(&self) -> PostgresOptions {
+        PostgresOptions {
+            schema: Some("graph_relay".into()),
+            pool_size: 8,
+            application_name: "graph-relay-test".into(),
+            ..PostgresOptions::default()
+        }
+    }
+
+    /// A store in this database (call inside a Tokio runtime); every store
+    /// made here shares one schema, as several servers share one queue.
+    pub async fn store(&self) -> Result<PostgresStore, ConnectError> {
+        PostgresStore::connect_config(self.config.clone(), &self.options()).await
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let (url, name) = (self.admin_url.clone(), self.name.clone());
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    run_admin(
+                        &url,
+                        &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+                    ),
+                )
+                .await
+                .map_err(|_| "timed out".to_owned())?
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("could not drop test database {}: {e}", self.name),
+            Err(_) => eprintln!("could not drop test database {}: panicked", self.name),
+        }
+    }
+}
+
+/// Runs one statement on its own connection to `url` (outside any
+/// transaction, as `CREATE DATABASE` needs).
+async fn run_admin(url: &str, sql: &str) -> Result<(), String> {
+    use std::str::FromStr;
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| crate::store::describe(&e))?;
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| crate::store::describe(&e))?;
+    let driver = tokio::spawn(connection);
+    let outcome = client
+        .batch_execute(sql)
+        .await
+        .map_err(|e| crate::store::describe(&e));
+    drop(client);
+    let _ = driver.await;
+    outcome
 }
