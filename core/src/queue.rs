@@ -56,6 +56,32 @@ const MAX_RESTART_CLOSES: usize = 100;
 /// How many times a transition is retried when another writer got there first.
 const MAX_CAS_ATTEMPTS: usize = 16;
 
+/// How long a sync of `device` made at `now` is held: `long_poll_hold`
+/// less its jitter, which is at most a fifth of it.
+fn sync_hold_length(config: &QueueConfig, device: &Device, now: Timestamp) -> Duration {
+    let most = config.long_poll_jitter.min(config.long_poll_hold / 5);
+    config
+        .long_poll_hold
+        .saturating_sub(jitter(device, now, most))
+}
+
+/// A share of `most` that differs from device to device and from instant to
+/// instant (a hash of both), so successive holds of one device, and the
+/// holds of devices that synced together, end at scattered times.
+fn jitter(device: &Device, now: Timestamp, most: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    if most.is_zero() {
+        return Duration::ZERO;
+    }
+    let mut hasher = foldhash::fast::FixedState::with_seed(0x6a17).build_hasher();
+    device.owner.hash(&mut hasher);
+    device.id.hash(&mut hasher);
+    now.0.hash(&mut hasher);
+    // The top 53 bits as a fraction in [0, 1).
+    let fraction = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    most.mul_f64(fraction)
+}
+
 /// How often a held request looks at the store on its own when other
 /// processes' writes reach this process anyway (see
 /// [`Queue::external_writes_fed`]): a safety net, longer than any hold.
@@ -72,6 +98,14 @@ pub struct QueueConfig {
     pub sync_interval: Duration,
     /// How long the server holds a long-poll sync or control request (25 s).
     pub long_poll_hold: Duration,
+    /// A held sync ends up to this much (5 s) before `long_poll_hold`, by
+    /// an amount that differs from hold to hold. Desktops that connected
+    /// together (all of them, after a server restart) otherwise come back
+    /// together at every hold, a burst of thousands of syncs every 25 s
+    /// that delays the runs queued meanwhile; with it their re-syncs drift
+    /// apart and spread evenly over time. At most a fifth of
+    /// `long_poll_hold` is taken off; zero holds exactly `long_poll_hold`.
+    pub long_poll_jitter: Duration,
     /// The relay's control poll while a command runs (3 s).
     pub control_interval: Duration,
     /// A device that missed this many expected syncs is reported offline (3).
@@ -125,6 +159,7 @@ impl Default for QueueConfig {
             terminal_retention: Some(Duration::from_secs(30 * 24 * 3600)),
             sync_interval: Duration::from_secs(20),
             long_poll_hold: Duration::from_secs(25),
+            long_poll_jitter: Duration::from_secs(5),
             control_interval: Duration::from_secs(3),
             offline_after_missed_syncs: 3,
             running_poll_hint: Duration::from_secs(5),
@@ -815,13 +850,17 @@ impl Queue {
 
     /// How a relay's long-poll sync of `device` is held: until work is
     /// queued for it ([`Topic::DeviceWork`]) or [`QueueConfig::long_poll_hold`]
-    /// passes, looking at the store every [`QueueConfig::hold_recheck`]; a
-    /// notification answers at once, with what is queued (possibly nothing),
-    /// so the relay starts a fresh pass.
+    /// less up to [`QueueConfig::long_poll_jitter`] passes, looking at the
+    /// store every [`QueueConfig::hold_recheck`] (when other processes'
+    /// writes show only by reading it); a notification answers at once,
+    /// with what is queued (possibly nothing), so the relay starts a fresh
+    /// pass.
     pub fn sync_hold(&self, device: &Device) -> Hold {
+        let now = self.clock.now();
+        let hold = sync_hold_length(&self.config, device, now);
         Hold {
             topics: vec![Topic::DeviceWork(device.owner.clone(), device.id.clone())],
-            until: self.clock.now().plus(self.config.long_poll_hold),
+            until: now.plus(hold),
             recheck: self.recheck(self.config.hold_recheck),
             answer_on_notify: true,
         }
@@ -1677,6 +1716,46 @@ mod tests {
             last_seen_at: Timestamp(last_seen),
             long_poll,
         }
+    }
+
+    #[test]
+    fn held_syncs_end_at_scattered_times_within_the_jitter() {
+        let most = Duration::from_secs(5);
+        let mut seen = std::collections::BTreeSet::new();
+        for n in 0..200u64 {
+            let d = Device::new(
+                DeviceId::parse(&format!("desk-{}", n % 20)).unwrap(),
+                OwnerId::parse("o").unwrap(),
+            );
+            let j = jitter(&d, Timestamp(1_000 * n), most);
+            assert!(j < most, "{j:?}");
+            seen.insert(j.as_millis() / 250);
+        }
+        // 200 holds spread over the 20 quarter-seconds of the window.
+        assert_eq!(seen.len(), 20, "{seen:?}");
+        let d = Device::new(DeviceId::parse("d").unwrap(), OwnerId::parse("o").unwrap());
+        assert_eq!(jitter(&d, Timestamp(7), Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_short_hold_loses_at_most_a_fifth_to_the_jitter() {
+        let d = Device::new(DeviceId::parse("d").unwrap(), OwnerId::parse("o").unwrap());
+        let config = QueueConfig {
+            long_poll_hold: Duration::from_secs(2),
+            ..QueueConfig::default()
+        };
+        for n in 0..100 {
+            let hold = sync_hold_length(&config, &d, Timestamp(n * 37));
+            assert!(hold > Duration::from_millis(1_600) && hold <= Duration::from_secs(2));
+        }
+        let exact = QueueConfig {
+            long_poll_jitter: Duration::ZERO,
+            ..QueueConfig::default()
+        };
+        assert_eq!(
+            sync_hold_length(&exact, &d, Timestamp(5)),
+            Duration::from_secs(25)
+        );
     }
 
     #[test]

@@ -31,6 +31,23 @@ macro_rules! select_commands {
     };
 }
 
+/// Removes a device's shares to one project before a sync writes them
+/// anew. The index is named: SQLite's planner (without statistics) would
+/// otherwise walk the primary key's (owner, project) prefix, i.e. every
+/// share of the project, which with thousands of desktops in one project
+/// made each sync cost a scan of all of them.
+const DELETE_SHARES: &str = "DELETE FROM shared_sessions INDEXED BY shared_sessions_by_device
+     WHERE owner = ?1 AND project = ?2 AND device = ?3";
+
+/// The projects a device shares into (see [`Store::shared_projects`]).
+fn shared_projects_sql(limit: impl std::fmt::Display) -> String {
+    format!(
+        "SELECT DISTINCT project FROM shared_sessions INDEXED BY shared_sessions_by_device
+         WHERE owner = ?1 AND device = ?2
+         ORDER BY project LIMIT {limit}"
+    )
+}
+
 /// A durable [`Store`] in one SQLite file. See the crate docs for the design.
 ///
 /// Cheap to share behind an `Arc`; several stores (in one or several
@@ -396,9 +413,7 @@ impl Store for SqliteStore {
         self.db
             .write(move |conn| {
                 statements.add(1);
-                conn.prepare_cached(
-                    "DELETE FROM shared_sessions WHERE owner = ?1 AND project = ?2 AND device = ?3",
-                )?
+                conn.prepare_cached(DELETE_SHARES)?
                 .execute(params![owner.as_str(), project.as_str(), device.as_str()])?;
                 let mut insert = conn.prepare_cached(
                     "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
@@ -431,11 +446,7 @@ impl Store for SqliteStore {
         self.db
             .read(|conn| {
                 self.db.statements().add(1);
-                let mut stmt = conn.prepare_cached(&format!(
-                    "SELECT DISTINCT project FROM shared_sessions
-                     WHERE owner = ?1 AND device = ?2
-                     ORDER BY project LIMIT {limit}"
-                ))?;
+                let mut stmt = conn.prepare_cached(&shared_projects_sql(limit))?;
                 let mut rows = stmt.query(params![owner.as_str(), device.as_str()])?;
                 let mut projects = Vec::new();
                 while let Some(row) = rows.next()? {
@@ -889,6 +900,63 @@ fn store_error(e: DbError) -> StoreError {
     match e {
         DbError::Corrupt(m) => StoreError::Corrupt(m),
         other => StoreError::Backend(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod plans {
+    use super::*;
+
+    /// The query plan of `sql`, one line per step.
+    fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("prepare");
+        let params = vec![rusqlite::types::Value::Text("x".into()); stmt.parameter_count()];
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(params), |row| {
+                row.get::<_, String>(3)
+            })
+            .expect("query");
+        rows.map(|r| r.expect("row"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    }
+
+    /// The statements every sync runs search by all their key columns,
+    /// never by a prefix that spans an owner's or a project's rows (with
+    /// one owner and 10,000 desktops in one project, the planner's own
+    /// choice for the DELETE walked every share of the project per sync).
+    #[test]
+    fn per_sync_statements_search_by_every_key_column() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("plans.sqlite");
+        drop(SqliteStore::open(&path).expect("open"));
+        let conn = rusqlite::Connection::open(&path).expect("connect");
+        for (sql, wanted) in [
+            (
+                DELETE_SHARES.to_string(),
+                "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            ),
+            (
+                shared_projects_sql(101),
+                "shared_sessions_by_device (owner=? AND device=?)",
+            ),
+        ] {
+            let plan = plan(&conn, &sql);
+            assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
+            assert!(!plan.contains("SCAN"), "{sql}\n  -> {plan}");
+        }
+        // Without the named index the planner takes the primary key's
+        // prefix, which is what the names prevent.
+        let unnamed = plan(
+            &conn,
+            "DELETE FROM shared_sessions WHERE owner = ?1 AND project = ?2 AND device = ?3",
+        );
+        assert!(
+            unnamed.contains("PRIMARY KEY (owner=? AND project=?)"),
+            "{unnamed}"
+        );
     }
 }
 
