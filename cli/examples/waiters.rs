@@ -17,9 +17,11 @@
 //! 3. Once all N are parked on the queue's signals, the process's CPU time
 //!    (user + system, `/proc/self/stat`) is read across a 3 s window in which
 //!    nothing happens: the figure is what N waiting calls cost, beside the
-//!    same window measured before any call was opened (the floor). Each waiter
-//!    re-reads the store once a second ([`QueueConfig::wait_recheck`], for
-//!    changes made by another process on a shared store); nothing else runs.
+//!    same window measured before any call was opened (the floor). On SQLite
+//!    a waiter does not re-read the store on its own (the queue watches the
+//!    file for other processes' writes, see
+//!    [`Queue::external_writes_fed`](graph_relay_core::queue::Queue::external_writes_fed));
+//!    nothing else runs.
 //! 4. The relay side completes the N runs one after another, as fast as the
 //!    store allows. For each call: the delay from the moment its run's
 //!    completion was submitted to the queue to the moment the HTTP response
