@@ -6,50 +6,16 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::loadtest::{
+    check_latency, check_runs, check_server_process, run as loadtest, succeeded, text,
+};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
-
-fn loadtest(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .arg("loadtest")
-        .args(args)
-        .env("GRAPH_RELAY_LOG", "warn")
-        .output()
-        .expect("the binary runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// p50 ≤ p99 ≤ max, all finite and not negative, and `count` samples.
-fn check_latency(report: &Value, name: &str, count: u64) {
-    let l = &report["latency_ms"][name];
-    assert_eq!(l["count"].as_u64(), Some(count), "{name} count: {report}");
-    let figure = |f: &str| {
-        l[f].as_f64()
-            .unwrap_or_else(|| panic!("{name}.{f} is missing: {report}"))
-    };
-    let (p50, p99, max) = (figure("p50"), figure("p99"), figure("max"));
-    assert!(
-        p50.is_finite() && p50 >= 0.0 && p50 <= p99 && p99 <= max,
-        "{name}: p50 {p50} p99 {p99} max {max}"
-    );
-    if count > 0 {
-        assert!(
-            max > 0.0,
-            "{name}: {count} samples and a max of 0: {report}"
-        );
-    }
-}
 
 #[test]
 fn fifty_desktops_and_twenty_agents_complete_every_run_exactly_once() {
-    let out = loadtest(&[
+    let out = loadtest([
         "--desktops",
         "50",
         "--agents",
@@ -67,32 +33,14 @@ fn fifty_desktops_and_twenty_agents_complete_every_run_exactly_once() {
         "1",
         "--json",
     ]);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "loadtest failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        text(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON document");
 
     assert_eq!(report["errors"], serde_json::json!({}), "{report}");
     assert_eq!(report["connect"]["desktops_connected"], 50, "{report}");
     assert_eq!(report["config"]["mode"], "wait");
-    let runs = &report["runs"];
-    let count = |k: &str| {
-        runs[k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("runs.{k} is missing: {report}"))
-    };
     // 10 runs/s for 3 s; one in five cancelled.
-    assert_eq!(count("issued"), 30, "{report}");
-    assert_eq!(count("queued"), 30, "{report}");
-    assert_eq!(count("executed_once"), 30, "{report}");
-    assert_eq!(count("executed_twice"), 0, "{report}");
-    assert_eq!(count("never_executed"), 0, "{report}");
-    assert_eq!(count("cancelled"), 6, "{report}");
-    assert_eq!(count("completed"), 24, "{report}");
+    check_runs(&report, 30, 6);
 
     check_latency(&report, "pickup", 30);
     check_latency(&report, "cancel", 6);
@@ -100,18 +48,12 @@ fn fifty_desktops_and_twenty_agents_complete_every_run_exactly_once() {
 
     let server = &report["server"];
     assert!(server["pid"].as_u64().is_some(), "{report}");
-    let rss = server["rss_mib"].as_f64().expect("server RSS");
-    let peak = server["peak_rss_mib"].as_f64().expect("server peak RSS");
-    assert!(rss > 0.0 && rss <= peak, "RSS {rss} peak {peak}");
-    for cpu in ["idle_cpu_percent", "load_cpu_percent"] {
-        let v = server[cpu].as_f64().expect("server CPU");
-        assert!(v >= 0.0 && v.is_finite(), "{cpu} {v}");
-    }
+    check_server_process(server);
 }
 
 #[test]
 fn the_table_prints_every_figure_when_agents_poll() {
-    let out = loadtest(&[
+    let out = loadtest([
         "--desktops",
         "50",
         "--agents",
@@ -127,13 +69,7 @@ fn the_table_prints_every_figure_when_agents_poll() {
         "--idle-seconds",
         "0",
     ]);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "loadtest failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        text(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     assert!(
         stdout.contains("executed once 20  twice 0  never 0"),
         "{stdout}"
@@ -169,7 +105,7 @@ fn a_running_server_gets_the_harness_tokens_for_the_run_only() {
     let (server, url) = relay.serve("127.0.0.1:0", &["--memory", "--max-wait-seconds", "20"]);
     let config = relay.path("graph-relay.toml");
     let before = std::fs::read_to_string(&config).expect("config");
-    let out = loadtest(&[
+    let out = loadtest([
         "--server",
         &url,
         "--config",
@@ -187,13 +123,7 @@ fn a_running_server_gets_the_harness_tokens_for_the_run_only() {
         "0",
         "--json",
     ]);
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success(),
-        "loadtest failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        text(&out.stderr)
-    );
+    let stdout = succeeded(&out);
     let report: Value = serde_json::from_str(&stdout).expect("one JSON document");
     assert_eq!(report["errors"], serde_json::json!({}), "{report}");
     assert_eq!(report["runs"]["executed_once"], 10, "{report}");
@@ -220,21 +150,21 @@ fn a_running_server_gets_the_harness_tokens_for_the_run_only() {
 
 #[test]
 fn bounds_and_remote_servers_are_refused_before_anything_starts() {
-    let out = loadtest(&["--desktops", "20001"]);
+    let out = loadtest(["--desktops", "20001"]);
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("--desktops must be 1 to 20000"),
         "{}",
         text(&out.stderr)
     );
-    let out = loadtest(&["--rate", "5000"]);
+    let out = loadtest(["--rate", "5000"]);
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("--rate must be"),
         "{}",
         text(&out.stderr)
     );
-    let out = loadtest(&[
+    let out = loadtest([
         "--server",
         "http://192.0.2.1:8787",
         "--config",

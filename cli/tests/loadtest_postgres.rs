@@ -7,11 +7,14 @@
 //! Needs a Postgres server (`graph_relay_store_postgres::testing::url`);
 //! `GRAPH_RELAY_SKIP=postgres` lists it as ignored instead.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use common::loadtest::{check_latency, check_runs, check_server_process, run, succeeded};
 use graph_relay_store_postgres::testing::{TestSchema, url};
 use serde_json::Value;
 
@@ -75,66 +78,44 @@ fn two_postgres_servers_share_forty_desktops_and_every_run_completes_once() {
     let b = Server::start(dir.path(), &database, schema.name());
     let (pid_a, pid_b) = (a.child.id().to_string(), b.child.id().to_string());
     let config = dir.path().join("graph-relay.toml");
-    let out = Command::new(BIN)
-        .arg("loadtest")
-        .args(["--server", &a.url, "--server", &b.url, "--config"])
-        .arg(&config)
-        .args(["--server-pid", &pid_a, "--server-pid", &pid_b])
-        .args([
-            "--desktops",
-            "40",
-            "--agents",
-            "10",
-            "--rate",
-            "10",
-            "--duration",
-            "3",
-            "--run-seconds",
-            "0.1",
-            "--wait",
-            "--cancel-fraction",
-            "0.2",
-            "--idle-seconds",
-            "1",
-            "--json",
-        ])
-        .env("GRAPH_RELAY_LOG", "warn")
-        .output()
-        .expect("the binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "loadtest failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let config_arg = config.to_str().expect("utf-8 path");
+    let out = run([
+        "--server",
+        &a.url,
+        "--server",
+        &b.url,
+        "--config",
+        config_arg,
+        "--server-pid",
+        &pid_a,
+        "--server-pid",
+        &pid_b,
+        "--desktops",
+        "40",
+        "--agents",
+        "10",
+        "--rate",
+        "10",
+        "--duration",
+        "3",
+        "--run-seconds",
+        "0.1",
+        "--wait",
+        "--cancel-fraction",
+        "0.2",
+        "--idle-seconds",
+        "1",
+        "--json",
+    ]);
+    let stdout = succeeded(&out);
     let report: Value = serde_json::from_str(&stdout).expect("--json prints one JSON document");
 
     assert_eq!(report["errors"], serde_json::json!({}), "{report}");
     assert_eq!(report["connect"]["desktops_connected"], 40, "{report}");
-    let count = |k: &str| {
-        report["runs"][k]
-            .as_u64()
-            .unwrap_or_else(|| panic!("runs.{k} is missing: {report}"))
-    };
     // 10 runs/s for 3 s; one in five cancelled.
-    assert_eq!(count("issued"), 30, "{report}");
-    assert_eq!(count("queued"), 30, "{report}");
-    assert_eq!(count("executed_once"), 30, "{report}");
-    assert_eq!(count("executed_twice"), 0, "{report}");
-    assert_eq!(count("never_executed"), 0, "{report}");
-    assert_eq!(count("cancelled"), 6, "{report}");
-    assert_eq!(count("completed"), 24, "{report}");
+    check_runs(&report, 30, 6);
     for (name, n) in [("pickup", 30), ("cancel", 6), ("result", 24)] {
-        let l = &report["latency_ms"][name];
-        assert_eq!(l["count"].as_u64(), Some(n), "{name}: {report}");
-        let p50 = l["p50"].as_f64().expect("p50");
-        let p99 = l["p99"].as_f64().expect("p99");
-        let max = l["max"].as_f64().expect("max");
-        assert!(
-            0.0 <= p50 && p50 <= p99 && p99 <= max && max > 0.0,
-            "{name}: {report}"
-        );
+        check_latency(&report, name, n);
     }
 
     // Both servers' processes, in the order given.
@@ -146,13 +127,7 @@ fn two_postgres_servers_share_forty_desktops_and_every_run_completes_once() {
             server["pid"].as_u64().map(|p| p.to_string()).as_ref(),
             Some(pid)
         );
-        let rss = server["rss_mib"].as_f64().expect("RSS");
-        let peak = server["peak_rss_mib"].as_f64().expect("peak RSS");
-        assert!(rss > 0.0 && rss <= peak, "RSS {rss} peak {peak}");
-        for cpu in ["idle_cpu_percent", "load_cpu_percent"] {
-            let v = server[cpu].as_f64().expect("CPU");
-            assert!(v >= 0.0 && v.is_finite(), "{cpu} {v}");
-        }
+        check_server_process(server);
     }
     assert_eq!(report["server"], servers[0], "`server` is the first one");
 

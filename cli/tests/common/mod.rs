@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod loadtest;
 pub mod scrape;
 
 use std::io::{BufRead, BufReader};
