@@ -886,29 +886,42 @@ fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(
     Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Resolves on SIGINT or SIGTERM. On Unix the handlers are installed when
+/// this is called, not when the future is first polled: a signal that
+/// arrives in between (e.g. right after the worker printed that it runs)
+/// then stops the process gracefully instead of killing it.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let streams = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::interrupt()).ok(),
+            signal(SignalKind::terminate()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            async fn next(stream: Option<tokio::signal::unix::Signal>) {
+                match stream {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            let (int, term) = streams;
+            tokio::select! {
+                () = next(int) => {},
+                () = next(term) => {},
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        tracing::info!("shutdown requested; finishing requests in flight");
     }
-    tracing::info!("shutdown requested; finishing requests in flight");
 }
 
 /// Falls back to one agent for requests that carry no token at all.

@@ -334,6 +334,9 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
                 console.url()
             ));
         }
+        // Signal handlers first: a stop asked for once the line below is
+        // printed must find them.
+        let stop = crate::shutdown_signal();
         status(&format!(
             "worker: relaying {} for {} ({}; outbox {})",
             args.graphs.display(),
@@ -358,7 +361,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         }
         let mut reach = Reachability::default();
         driver
-            .run(crate::shutdown_signal(), |event| {
+            .run(stop, |event| {
                 if let Some(metrics) = &metrics {
                     metrics.observe(&event);
                 }
