@@ -55,6 +55,7 @@ pub mod executor;
 pub mod hold;
 pub mod ids;
 pub mod limits;
+mod live;
 pub mod mcp;
 pub mod outbox;
 pub mod principal;

@@ -550,6 +550,9 @@ pub struct Queue {
     progress: Arc<std::sync::Mutex<FastMap<CommandId, ProgressState>>>,
     /// The store's external-write marker as [`Queue::maintain`] last read it.
     marker: Arc<std::sync::Mutex<Option<u64>>>,
+    /// Open commands as this queue last wrote or read them: the first
+    /// guess of a transition's compare-and-swap (see [`crate::live`]).
+    live: Arc<crate::live::LiveRecords>,
 }
 
 /// The progress writes of one command by this queue.
@@ -602,6 +605,7 @@ impl Queue {
             synced: Arc::default(),
             progress: Arc::default(),
             marker: Arc::default(),
+            live: Arc::default(),
         }
     }
 
@@ -694,6 +698,7 @@ impl Queue {
         };
         match self.store.insert_command(&command, &key, now).await? {
             InsertOutcome::Inserted => {
+                self.live.put(&command);
                 self.signals.notify(&Topic::DeviceWork(
                     command.owner.clone(),
                     command.device.clone(),
@@ -1150,21 +1155,28 @@ impl Queue {
         Ok(written)
     }
 
-    /// Queued commands of `project` for `device`, without touching anything
+    /// Queued commands of `project` for `device`, without writing anything
     /// (a long-poll driver calls this while holding a sync).
     pub async fn queued_for(
         &self,
         device: &Device,
         project: &ProjectId,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        self.store
+        let queued = self
+            .store
             .queued_commands(
                 &device.owner,
                 project,
                 &device.id,
                 self.config.max_commands_per_sync,
             )
-            .await
+            .await?;
+        // The desktop starts them next: that transition can begin from
+        // these copies.
+        for command in &queued {
+            self.live.put(command);
+        }
+        Ok(queued)
     }
 
     /// The relay starts a command under the engine's execution id. Refused if
@@ -1545,56 +1557,84 @@ impl Queue {
         id: &CommandId,
         mut apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
+        // The first attempt starts from this queue's last copy, if it has
+        // one for this party: a write that succeeds proves the copy was
+        // current; any other outcome is judged again on a fresh read.
+        let mut guess = self.live.get(id, |record| party.owns(record));
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let mut record = match party {
-                Party::Agent(agent) => {
-                    self.store
-                        .command_for_agent(&agent.owner, &agent.id, id)
-                        .await
+            let from_copy = guess.is_some();
+            let mut record = match guess.take() {
+                Some(copy) => copy,
+                None => {
+                    let read = match party {
+                        Party::Agent(agent) => {
+                            self.store
+                                .command_for_agent(&agent.owner, &agent.id, id)
+                                .await
+                        }
+                        Party::Device(device) => {
+                            self.store
+                                .command_for_device(&device.owner, &device.id, id)
+                                .await
+                        }
+                        Party::Owner(owner) => self.store.command_for_owner(owner, id).await,
+                    }
+                    .map_err(TransitionError::Store)?;
+                    let Some(read) = read else {
+                        self.live.forget(id);
+                        return Err(TransitionError::NotFound);
+                    };
+                    read
                 }
-                Party::Device(device) => {
-                    self.store
-                        .command_for_device(&device.owner, &device.id, id)
-                        .await
-                }
-                Party::Owner(owner) => self.store.command_for_owner(owner, id).await,
-            }
-            .map_err(TransitionError::Store)?
-            .ok_or(TransitionError::NotFound)?;
+            };
             let now = self.clock.now();
+            let mut verified = !from_copy;
             if record.is_lapsed(now) && !matches!(party, Party::Agent(_)) {
                 // Every report from a desktop finds a lapsed run closed
                 // first: the close is written, then the report is judged
                 // against the closed run (a late result is refused).
                 let mut closed = record.clone();
                 closed.lapse_in_place(now);
-                if !self
-                    .store
-                    .update_command(&closed)
-                    .await
-                    .map_err(TransitionError::Store)?
-                {
+                if !self.write(&closed).await.map_err(TransitionError::Store)? {
                     continue;
                 }
-                self.signals.notify(&Topic::Command(closed.id));
                 record = closed;
+                verified = true;
             }
-            if !apply(&mut record, now).map_err(TransitionError::Refused)? {
-                return Ok(record);
+            match apply(&mut record, now) {
+                // A copy's refusal or "nothing to do" may be out of date.
+                Err(_) | Ok(false) if !verified => {
+                    self.live.forget(id);
+                    continue;
+                }
+                Err(refusal) => return Err(TransitionError::Refused(refusal)),
+                Ok(false) => {
+                    self.live.put(&record);
+                    return Ok(record);
+                }
+                Ok(true) => {}
             }
-            if self
-                .store
-                .update_command(&record)
-                .await
-                .map_err(TransitionError::Store)?
-            {
-                self.signals.notify(&Topic::Command(record.id));
+            if self.write(&record).await.map_err(TransitionError::Store)? {
                 return Ok(record);
             }
         }
         Err(TransitionError::Store(StoreError::Backend(format!(
             "command update lost {MAX_CAS_ATTEMPTS} races in a row"
         ))))
+    }
+
+    /// [`Store::update_command`]; on success whoever waits on the command
+    /// is woken and the record becomes this queue's copy, on a lost race
+    /// the copy is dropped.
+    async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
+        let written = self.store.update_command(record).await?;
+        if written {
+            self.live.put(record);
+            self.signals.notify(&Topic::Command(record.id));
+        } else {
+            self.live.forget(&record.id);
+        }
+        Ok(written)
     }
 
     async fn view(&self, command: CommandRecord, now: Timestamp) -> Result<RunView, StoreError> {
@@ -1675,6 +1715,18 @@ enum Party<'a> {
     Agent(&'a Agent),
     Device(&'a Device),
     Owner(&'a crate::ids::OwnerId),
+}
+
+impl Party<'_> {
+    /// Whether `record` is one this party may see (the store's look-up by
+    /// the same keys would find it).
+    fn owns(&self, record: &CommandRecord) -> bool {
+        match self {
+            Party::Agent(agent) => record.owner == agent.owner && record.agent == agent.id,
+            Party::Device(device) => record.owner == device.owner && record.device == device.id,
+            Party::Owner(owner) => record.owner == **owner,
+        }
+    }
 }
 
 enum TransitionError<E> {

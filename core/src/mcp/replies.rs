@@ -171,6 +171,8 @@ fn set(f: &Fixture, id: CommandId, edit: impl FnOnce(&mut CommandRecord)) {
     let mut commands = f.store.commands.lock().unwrap();
     let command = commands.get_mut(&id).expect("a stored command");
     edit(command);
+    // As every write does: a queue's copy of the command is out of date now.
+    command.revision += 1;
 }
 
 fn started(c: &mut CommandRecord) {

@@ -52,7 +52,7 @@ macro_rules! store_conformance_suite {
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
-            restart_and_unsharing, progress, store_edges);
+            restart_and_unsharing, progress, store_edges, queues_sharing_a_store);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
@@ -471,6 +471,148 @@ impl World {
             self.clock.now(),
         )
     }
+}
+
+/// Two queues on one store (two servers, or a server and a maintenance
+/// task): each keeps its own copies of the commands it wrote, and a copy
+/// that another queue's write made stale never decides an answer. A
+/// transition that starts from a stale copy loses its compare-and-swap or
+/// is judged again on a fresh read, and a copy is never used for another
+/// party.
+pub async fn queues_sharing_a_store(store: Arc<dyn Store>) {
+    let a = World::new(store.clone());
+    let b = Queue::new(
+        store,
+        a.clock.clone(),
+        Arc::new(SeededIds::new(2)),
+        QueueConfig::default(),
+    );
+    a.sync(&a.device, p1(), &[1]).await;
+
+    // A queued it (its copy says queued); B cancelled it: A's desktop must
+    // not start it.
+    let cancelled = a.run(&a.agent, 1, "shared-store-1").await;
+    b.cancel_graph_run(&a.agent, &cancelled.id)
+        .await
+        .expect("cancel through the other queue");
+    assert!(
+        matches!(
+            a.queue.start(&a.device, &cancelled.id, &exec("e1")).await,
+            Err(StartError::Refused(StartRefused::Finished(_)))
+        ),
+        "a run cancelled through another queue never starts"
+    );
+
+    // A queued it; B started it: A takes its result (its copy, still
+    // queued, would refuse a result; the store's record takes it).
+    let started_elsewhere = a.run(&a.agent, 1, "shared-store-2").await;
+    b.start(&a.device, &started_elsewhere.id, &exec("e2"))
+        .await
+        .expect("start through the other queue");
+    let ack = a
+        .queue
+        .complete(&a.device, &started_elsewhere.id, &completed("e2", json!(2)))
+        .await
+        .expect("a result for a run started through the other queue");
+    assert!(matches!(ack, CompleteAck::Recorded(_)), "{ack:?}");
+    assert_eq!(ack.record().status, CommandStatus::Completed);
+
+    // A started it (its copy says running); B recorded the result: the
+    // same result through A is a duplicate, a different one is refused.
+    let finished_elsewhere = a.run(&a.agent, 1, "shared-store-3").await;
+    a.queue
+        .start(&a.device, &finished_elsewhere.id, &exec("e3"))
+        .await
+        .expect("start");
+    let result = completed("e3", json!(3));
+    b.complete(&a.device, &finished_elsewhere.id, &result)
+        .await
+        .expect("result through the other queue");
+    let again = a
+        .queue
+        .complete(&a.device, &finished_elsewhere.id, &result)
+        .await
+        .expect("the same result again");
+    assert!(matches!(again, CompleteAck::Duplicate(_)), "{again:?}");
+    assert!(matches!(
+        a.queue
+            .complete(
+                &a.device,
+                &finished_elsewhere.id,
+                &completed("e3", json!("other"))
+            )
+            .await,
+        Err(CompleteError::Refused(_))
+    ));
+    let read = a
+        .queue
+        .get_graph_run(&a.agent, &finished_elsewhere.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(read.completion, Some(result));
+
+    // A's copy of Alice's run is not Bob's: his desktop of the same name,
+    // his agent of the same name, and Alice's other agent find nothing.
+    let alices = a.run(&a.agent, 1, "shared-store-4").await;
+    assert!(matches!(
+        a.queue.start(&a.twin_device, &alices.id, &exec("e4")).await,
+        Err(StartError::NotFound)
+    ));
+    assert!(matches!(
+        a.queue.cancel_graph_run(&a.twin, &alices.id).await,
+        Err(CancelError::NotFound)
+    ));
+    assert!(matches!(
+        a.queue.cancel_graph_run(&a.other_agent, &alices.id).await,
+        Err(CancelError::NotFound)
+    ));
+    let untouched = a
+        .queue
+        .get_graph_run(&a.agent, &alices.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(untouched.status, CommandStatus::Queued);
+    assert_eq!(untouched.revision, alices.revision);
+
+    // A started it; B's desktop-side control saw a lapsed lease and closed
+    // it: A's control renews nothing and reports the closed run.
+    let lapsing = a.run(&a.agent, 1, "shared-store-5").await;
+    a.queue
+        .start(&a.device, &lapsing.id, &exec("e5"))
+        .await
+        .expect("start");
+    a.advance(10 * 60);
+    b.control(&a.device, &lapsing.id)
+        .await
+        .expect("control through B");
+    let closed = a
+        .queue
+        .get_graph_run(&a.agent, &lapsing.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(
+        closed.status,
+        CommandStatus::Failed,
+        "the lapsed lease closed it"
+    );
+    let answer = a
+        .queue
+        .control(&a.device, &lapsing.id)
+        .await
+        .expect("control through A");
+    let after = a
+        .queue
+        .get_graph_run(&a.agent, &lapsing.id)
+        .await
+        .expect("get")
+        .command;
+    assert_eq!(
+        after.revision, closed.revision,
+        "nothing renewed: {answer:?}"
+    );
 }
 
 /// The queue refuses transitions from the wrong prior state and changes nothing.
