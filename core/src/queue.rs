@@ -543,6 +543,9 @@ pub struct Queue {
     signals: Arc<Signals>,
     /// Per device id: its owner and when this queue last wrote its liveness.
     touched: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, (crate::ids::OwnerId, Timestamp)>>>,
+    /// Per device id: its liveness as this queue last read it, and when
+    /// (see [`Queue::device_record`]).
+    devices: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, (DeviceRecord, Timestamp)>>>,
     /// Per device id: the syncs this queue last wrote, one per (owner, project).
     synced: Arc<std::sync::Mutex<FastMap<crate::ids::DeviceId, Vec<SyncWritten>>>>,
     /// Per running command: when this queue last wrote its progress, and
@@ -602,6 +605,7 @@ impl Queue {
             config,
             signals: Arc::new(Signals::new()),
             touched: Arc::default(),
+            devices: Arc::default(),
             synced: Arc::default(),
             progress: Arc::default(),
             marker: Arc::default(),
@@ -1057,6 +1061,13 @@ impl Queue {
                     now,
                 )
                 .await?;
+            self.device_contacted(
+                device,
+                DeviceContact::Sync {
+                    long_poll: request.long_poll,
+                },
+                now,
+            );
             self.remember_sync(device, request, now);
         }
         if request.restarted {
@@ -1189,8 +1200,7 @@ impl Queue {
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
         let long_poll = self
-            .store
-            .device(&device.owner, &device.id)
+            .device_record(&device.owner, &device.id)
             .await?
             .is_some_and(|d| d.long_poll);
         let lease = self.config.lease(long_poll);
@@ -1499,7 +1509,54 @@ impl Queue {
         }
         self.store
             .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
-            .await
+            .await?;
+        self.device_contacted(device, DeviceContact::Other, now);
+        Ok(())
+    }
+
+    /// The liveness of `device` of `owner`: as this queue read it less than
+    /// [`QueueConfig::touch_interval`] ago, or else from the store. Liveness
+    /// is written at most once per that interval anyway (the touch
+    /// throttle), so the copy is as fresh as the store; this queue's own
+    /// writes of the device change the copy as they change the store. A desktop that takes up a run moments
+    /// after it was queued costs one read of its liveness, not two (the
+    /// ticket's pickup hint, then the lease of `start`).
+    async fn device_record(
+        &self,
+        owner: &crate::ids::OwnerId,
+        device: &crate::ids::DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        let now = self.clock.now();
+        {
+            let devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((record, read_at)) = devices.get(device)
+                && record.owner == *owner
+                && *read_at <= now
+                && now.since(*read_at) < self.config.touch_interval
+            {
+                return Ok(Some(record.clone()));
+            }
+        }
+        let record = self.store.device(owner, device).await?;
+        if let Some(record) = &record {
+            let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+            if devices.len() >= MAX_TOUCH_CACHE {
+                devices.clear();
+            }
+            devices.insert(device.clone(), (record.clone(), now));
+        }
+        Ok(record)
+    }
+
+    /// This queue just wrote `contact` of `device` at `now`: its copy of
+    /// the device's liveness, if it has one, takes the same change.
+    fn device_contacted(&self, device: &Device, contact: DeviceContact, now: Timestamp) {
+        let mut devices = self.devices.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((record, _)) = devices.get_mut(&device.id)
+            && record.owner == device.owner
+        {
+            record.record_contact(contact, now);
+        }
     }
 
     /// Whether this queue wrote exactly this sync (same sessions, same mode)
@@ -1665,7 +1722,7 @@ impl Queue {
         command: &CommandRecord,
         now: Timestamp,
     ) -> Result<(u64, Option<Timestamp>), StoreError> {
-        let device = self.store.device(&command.owner, &command.device).await?;
+        let device = self.device_record(&command.owner, &command.device).await?;
         Ok(pickup_hint(
             &self.config,
             device.as_ref(),

@@ -76,6 +76,18 @@ pub struct DeviceRecord {
     pub long_poll: bool,
 }
 
+impl DeviceRecord {
+    /// What [`Store::touch_device`] makes of this record: `contact` at
+    /// `now` (times never move back; a sync also sets the mode).
+    pub fn record_contact(&mut self, contact: DeviceContact, now: Timestamp) {
+        self.last_seen_at = self.last_seen_at.max(now);
+        if let DeviceContact::Sync { long_poll } = contact {
+            self.last_sync_at = Some(self.last_sync_at.map_or(now, |t| t.max(now)));
+            self.long_poll = long_poll;
+        }
+    }
+}
+
 /// How a device was just seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceContact {

@@ -492,15 +492,8 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<(), StoreError> {
         let mut inner = self.lock();
-        let seen = |record: &mut DeviceRecord| {
-            record.last_seen_at = record.last_seen_at.max(now);
-            if let DeviceContact::Sync { long_poll } = contact {
-                record.last_sync_at = Some(record.last_sync_at.map_or(now, |t| t.max(now)));
-                record.long_poll = long_poll;
-            }
-        };
         match inner.devices.get_mut(&Parts((owner, device))) {
-            Some(record) => seen(record),
+            Some(record) => record.record_contact(contact, now),
             None => {
                 let mut record = DeviceRecord {
                     device: device.clone(),
@@ -509,7 +502,7 @@ impl Store for MemoryStore {
                     last_seen_at: now,
                     long_poll: false,
                 };
-                seen(&mut record);
+                record.record_contact(contact, now);
                 inner
                     .devices
                     .insert((owner.clone(), device.clone()), record);

@@ -613,6 +613,33 @@ pub async fn queues_sharing_a_store(store: Arc<dyn Store>) {
         after.revision, closed.revision,
         "nothing renewed: {answer:?}"
     );
+
+    // A's copy of a desktop's liveness is at most the touch interval old:
+    // the desktop turned to long-poll through B, and A's next start after
+    // that interval grants the long-poll lease.
+    a.advance(60);
+    let queued = a.run(&a.agent, 1, "shared-store-6").await;
+    let long_poll = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    };
+    b.sync(&a.device, &long_poll).await.expect("sync through B");
+    a.advance(2);
+    let started = a
+        .queue
+        .start(&a.device, &queued.id, &exec("e6"))
+        .await
+        .expect("start");
+    let config = QueueConfig::default();
+    assert_eq!(
+        started.lease_expires_at,
+        Some(a.clock.now().plus(config.lease(true))),
+        "the lease of a long-polling desktop"
+    );
+    assert_ne!(config.lease(true), config.lease(false));
 }
 
 /// The queue refuses transitions from the wrong prior state and changes nothing.
