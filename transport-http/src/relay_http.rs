@@ -64,6 +64,12 @@ pub struct HttpRelayConfig {
     pub held_timeout: Duration,
     /// Connect timeout (5 s).
     pub connect_timeout: Duration,
+    /// How long a connection may sit unused before it is closed
+    /// ([`POOL_IDLE_TIMEOUT`]).
+    pub pool_idle_timeout: Duration,
+    /// Most unused connections kept open for the next request
+    /// ([`POOL_MAX_IDLE`]); a connection freed beyond that is closed.
+    pub pool_max_idle: usize,
 }
 
 impl HttpRelayConfig {
@@ -75,6 +81,8 @@ impl HttpRelayConfig {
             request_timeout: Duration::from_secs(15),
             held_timeout: Duration::from_secs(40),
             connect_timeout: Duration::from_secs(5),
+            pool_idle_timeout: POOL_IDLE_TIMEOUT,
+            pool_max_idle: POOL_MAX_IDLE,
         }
     }
 }
@@ -115,8 +123,8 @@ impl HttpRelayTransport {
         }
         let client = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(POOL_MAX_IDLE)
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle)
             .user_agent(concat!("graph-relay/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { client, config })
