@@ -201,7 +201,8 @@ impl Store for SqliteStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        let mut row = Encoding::new(command.clone());
+        let row = CommandRow::encode(command.clone()).map_err(store_error)?;
+        let entry = Arc::clone(&row.entry);
         let key = key.clone();
         let key_command = id_text(&key.command);
         let now = millis(now)?;
@@ -243,16 +244,15 @@ impl Store for SqliteStore {
                                 key.key.as_str()
                             ))
                         })?;
-                    return Ok((InsertOutcome::KeyTaken(existing), None));
+                    return Ok((InsertOutcome::KeyTaken(existing), false));
                 }
-                let row = row.row()?;
                 row.insert(conn, &statements)?;
-                Ok((InsertOutcome::Inserted, Some(Arc::clone(&row.entry))))
+                Ok((InsertOutcome::Inserted, true))
             })
             .await
             .map_err(store_error)?;
-        let (outcome, entry) = outcome;
-        if let Some(entry) = entry {
+        let (outcome, inserted) = outcome;
+        if inserted {
             self.records.put(command.id, entry);
         }
         Ok(outcome)
@@ -329,9 +329,10 @@ impl Store for SqliteStore {
             return Ok(false);
         };
         let previous = revision(previous)?;
-        let mut row = Encoding::new(next.clone());
+        let row = CommandRow::encode(next.clone()).map_err(store_error)?;
+        let entry = Arc::clone(&row.entry);
         let statements = Arc::clone(self.db.statements());
-        let (changed, entry) = self
+        let changed = self
             .db
             .write(move |conn| {
                 // One conditional statement: the compare-and-swap on the
@@ -339,7 +340,6 @@ impl Store for SqliteStore {
                 // id, agent, owner, project, device, key and creation time of
                 // a command never change (and are checked against the record
                 // at every read).
-                let row = row.row()?;
                 statements.add(1);
                 let changed = conn
                     .prepare_cached(
@@ -356,7 +356,7 @@ impl Store for SqliteStore {
                         previous,
                         row.lease_expires_at
                     ])?;
-                Ok((changed == 1, Arc::clone(&row.entry)))
+                Ok(changed == 1)
             })
             .await
             .map_err(store_error)?;
@@ -739,46 +739,6 @@ impl CommandRow {
     }
 }
 
-/// A command a write job stores, encoded ([`CommandRow::encode`]) by the
-/// job itself, on the writer thread, the first time it runs.
-///
-/// Encoding the JSON is most of the CPU a write costs its caller. Under
-/// load the callers' threads are the busy ones (they run every read, the
-/// queue's logic and the answers), while the writer waits for jobs between
-/// groups: moving the encoding there balances the two. A job run a second
-/// time (its group is retried) reuses the first encoding, or its error.
-enum Encoding {
-    /// Not encoded yet (boxed: a record is ten times the size of a row).
-    Pending(Box<CommandRecord>),
-    /// Encoded.
-    Row(CommandRow),
-    /// The encoding failed with this error.
-    Failed(DbError),
-}
-
-impl Encoding {
-    fn new(record: CommandRecord) -> Self {
-        Self::Pending(Box::new(record))
-    }
-
-    /// The row, encoded now if not yet.
-    fn row(&mut self) -> Result<&CommandRow, DbError> {
-        *self = match std::mem::replace(self, Self::Failed(DbError::Stopped)) {
-            Self::Pending(record) => match CommandRow::encode(*record) {
-                Ok(row) => Self::Row(row),
-                Err(e) => Self::Failed(e),
-            },
-            done => done,
-        };
-        match self {
-            Self::Row(row) => Ok(row),
-            Self::Failed(e) => Err(e.clone()),
-            // Replaced just above.
-            Self::Pending(_) => Err(DbError::Stopped),
-        }
-    }
-}
-
 /// The record of one row selected with [`select_commands!`].
 ///
 /// The record is the JSON column, taken from `cache` if it holds exactly
@@ -970,28 +930,32 @@ mod tests {
     }
 
     #[test]
-    fn a_job_run_again_reuses_the_first_encoding() {
+    fn a_row_holds_the_record_and_its_json() {
         let record = record();
-        let mut encoding = Encoding::new(record.clone());
-        let first = Arc::clone(&encoding.row().expect("encodes").entry);
-        let again = Arc::clone(&encoding.row().expect("still encoded").entry);
-        assert!(Arc::ptr_eq(&first, &again), "encoded once");
-        assert_eq!(first.record, record);
-        let decoded: CommandRecord = serde_json::from_str(&first.json).expect("valid JSON");
+        let row = CommandRow::encode(record.clone()).expect("encodes");
+        assert_eq!(row.entry.record, record);
+        let decoded: CommandRecord = serde_json::from_str(&row.entry.json).expect("valid JSON");
         assert_eq!(decoded, record);
     }
 
     #[test]
-    fn a_failed_encoding_fails_every_run_with_its_error() {
+    fn a_record_that_cannot_be_encoded_is_refused_before_any_write() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(dir.path().join("encode.sqlite")).expect("open");
         let mut record = record();
         record.created_at = Timestamp(u64::MAX);
-        let mut encoding = Encoding::new(record);
-        for _ in 0..2 {
-            match encoding.row() {
-                Err(DbError::Encode(message)) => assert!(message.contains("out of range")),
-                Err(other) => panic!("wrong error: {other}"),
-                Ok(_) => panic!("a timestamp past i64 milliseconds encoded"),
-            }
+        match CommandRow::encode(record.clone()) {
+            Err(DbError::Encode(message)) => assert!(message.contains("out of range")),
+            Err(other) => panic!("wrong error: {other}"),
+            Ok(_) => panic!("a timestamp past i64 milliseconds encoded"),
         }
+        let before = store.statements_executed();
+        record.revision = 1;
+        assert!(futures::executor::block_on(store.update_command(&record)).is_err());
+        assert_eq!(
+            store.statements_executed(),
+            before,
+            "nothing reached the writer"
+        );
     }
 }
