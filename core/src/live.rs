@@ -29,10 +29,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::command::CommandRecord;
 use crate::ids::CommandId;
 
-/// Most records in one generation (the arguments of a run are at most
-/// [`MAX_ARGUMENTS_BYTES`](crate::limits::MAX_ARGUMENTS_BYTES) of JSON, so
-/// the cache holds at most a few tens of MiB even when every run carries
-/// the largest arguments allowed).
+/// Most records in one generation. A record of an open command is small
+/// (no result yet) but for its arguments, at most
+/// [`MAX_ARGUMENTS_BYTES`](crate::limits::MAX_ARGUMENTS_BYTES) of JSON and
+/// shared with every other copy of the record, so the cache's worst case
+/// is 512 runs that all carry the largest arguments allowed.
 pub(crate) const GENERATION: usize = 256;
 
 type Map = std::collections::HashMap<CommandId, CommandRecord, foldhash::fast::RandomState>;
