@@ -584,7 +584,7 @@ impl Store for PostgresStore {
             .collect();
         let metas = encode_metas(sessions)?;
         let lock_key = format!("{owner}/{project}/{device}");
-        let mut client = self.client().await?;
+        let client = self.client().await?;
         let delete = client
             .prepare_cached(
                 "DELETE FROM shared_sessions WHERE owner = $1 AND project = $2 AND device = $3",
@@ -605,26 +605,29 @@ impl Store for PostgresStore {
             )
             .await
             .map_err(backend)?;
-        self.sent(1);
-        let tx = client.transaction().await.map_err(backend)?;
         // Two syncs of one device and project at once take turns, so the
         // second's delete sees the first's rows (no duplicate-key failure).
         // The commit does not wait for the WAL flush (see the crate docs).
-        // The three statements are pipelined: sent together, run in order.
+        // The whole transaction is pipelined, one round trip: BEGIN, the
+        // three statements and COMMIT are sent together and run in order.
+        // If one of them fails, the ones after it fail too and COMMIT rolls
+        // back; nothing is left open on the connection, even when this
+        // future is dropped half-way (everything was sent at its first poll).
         let (o, p, d) = (owner.as_str(), project.as_str(), device.as_str());
         let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_key];
         let delete_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&o, &p, &d];
         let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&o, &p, &d, &now, &ids, &metas];
-        self.sent(3);
+        self.sent(5);
         futures::try_join!(
-            tx.execute(&lock, &lock_params),
-            tx.execute(&delete, &delete_params),
-            tx.execute(&insert, &insert_params),
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &lock_params),
+            client.execute(&delete, &delete_params),
+            client.execute(&insert, &insert_params),
+            client.batch_execute("COMMIT"),
         )
         .map_err(backend)?;
-        self.sent(1);
-        tx.commit().await.map_err(backend)
+        Ok(())
     }
 
     async fn record_sync(
