@@ -77,6 +77,24 @@ struct StoreArgs {
     /// connection's search_path.
     #[arg(long, value_name = "SCHEMA", requires = "postgres")]
     postgres_schema: Option<String>,
+    /// Most connections this process keeps to Postgres for its requests,
+    /// 1 to 1000 (default 16); the wake-up listener has one more. Every
+    /// server's pool counts against the database's `max_connections`.
+    #[arg(long, value_name = "N", requires = "postgres", value_parser = postgres_pool_size)]
+    postgres_pool: Option<usize>,
+}
+
+/// Most connections `--postgres-pool` accepts.
+const MAX_POSTGRES_POOL: usize = 1000;
+
+/// `--postgres-pool`: a whole number of connections, 1 to [`MAX_POSTGRES_POOL`].
+fn postgres_pool_size(value: &str) -> Result<usize, String> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_POSTGRES_POOL).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "expected a number of connections from 1 to {MAX_POSTGRES_POOL}, got `{value}`"
+        )),
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -436,9 +454,11 @@ fn open_postgres(
     let Some(url) = &args.postgres else {
         return Ok(None);
     };
+    let defaults = graph_relay_store_postgres::PostgresOptions::default();
     let options = graph_relay_store_postgres::PostgresOptions {
         schema: args.postgres_schema.clone(),
-        ..Default::default()
+        pool_size: args.postgres_pool.unwrap_or(defaults.pool_size),
+        ..defaults
     };
     runtime
         .block_on(graph_relay_store_postgres::PostgresStore::connect(

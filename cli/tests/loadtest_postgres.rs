@@ -32,6 +32,7 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(dir.join("graph-relay.toml"))
             .args(["--postgres", database, "--postgres-schema", schema])
+            .args(["--postgres-pool", "4"])
             .args(["--max-wait-seconds", "20"])
             .env("GRAPH_RELAY_LOG", "info")
             .stdin(Stdio::null())
@@ -134,4 +135,30 @@ fn two_postgres_servers_share_forty_desktops_and_every_run_completes_once() {
     // The harness took its tokens out of the shared file again.
     let left = std::fs::read_to_string(&config).expect("config");
     assert!(!left.contains("loadtest-"), "{left}");
+}
+
+/// `--postgres-pool` is checked before anything connects: out of range or
+/// not a number, `serve` exits with a message naming the option and the range.
+#[test]
+fn serve_refuses_a_postgres_pool_out_of_range() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for bad in ["0", "1001", "many"] {
+        let out = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(dir.path().join("graph-relay.toml"))
+            // Nothing listens there: a pool that passed the check would fail later, on connecting.
+            .args(["--postgres", "postgres://nobody@127.0.0.1:1/none"])
+            .args(["--postgres-pool", bad])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run serve");
+        assert!(!out.status.success(), "--postgres-pool {bad} accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--postgres-pool")
+                && stderr.contains("from 1 to 1000")
+                && !stderr.contains("cannot connect"),
+            "--postgres-pool {bad}: {stderr}"
+        );
+    }
 }

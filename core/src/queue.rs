@@ -1043,21 +1043,12 @@ impl Queue {
                 self.check_project_bound(device, &request.project).await?;
             }
             self.store
-                .replace_shared_sessions(
+                .record_sync(
                     &device.owner,
                     &request.project,
                     &device.id,
                     &request.sessions,
-                    now,
-                )
-                .await?;
-            self.store
-                .touch_device(
-                    &device.owner,
-                    &device.id,
-                    DeviceContact::Sync {
-                        long_poll: request.long_poll,
-                    },
+                    request.long_poll,
                     now,
                 )
                 .await?;

@@ -259,6 +259,35 @@ pub trait Store: Send + Sync {
         now: Timestamp,
     ) -> Result<(), StoreError>;
 
+    /// Records a sync of `device` of `owner` at `now`: afterwards the store
+    /// is as if [`Store::replace_shared_sessions`] had replaced its sessions
+    /// shared to (owner, project) with `sessions` and then
+    /// [`Store::touch_device`] had recorded the contact
+    /// [`DeviceContact::Sync`] with `long_poll`, both at `now`. This is what
+    /// [`Queue::sync`](crate::queue::Queue::sync) writes.
+    ///
+    /// The default calls those two methods. A store where each call is a
+    /// round trip should override it: most syncs repeat what the device
+    /// shared last time (a long-polling desktop re-syncs after every hold),
+    /// and such a sync only needs the stamps moved, which one statement can
+    /// do after comparing `sessions` with what is stored. What is stored
+    /// is the reference, not what this process wrote last: another process
+    /// on the same store may have written this device's sessions since.
+    async fn record_sync(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.replace_shared_sessions(owner, project, device, sessions, now)
+            .await?;
+        self.touch_device(owner, device, DeviceContact::Sync { long_poll }, now)
+            .await
+    }
+
     /// The projects of `owner` that `device` currently shares at least one
     /// session to, in ascending order; at most `limit`.
     async fn shared_projects(

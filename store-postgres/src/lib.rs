@@ -40,6 +40,30 @@
 //! time the listener starts listening again it wakes every held request
 //! once (`Signals::wake_all`), so that what was written while it was away
 //! is seen. A delivered notification wakes the waiter within a round trip.
+//!
+//! ## A sync is one statement
+//! A long-polling desktop syncs again after every held request, nearly
+//! always with the sessions it shared last time. [`PostgresStore`]'s
+//! [`record_sync`](graph_relay_core::Store::record_sync) compares them with
+//! the stored rows (not with what this process wrote last: the desktop may
+//! have synced through another server since) and, when they are the same,
+//! moves their stamps and records the device's contact in the same
+//! statement. Only a sync that changes them takes the per-device advisory
+//! lock and replaces them in a transaction.
+//!
+//! ## Syncs commit without waiting for the disk
+//! The writes of a sync (shared sessions and the device's contact) commit
+//! with `synchronous_commit` off for their own transaction, so they do not
+//! wait for the WAL flush. With thousands of desktops every re-sync is a
+//! commit; waiting for the flush behind every other commit kept the pool's
+//! connections busy and queued every other request behind them. The risk
+//! is bounded: if the database server itself crashes, the last fraction of
+//! a second of these commits may be lost (whole, never in part, and never
+//! one that a later synchronous commit depends on: the WAL is flushed in
+//! order, so queuing or starting a run on a share also makes the share
+//! durable). Every sync writes that state again, compared with what is
+//! stored, so the next sync of each desktop restores it. Commands,
+//! idempotency keys and every other write keep the database's setting.
 
 mod schema;
 mod signal_bridge;

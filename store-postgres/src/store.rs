@@ -582,13 +582,9 @@ impl Store for PostgresStore {
             .iter()
             .map(|s| s.graph_session_id.as_str())
             .collect();
-        let metas = sessions
-            .iter()
-            .map(serde_json::to_string)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| StoreError::Backend(format!("encoding session metadata: {e}")))?;
+        let metas = encode_metas(sessions)?;
         let lock_key = format!("{owner}/{project}/{device}");
-        let mut client = self.client().await?;
+        let client = self.client().await?;
         let delete = client
             .prepare_cached(
                 "DELETE FROM shared_sessions WHERE owner = $1 AND project = $2 AND device = $3",
@@ -603,28 +599,117 @@ impl Store for PostgresStore {
             .await
             .map_err(backend)?;
         let lock = client
-            .prepare_cached("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .prepare_cached(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0)),
+                        set_config('synchronous_commit', 'off', true)",
+            )
             .await
             .map_err(backend)?;
-        self.sent(1);
-        let tx = client.transaction().await.map_err(backend)?;
         // Two syncs of one device and project at once take turns, so the
         // second's delete sees the first's rows (no duplicate-key failure).
-        // The three statements are pipelined: sent together, run in order.
+        // The commit does not wait for the WAL flush (see the crate docs).
+        // The whole transaction is pipelined, one round trip: BEGIN, the
+        // three statements and COMMIT are sent together and run in order.
+        // If one of them fails, the ones after it fail too and COMMIT rolls
+        // back; nothing is left open on the connection, even when this
+        // future is dropped half-way (everything was sent at its first poll).
         let (o, p, d) = (owner.as_str(), project.as_str(), device.as_str());
         let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_key];
         let delete_params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&o, &p, &d];
         let insert_params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
             [&o, &p, &d, &now, &ids, &metas];
-        self.sent(3);
+        self.sent(5);
         futures::try_join!(
-            tx.execute(&lock, &lock_params),
-            tx.execute(&delete, &delete_params),
-            tx.execute(&insert, &insert_params),
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &lock_params),
+            client.execute(&delete, &delete_params),
+            client.execute(&insert, &insert_params),
+            client.batch_execute("COMMIT"),
         )
         .map_err(backend)?;
-        self.sent(1);
-        tx.commit().await.map_err(backend)
+        Ok(())
+    }
+
+    async fn record_sync(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let stamp = millis(now)?;
+        let ids: Vec<&str> = sessions
+            .iter()
+            .map(|s| s.graph_session_id.as_str())
+            .collect();
+        let metas = encode_metas(sessions)?;
+        // One statement, one round trip and one commit for a sync that
+        // repeats what is stored (a long-poll re-sync): it compares the
+        // sessions with the stored ones, moves their stamps when they are
+        // the same, and records the contact as `touch_device` does. Only
+        // when they differ does the locked replacement follow. Comparing
+        // with the stored rows, not with what this process wrote last,
+        // catches a change written meanwhile through another server.
+        //
+        // Its commit does not wait for the WAL flush (`synchronous_commit`
+        // off for this transaction only; see "Syncs commit without waiting
+        // for the disk" in the crate docs).
+        let unchanged = {
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(
+                    "WITH given AS (
+                        SELECT s.id, s.meta FROM unnest($4::text[], $5::text[]) AS s(id, meta)
+                    ), stored AS (
+                        SELECT graph_session_id AS id, meta FROM shared_sessions
+                        WHERE owner = $1 AND project = $2 AND device = $3
+                    ), verdict AS (
+                        SELECT NOT EXISTS (SELECT id, meta FROM given EXCEPT SELECT id, meta FROM stored)
+                           AND NOT EXISTS (SELECT id, meta FROM stored EXCEPT SELECT id, meta FROM given)
+                           AS unchanged
+                    ), stamped AS (
+                        UPDATE shared_sessions SET synced_at = $6
+                        WHERE owner = $1 AND project = $2 AND device = $3 AND synced_at < $6
+                          AND (SELECT unchanged FROM verdict)
+                        RETURNING 1
+                    ), touched AS (
+                        INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+                        VALUES ($1, $3, $6, $6, $7)
+                        ON CONFLICT (owner, device) DO UPDATE SET
+                           last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
+                           last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
+                           long_poll = EXCLUDED.long_poll
+                        RETURNING 1
+                    )
+                    SELECT unchanged, set_config('synchronous_commit', 'off', true) FROM verdict",
+                )
+                .await
+                .map_err(backend)?;
+            self.sent(1);
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &owner.as_str(),
+                        &project.as_str(),
+                        &device.as_str(),
+                        &ids,
+                        &metas,
+                        &stamp,
+                        &long_poll,
+                    ],
+                )
+                .await
+                .map_err(backend)?;
+            row.try_get::<_, bool>(0).map_err(corrupt)?
+        };
+        if unchanged {
+            return Ok(());
+        }
+        self.replace_shared_sessions(owner, project, device, sessions, now)
+            .await
     }
 
     async fn shared_projects(
@@ -923,6 +1008,16 @@ fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {
             .map_err(|e| StoreError::Corrupt(format!("shared_sessions.meta: {e}")))?,
         synced_at: timestamp(row.try_get(2).map_err(corrupt)?)?,
     })
+}
+
+/// The stored form of each session's metadata (compared as text with the
+/// stored rows by [`Store::record_sync`], so always encoded here).
+fn encode_metas(sessions: &[SessionMeta]) -> Result<Vec<String>, StoreError> {
+    sessions
+        .iter()
+        .map(serde_json::to_string)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::Backend(format!("encoding session metadata: {e}")))
 }
 
 /// `[a-z_][a-z0-9_]*`, 1 to 63 bytes: safe to splice into SQL in quotes.

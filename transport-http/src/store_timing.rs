@@ -4,7 +4,7 @@
 //! ([`Metrics::timed_store`](crate::metrics::Metrics::timed_store)).
 //!
 //! The `operation` label is the name of the [`Store`] method
-//! ([`OPERATIONS`]): a fixed set of sixteen, whatever the requests carry.
+//! ([`OPERATIONS`]): a fixed set of seventeen, whatever the requests carry.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// The `operation` label values: the [`Store`] methods.
-pub const OPERATIONS: [&str; 16] = [
+pub const OPERATIONS: [&str; 17] = [
     "idempotency",
     "insert_command",
     "command_for_agent",
@@ -37,6 +37,7 @@ pub const OPERATIONS: [&str; 16] = [
     "update_command",
     "queued_commands",
     "replace_shared_sessions",
+    "record_sync",
     "shared_projects",
     "shared_sessions",
     "find_shared_session",
@@ -208,6 +209,23 @@ impl Store for TimedStore {
             "replace_shared_sessions",
             self.inner
                 .replace_shared_sessions(owner, project, device, sessions, now),
+        )
+        .await
+    }
+
+    async fn record_sync(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.timed(
+            "record_sync",
+            self.inner
+                .record_sync(owner, project, device, sessions, long_poll, now),
         )
         .await
     }
