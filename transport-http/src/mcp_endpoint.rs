@@ -97,11 +97,22 @@ async fn run_core(
     incoming: Incoming,
 ) -> Result<(McpSession, Option<Outgoing>), Revoked> {
     let id = incoming.id().cloned();
-    let work = AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
-        .catch_unwind();
-    let joined = tokio::select! {
-        joined = work => joined,
-        () = state.revoked(who) => return Err(Revoked),
+    let joined = {
+        let work =
+            AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
+                .catch_unwind();
+        let mut work = std::pin::pin!(work);
+        // Most requests are answered on their first poll: they cannot have
+        // been revoked meanwhile (the token was checked just before), so they
+        // need no watch on revocations, which costs a subscription and a
+        // waiter in the authenticator's shared notification (issue #19).
+        match futures::poll!(work.as_mut()) {
+            std::task::Poll::Ready(joined) => joined,
+            std::task::Poll::Pending => tokio::select! {
+                joined = work => joined,
+                () = state.revoked(who) => return Err(Revoked),
+            },
+        }
     };
     Ok(match joined {
         Ok(reply) => (session, reply),
