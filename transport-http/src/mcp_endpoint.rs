@@ -98,9 +98,8 @@ async fn run_core(
 ) -> Result<(McpSession, Option<Outgoing>), Revoked> {
     let id = incoming.id().cloned();
     let joined = {
-        let work =
-            AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
-                .catch_unwind();
+        let work = AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
+            .catch_unwind();
         let mut work = std::pin::pin!(work);
         // Most requests are answered on their first poll: they cannot have
         // been revoked meanwhile (the token was checked just before), so they
@@ -329,11 +328,9 @@ async fn post_message(
                     .into_response();
                 }
             };
-            if let Err(refused) = mcp_headers::check_session_version(
-                headers,
-                &incoming,
-                session.negotiated_version(),
-            ) {
+            if let Err(refused) =
+                mcp_headers::check_session_version(headers, &incoming, session.negotiated_version())
+            {
                 return refused.into_response();
             }
             if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
