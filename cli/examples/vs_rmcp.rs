@@ -538,6 +538,27 @@ fn summary(label: &str, rounds: &[Round]) -> Round {
     m
 }
 
+/// Stops `child` with SIGTERM (so that a profiler wrapping it, e.g.
+/// valgrind's callgrind through `GRAPH_RELAY_BIN`, writes its output), and
+/// kills it if it has not exited within 60 s.
+async fn stop(child: &mut Child) -> Result<(), Error> {
+    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    Ok(())
+}
+
 fn main() -> Result<(), Error> {
     let options = Options::parse()?;
     // One client thread: the load generator shares the machine with both servers.
@@ -573,8 +594,7 @@ async fn run(options: &Options) -> Result<(), Error> {
         verdict(cpu_ratio <= CPU_BUDGET)
     );
     for target in &mut targets {
-        target.child.start_kill()?;
-        target.child.wait().await?;
+        stop(&mut target.child).await?;
     }
     Ok(())
 }

@@ -314,8 +314,16 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
 
 /// Lowercase hex SHA-256 of a token: what the token file stores.
 pub fn hash_token(token: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(token.as_bytes());
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+    // Every request hashes its token: two table look-ups a byte, not a
+    // `format!` (an allocation and the formatting machinery) each (issue #19).
+    let mut hex = String::with_capacity(digest.len() * 2);
+    for b in digest {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    hex
 }
 
 /// Which kind of principal a new token is for.

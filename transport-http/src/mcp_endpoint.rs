@@ -3,8 +3,8 @@
 use std::panic::AssertUnwindSafe;
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
 use crate::sessions::{Lookup, SessionOwner};
-use crate::{AgentPrincipal, Authenticated, HttpState};
+use crate::{AgentPrincipal, Authenticated, HttpState, Principal};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
     json_response(reply.http_status(), reply.to_bytes())
@@ -97,11 +97,21 @@ async fn run_core(
     incoming: Incoming,
 ) -> Result<(McpSession, Option<Outgoing>), Revoked> {
     let id = incoming.id().cloned();
-    let work = AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
-        .catch_unwind();
-    let joined = tokio::select! {
-        joined = work => joined,
-        () = state.revoked(who) => return Err(Revoked),
+    let joined = {
+        let work = AssertUnwindSafe(state.mcp().handle_incoming(&mut session, &caller, incoming))
+            .catch_unwind();
+        let mut work = std::pin::pin!(work);
+        // Most requests are answered on their first poll: they cannot have
+        // been revoked meanwhile (the token was checked just before), so they
+        // need no watch on revocations, which costs a subscription and a
+        // waiter in the authenticator's shared notification (issue #19).
+        match futures::poll!(work.as_mut()) {
+            std::task::Poll::Ready(joined) => joined,
+            std::task::Poll::Pending => tokio::select! {
+                joined = work => joined,
+                () = state.revoked(who) => return Err(Revoked),
+            },
+        }
     };
     Ok(match joined {
         Ok(reply) => (session, reply),
@@ -196,10 +206,48 @@ fn stream_core(
 }
 
 /// `POST /mcp`. The gate authenticated the agent before the body was read.
-pub(crate) async fn post(
-    State(state): State<HttpState>,
-    principal: AgentPrincipal,
-    headers: HeaderMap,
+///
+/// The request is taken whole, not through extractors: its headers are
+/// read in place (the `HeaderMap` extractor copies them) and the caller
+/// the gate stored is moved out, not cloned (issue #19). What it answers
+/// is what the extractors `AgentPrincipal`, `HeaderMap` and
+/// `Result<Bytes, BytesRejection>` would give, in that order.
+pub(crate) async fn post(State(state): State<HttpState>, request: Request) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let (who, caller) = match parts.extensions.remove::<Authenticated>() {
+        Some(Authenticated {
+            principal: Principal::Agent(caller),
+            token_sha256,
+        }) => (
+            Authenticated {
+                principal: Principal::Agent(caller.clone()),
+                token_sha256,
+            },
+            caller,
+        ),
+        other => {
+            // No agent from the gate (a router without it, or a device):
+            // the extractor authenticates or refuses as everywhere else.
+            if let Some(who) = other {
+                parts.extensions.insert(who);
+            }
+            match AgentPrincipal::from_request_parts(&mut parts, &state).await {
+                Ok(principal) => (principal.authenticated(), principal.caller),
+                Err(refused) => return refused,
+            }
+        }
+    };
+    let headers = std::mem::take(&mut parts.headers);
+    let body = Bytes::from_request(Request::from_parts(parts, body), &state).await;
+    post_message(state, who, caller, &headers, body).await
+}
+
+/// The rest of [`post`], once the caller is known.
+async fn post_message(
+    state: HttpState,
+    who: Authenticated,
+    caller: Caller,
+    headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     // A body the server would not read is a JSON-RPC error too, not
@@ -214,9 +262,7 @@ pub(crate) async fn post(
             return McpHeaderError::BodyUnreadable(rejection.body_text()).into_response();
         }
     };
-    let who = principal.authenticated();
-    let caller = principal.caller;
-    if let Err(refused) = mcp_headers::check_media_types(&headers) {
+    if let Err(refused) = mcp_headers::check_media_types(headers) {
         return refused.into_response();
     }
     let incoming = match Incoming::parse(&body) {
@@ -228,7 +274,7 @@ pub(crate) async fn post(
         return insufficient_scope(&state, &denied);
     }
     let owner = session_owner(&who, &caller);
-    let route = match mcp_headers::route(&headers, &incoming) {
+    let route = match mcp_headers::route(headers, &incoming) {
         Ok(route) => route,
         Err(refused) => return refused.into_response(),
     };
@@ -282,14 +328,12 @@ pub(crate) async fn post(
                     .into_response();
                 }
             };
-            if let Err(refused) = mcp_headers::check_session_version(
-                &headers,
-                &incoming,
-                session.negotiated_version(),
-            ) {
+            if let Err(refused) =
+                mcp_headers::check_session_version(headers, &incoming, session.negotiated_version())
+            {
                 return refused.into_response();
             }
-            if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(&headers) {
+            if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
                 let sessions = state.clone();
                 let session_id = session_id.to_owned();
                 return stream_core(&state, who, caller, session, incoming, move |session| {
@@ -313,7 +357,7 @@ pub(crate) async fn post(
             if incoming.method() == Some("subscriptions/listen") {
                 return crate::listen::serve(&state, who, caller, incoming).await;
             }
-            if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(&headers) {
+            if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
                 return stream_core(&state, who, caller, McpSession::new(), incoming, drop);
             }
             match run_core(&state, &who, caller, McpSession::new(), incoming).await {

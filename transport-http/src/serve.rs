@@ -42,7 +42,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
 /// Default of [`ServeConfig::max_connections`].
@@ -210,6 +210,13 @@ async fn refuse(mut stream: TcpStream, retry_after: Duration) {
 
 /// What the connection's watchdog knows: requests in flight and when the
 /// connection last went quiet or began a request head.
+///
+/// Nothing here wakes the watchdog: it sleeps until the earliest moment a
+/// deadline could fall, and at most [`watch_interval`] at a time. Every
+/// change a request makes (bytes read, a head parsed, a response done) only
+/// moves the deadline past that moment, so the watchdog sees it when it
+/// wakes. A request costs a few atomic operations, not a wake-up of the
+/// connection's task and a new timer (issue #19).
 #[derive(Debug)]
 struct Activity {
     start: Instant,
@@ -220,10 +227,25 @@ struct Activity {
     /// Milliseconds since `start` of the first byte read while no request
     /// was in flight; `u64::MAX` for none.
     head_since: AtomicU64,
-    changed: Notify,
 }
 
 const NEVER: u64 = u64::MAX;
+
+/// The longest the watchdog sleeps without looking: the shorter of the two
+/// timeouts. A deadline set after the watchdog looked is at least this far
+/// away (a request head is due [`ServeConfig::header_read_timeout`] after
+/// its first byte, an idle connection closes [`ServeConfig::idle_timeout`]
+/// after its last response), so sleeping this long never misses one. At
+/// least [`MIN_WATCH_INTERVAL`], so that zero timeouts do not spin.
+fn watch_interval(config: &ServeConfig) -> Duration {
+    config
+        .header_read_timeout
+        .min(config.idle_timeout)
+        .max(MIN_WATCH_INTERVAL)
+}
+
+/// The shortest sleep of a connection's watchdog.
+const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Activity {
     fn new() -> Self {
@@ -232,7 +254,6 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(NEVER),
             head_since: AtomicU64::new(NEVER),
-            changed: Notify::new(),
         }
     }
 
@@ -247,12 +268,14 @@ impl Activity {
     /// Bytes arrived.
     fn read(&self) {
         if self.in_flight.load(Ordering::Acquire) == 0
-            && self
-                .head_since
-                .compare_exchange(NEVER, self.now_ms(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+            && self.head_since.load(Ordering::Acquire) == NEVER
         {
-            self.changed.notify_one();
+            let _ = self.head_since.compare_exchange(
+                NEVER,
+                self.now_ms(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
         }
     }
 
@@ -260,7 +283,6 @@ impl Activity {
     fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.head_since.store(NEVER, Ordering::Release);
-        self.changed.notify_one();
         InFlight(self.clone())
     }
 
@@ -280,6 +302,13 @@ impl Activity {
             idle => Some(self.at(idle) + config.idle_timeout),
         }
     }
+
+    /// When the watchdog looks next, if it looks at `now`: the deadline, or
+    /// [`watch_interval`] from now if that is sooner (or there is none).
+    fn next_look(&self, config: &ServeConfig, now: Instant) -> Instant {
+        let latest = now + watch_interval(config);
+        self.deadline(config).map_or(latest, |at| at.min(latest))
+    }
 }
 
 /// One request in flight, until its response body is done or dropped.
@@ -293,7 +322,6 @@ impl Drop for InFlight {
             .idle_since
             .store(activity.now_ms(), Ordering::Release);
         activity.in_flight.fetch_sub(1, Ordering::AcqRel);
-        activity.changed.notify_one();
     }
 }
 
@@ -334,28 +362,25 @@ async fn connection(
     if draining {
         conn.as_mut().graceful_shutdown();
     }
+    let watchdog = tokio::time::sleep_until(activity.next_look(config, Instant::now()).into());
+    let mut watchdog = std::pin::pin!(watchdog);
     loop {
-        let deadline = activity.deadline(config);
-        let sleep = async {
-            match deadline {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
+            biased;
             result = conn.as_mut() => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
                 return;
             }
-            () = sleep => {
-                if activity.deadline(config).is_some_and(|at| at <= Instant::now()) {
+            () = watchdog.as_mut() => {
+                let now = Instant::now();
+                if activity.deadline(config).is_some_and(|at| at <= now) {
                     tracing::debug!("closing a connection: no complete request head in time, or idle too long");
                     return;
                 }
+                watchdog.as_mut().reset(activity.next_look(config, now).into());
             }
-            () = activity.changed.notified() => {}
             changed = stop.changed(), if !draining => {
                 if changed.is_err() || *stop.borrow() {
                     draining = true;

@@ -99,6 +99,12 @@ impl Incoming {
     /// (`-32700` for bytes that are not JSON, `-32600` for anything else
     /// that is not a single JSON-RPC 2.0 request, notification or response).
     pub fn parse(bytes: &[u8]) -> Result<Self, Box<Outgoing>> {
+        // The common case, a JSON object, is read straight into its parts
+        // (no map of the top-level members). Anything it does not accept
+        // is parsed again the general way, which decides the error.
+        if let Ok(envelope) = serde_json::from_slice::<Envelope>(bytes) {
+            return Self::classify(envelope).map_err(Box::new);
+        }
         let value: Value = serde_json::from_slice(bytes).map_err(|e| {
             Box::new(Outgoing::error(
                 None,
@@ -127,7 +133,25 @@ impl Incoming {
                 ));
             }
         };
-        let id = match object.remove("id") {
+        Self::classify(Envelope {
+            id: object.remove("id"),
+            jsonrpc_ok: object.get("jsonrpc").and_then(Value::as_str) == Some("2.0"),
+            method: object.remove("method"),
+            answered: object.contains_key("result") || object.contains_key("error"),
+            params: object.remove("params"),
+        })
+    }
+
+    /// The checks of [`Incoming::from_value`] on a message's members.
+    fn classify(envelope: Envelope) -> Result<Self, Outgoing> {
+        let Envelope {
+            id,
+            jsonrpc_ok,
+            method,
+            answered,
+            params,
+        } = envelope;
+        let id = match id {
             None => None,
             Some(id @ Value::String(_)) => Some(id),
             Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(Value::Number(n)),
@@ -138,21 +162,19 @@ impl Incoming {
                 ));
             }
         };
-        if object.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        if !jsonrpc_ok {
             return Err(invalid(
                 id,
                 "Invalid request: `jsonrpc` must be exactly \"2.0\"",
             ));
         }
-        let method = match object.remove("method") {
+        let method = match method {
             Some(Value::String(m)) => Some(m),
             Some(_) => return Err(invalid(id, "Invalid request: `method` must be a string")),
             None => None,
         };
         let Some(method) = method else {
-            return if id.is_some()
-                && (object.contains_key("result") || object.contains_key("error"))
-            {
+            return if id.is_some() && answered {
                 Ok(Self {
                     kind: IncomingKind::Response,
                     method: None,
@@ -162,7 +184,7 @@ impl Incoming {
                 Err(invalid(id, "Invalid request: `method` is missing"))
             };
         };
-        let params = match object.remove("params") {
+        let params = match params {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(p)) => p,
             Some(_) => {
@@ -267,6 +289,85 @@ impl Incoming {
         } else {
             None
         }
+    }
+}
+
+/// The members of a JSON-RPC message object that decide what it is. A
+/// member given twice counts with its last value, as in a [`Map`].
+#[derive(Default)]
+struct Envelope {
+    id: Option<Value>,
+    /// `jsonrpc` is exactly the string `"2.0"`.
+    jsonrpc_ok: bool,
+    method: Option<Value>,
+    /// A `result` or `error` member is present.
+    answered: bool,
+    params: Option<Value>,
+}
+
+/// A member name of a JSON-RPC message, read without allocating.
+enum Member {
+    Id,
+    Jsonrpc,
+    Method,
+    Params,
+    Answer,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Member {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = Member;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Member, E> {
+                Ok(match name {
+                    "id" => Member::Id,
+                    "jsonrpc" => Member::Jsonrpc,
+                    "method" => Member::Method,
+                    "params" => Member::Params,
+                    "result" | "error" => Member::Answer,
+                    _ => Member::Other,
+                })
+            }
+        }
+        deserializer.deserialize_identifier(Name)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = Envelope;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Envelope, A::Error> {
+                let mut envelope = Envelope::default();
+                while let Some(member) = map.next_key::<Member>()? {
+                    // Every value is read as a `Value`, so that exactly the
+                    // messages the general parse accepts are accepted.
+                    let value: Value = map.next_value()?;
+                    match member {
+                        Member::Id => envelope.id = Some(value),
+                        Member::Jsonrpc => envelope.jsonrpc_ok = value.as_str() == Some("2.0"),
+                        Member::Method => envelope.method = Some(value),
+                        Member::Params => envelope.params = Some(value),
+                        Member::Answer => envelope.answered = true,
+                        Member::Other => {}
+                    }
+                }
+                Ok(envelope)
+            }
+        }
+        deserializer.deserialize_map(Members)
     }
 }
 

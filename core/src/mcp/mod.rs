@@ -232,6 +232,16 @@ pub(crate) enum Answer {
     Value(Value),
     /// A `tools/call` result, serialized straight to bytes.
     Tool(wire::CallToolResult),
+    /// A `tools/call` success whose text is its structured content as
+    /// compact JSON (`json`, what [`wire::CallToolResult::of_output`]
+    /// writes): the content is serialized once, and written twice (escaped
+    /// as the text, as is as `structuredContent` when `with_structured`).
+    Output {
+        /// The structured content, compact JSON.
+        json: String,
+        /// Whether the revision carries `structuredContent`.
+        with_structured: bool,
+    },
     /// The pre-rendered `tools/list` result.
     ToolsList,
 }
@@ -248,6 +258,14 @@ struct CompleteToolResult<'a> {
     result_type: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     structured_content: Option<&'a wire::ToolOutput>,
+}
+
+/// Appends `value` as compact JSON to `out`. The values written this way
+/// (strings, the server's implementation) serialize infallibly.
+fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.extend_from_slice(b"null");
+    }
 }
 
 /// The `_meta` of a 2026-07-28 result.
@@ -573,6 +591,38 @@ impl McpServer {
                 },
             ),
             Answer::Tool(result) => Outgoing::typed_result(id, &result),
+            Answer::Output {
+                json,
+                with_structured,
+            } => {
+                // The fields of `CompleteToolResult` (modern) or
+                // `CallToolResult` (legacy), in the same order, with the
+                // same compact serializer: the same bytes as rendering them.
+                let mut result = Vec::with_capacity(2 * json.len() + 256);
+                result.push(b'{');
+                if modern {
+                    result.extend_from_slice(b"\"_meta\":");
+                    write_json(
+                        &mut result,
+                        &ServerInfoMeta {
+                            server_info: &self.inner.implementation,
+                        },
+                    );
+                    result.push(b',');
+                }
+                result.extend_from_slice(b"\"content\":[{\"text\":");
+                write_json(&mut result, json.as_str());
+                result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
+                if modern {
+                    result.extend_from_slice(b",\"resultType\":\"complete\"");
+                }
+                if with_structured {
+                    result.extend_from_slice(b",\"structuredContent\":");
+                    result.extend_from_slice(json.as_bytes());
+                }
+                result.push(b'}');
+                Outgoing::prerendered_result(id, &result)
+            }
             Answer::ToolsList => {
                 let rendered = &self.inner.tools_list_rendered;
                 Outgoing::prerendered_result(

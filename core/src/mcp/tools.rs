@@ -56,12 +56,13 @@ fn tool_error(text: &str) -> CallToolResult {
 }
 
 /// A success whose text is the compact JSON of its structured content.
+/// The success carrying `structured`, as [`CallToolResult::of_output`]
+/// writes it, rendered without serializing the content twice.
 fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Answer {
-    Answer::Tool(CallToolResult::of_output(
-        structured,
-        false,
-        version.has_structured_content(),
-    ))
+    Answer::Output {
+        json: super::wire::to_json(&structured),
+        with_structured: version.has_structured_content(),
+    }
 }
 
 fn tool_result_with_text(text: String, structured: ToolOutput, version: ProtocolVersion) -> Answer {
