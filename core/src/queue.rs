@@ -23,6 +23,20 @@
 //! marked `replayed`, and writes nothing, even after that command finished
 //! or was cancelled. The same key with a different session or arguments is
 //! refused with [`RunError::KeyReused`] and writes nothing.
+//!
+//! # What a queue remembers
+//! A queue keeps its own copy of each open command it queued, handed out
+//! to a desktop or wrote last, and tries the next transition's
+//! compare-and-swap on that copy instead of reading the command first
+//! (`start` and `complete` cost one write each). A copy made stale by
+//! another queue or server loses the swap and the transition reads
+//! afresh; a refusal or "nothing to do" is only ever answered from a fresh
+//! read; and a copy is used only for the party it belongs to. This relies
+//! on the store's contract that every change of a command raises its
+//! revision ([`Store::update_command`]): a tool that edits stored commands
+//! by hand must raise it too. A queue also keeps the device liveness it
+//! read for [`QueueConfig::touch_interval`], the precision at which
+//! liveness is written anyway.
 
 use crate::args::RunArgs;
 use crate::command::{
@@ -1595,10 +1609,12 @@ impl Queue {
         });
     }
 
-    /// Loads a record, lets `apply` turn it into the next revision in place
+    /// Takes a record (this queue's copy of it, see [`crate::live`], or a
+    /// fresh read), lets `apply` turn it into the next revision in place
     /// (`Ok(false)`: nothing to write), and writes it with a compare-and-swap,
-    /// retrying from a fresh read if another writer won. Returns the record
-    /// as it stands afterwards.
+    /// retrying from a fresh read if another writer won. An answer that
+    /// writes nothing is only given on a fresh read. Returns the record as
+    /// it stands afterwards.
     async fn transition<E>(
         &self,
         party: Party<'_>,

@@ -235,6 +235,11 @@ pub trait Store: Send + Sync {
     /// Replaces the stored command with `next` if its stored revision is
     /// `next.revision - 1`. Returns `false` (and writes nothing) otherwise,
     /// or if the command does not exist.
+    ///
+    /// Every change of a stored command raises its revision: a queue tries
+    /// this swap on its own copy of the command without reading it first
+    /// (see [`Queue`](crate::queue::Queue)), so a change that kept the
+    /// revision would be overwritten.
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError>;
 
     /// Queued commands of (owner, project) assigned to `device`, oldest
