@@ -468,11 +468,12 @@ fn open_postgres(
         .map_err(|e| CliError::Db(format!("postgres: {e}")))
 }
 
-/// `--postgres` or else `open_store`; with Postgres, the queue's signals are
+/// `postgres` (opened by [`open_postgres`]) or else `open_store`; with Postgres, the queue's signals are
 /// forwarded to (and woken by) the other servers on the database. With
 /// `timed`, each store call is timed into those metrics.
 fn open_any_store(
     args: &StoreArgs,
+    postgres: Option<graph_relay_store_postgres::PostgresStore>,
     runtime: &tokio::runtime::Runtime,
     queue: QueueConfig,
     max_wait_seconds: Option<u32>,
@@ -482,7 +483,7 @@ fn open_any_store(
         Some(metrics) => Arc::new(metrics.timed_store(store)) as Arc<dyn Store>,
         None => store,
     };
-    match open_postgres(args, runtime)? {
+    match postgres {
         None => mcp_server(time(open_store(args)?), queue, max_wait_seconds),
         Some(pg) => {
             let server = mcp_server(time(Arc::new(pg.clone())), queue, max_wait_seconds)?;
@@ -598,17 +599,23 @@ fn serve(
         queue.lease_interval_controls = controls;
     }
     let metrics = metrics.or(file.server.metrics_listen);
-    // The store's figures for the metrics: SQLite only (the file, read-only).
+    let postgres = open_postgres(store, &runtime)?;
+    // The store's figures for the metrics: the SQLite file (read-only) or
+    // the Postgres database; the memory store has none.
+    let sqlite = !store.memory && postgres.is_none();
     let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
-        (metrics.is_some() && !store.memory && store.postgres.is_none())
-            .then(|| status::SqliteFigures::new(store.db.clone()) as _);
+        match (&postgres, metrics.is_some()) {
+            (_, false) => None,
+            (Some(pg), true) => Some(status::PostgresFigures::new(pg.clone())),
+            (None, true) => sqlite.then(|| status::SqliteFigures::new(store.db.clone()) as _),
+        };
     let registry = metrics.map(|_| {
         let registry = Metrics::new(figures.clone());
         let Some(hash) = file.server.operator_token_sha256.clone() else {
             return Arc::new(registry);
         };
-        // The status needs the SQLite file, like the figures.
-        let source = figures.as_ref().map(|_| {
+        // The status needs the SQLite file.
+        let source = sqlite.then(|| {
             status::SqliteStatus::new(store.db.clone())
                 as Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>
         });
@@ -616,6 +623,7 @@ fn serve(
     });
     let server = open_any_store(
         store,
+        postgres,
         &runtime,
         queue,
         max_wait_seconds,
@@ -701,7 +709,7 @@ async fn serve_metrics(
     }
     if !has_figures {
         tracing::info!(
-            "metrics: the queue's figures need the SQLite store; serving the HTTP and in-process figures only"
+            "metrics: the memory store keeps no queue figures; serving the HTTP and in-process figures only"
         );
     }
     let app = metrics.instrument(app);
@@ -1044,7 +1052,15 @@ fn stdio(
         .enable_all()
         .build()?;
     let _enter = runtime.enter();
-    let server = open_any_store(store, &runtime, QueueConfig::default(), None, None)?;
+    let postgres = open_postgres(store, &runtime)?;
+    let server = open_any_store(
+        store,
+        postgres,
+        &runtime,
+        QueueConfig::default(),
+        None,
+        None,
+    )?;
     runtime.spawn(maintain(server.queue().clone()));
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");

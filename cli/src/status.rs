@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use graph_relay_core::Clock;
 use graph_relay_core::time::{SystemClock, Timestamp};
-use graph_relay_store_sqlite::stats::{QueueStats, StatsError, finished_between};
+use graph_relay_store_sqlite::stats::{QueueStats, StatsError, finished_between, online_since};
 use graph_relay_transport_http::metrics::{
     FinishedSample, OperatorStatus, QueueFigures, QueueSnapshot, STATUS_PATH,
 };
@@ -499,5 +499,55 @@ impl QueueFigures for SqliteFigures {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())
+    }
+}
+
+/// The metrics' store figures of a server on Postgres, read at each scrape
+/// (two statements; totals over every owner, like the SQLite ones).
+#[derive(Debug, Clone)]
+pub struct PostgresFigures {
+    store: graph_relay_store_postgres::PostgresStore,
+}
+
+impl PostgresFigures {
+    /// Figures from `store`'s database.
+    pub fn new(store: graph_relay_store_postgres::PostgresStore) -> Arc<Self> {
+        Arc::new(Self { store })
+    }
+}
+
+#[async_trait::async_trait]
+impl QueueFigures for PostgresFigures {
+    async fn snapshot(
+        &self,
+        now: Timestamp,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> Result<QueueSnapshot, String> {
+        let online = graph_relay_store_postgres::figures::OnlineSince {
+            long_poll: online_since(now, true),
+            interval: online_since(now, false),
+        };
+        let figures = self
+            .store
+            .queue_figures(online, after, until)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(QueueSnapshot {
+            queued: figures.queued,
+            running: figures.running,
+            oldest_queued: figures.oldest_queued_at.map(|t| now.since(t)),
+            desktops_online: figures.desktops_online,
+            desktops_known: figures.desktops_known,
+            finished: figures
+                .finished
+                .into_iter()
+                .map(|f| FinishedSample {
+                    status: f.status,
+                    pickup: f.started_at.map(|s| s.since(f.created_at)),
+                    cancel: f.cancel_requested_at.map(|c| f.finished_at.since(c)),
+                })
+                .collect(),
+        })
     }
 }

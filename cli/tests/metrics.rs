@@ -243,3 +243,93 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
     assert!(notified >= 2.0 && woken >= 1.0, "{text}");
     assert!(woken <= notified, "{text}");
 }
+
+/// A server on Postgres shows the queue's figures too, read from the
+/// database at each scrape: a desktop known and online, a run finished with
+/// its pickup latency, nothing left queued or running.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_on_postgres_scrapes_the_queue_figures_from_the_database() {
+    let url = graph_relay_store_postgres::testing::url();
+    let schema = graph_relay_store_postgres::testing::TestSchema::new(&url);
+    let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
+    relay.script("echo", "cat\n");
+    relay.write_graphs(&[(GS, "echo", &["p1"])], "");
+    let (server, mcp) = relay.serve(
+        "127.0.0.1:0",
+        &[
+            "--postgres",
+            &url,
+            "--postgres-schema",
+            schema.name(),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+    );
+    let line = server.wait_line("metrics at http://");
+    let metrics = line
+        .split("metrics at ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("metrics URL")
+        .to_owned();
+    let http = &relay.http;
+
+    let before = scrape(http, &metrics).await;
+    assert_eq!(
+        sample(&before, "graph_relay_desktops_known"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(
+        sample(&before, "graph_relay_queue_depth"),
+        Some(0.0),
+        "{before}"
+    );
+    assert_eq!(
+        sample(&before, "graph_relay_metrics_store_errors_total"),
+        Some(0.0),
+        "{before}"
+    );
+
+    let worker = relay.worker(&mcp, "outbox.db", "1", &[]);
+    worker.wait_line("sync: project p1");
+    let id = relay
+        .run(&mcp, GS, "pg-metrics-key-1", json!({"n": 1}))
+        .await;
+    relay.wait_status(&mcp, &id, "completed").await;
+    let text = scrape_until(http, &metrics, "the finished run", DEADLINE, |t| {
+        sample(t, r#"graph_relay_runs_finished_total{status="completed"}"#) == Some(1.0)
+    })
+    .await;
+    assert_eq!(
+        sample(&text, "graph_relay_pickup_latency_seconds_count"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_desktops_known"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_desktops_online"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_queue_depth"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"graph_relay_runs{status="running"}"#),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "graph_relay_metrics_store_errors_total"),
+        Some(0.0),
+        "{text}"
+    );
+}

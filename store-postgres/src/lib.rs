@@ -65,6 +65,7 @@
 //! stored, so the next sync of each desktop restores it. Commands,
 //! idempotency keys and every other write keep the database's setting.
 
+pub mod figures;
 mod schema;
 mod signal_bridge;
 mod store;

@@ -222,7 +222,7 @@ impl PostgresStore {
     }
 
     /// Counts `n` statements about to be sent.
-    fn sent(&self, n: u64) {
+    pub(crate) fn sent(&self, n: u64) {
         self.statements.fetch_add(n, Ordering::Relaxed);
     }
 
@@ -270,7 +270,7 @@ impl PostgresStore {
         outcome
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool
             .get()
             .await
@@ -1050,20 +1050,20 @@ fn pool_error(e: &deadpool_postgres::PoolError) -> String {
     }
 }
 
-fn backend(e: tokio_postgres::Error) -> StoreError {
+pub(crate) fn backend(e: tokio_postgres::Error) -> StoreError {
     StoreError::Backend(describe(&e))
 }
 
-fn corrupt(e: tokio_postgres::Error) -> StoreError {
+pub(crate) fn corrupt(e: tokio_postgres::Error) -> StoreError {
     StoreError::Corrupt(describe(&e))
 }
 
-fn millis(t: Timestamp) -> Result<i64, StoreError> {
+pub(crate) fn millis(t: Timestamp) -> Result<i64, StoreError> {
     i64::try_from(t.as_millis())
         .map_err(|_| StoreError::Backend(format!("timestamp {} ms is out of range", t.as_millis())))
 }
 
-fn timestamp(ms: i64) -> Result<Timestamp, StoreError> {
+pub(crate) fn timestamp(ms: i64) -> Result<Timestamp, StoreError> {
     u64::try_from(ms)
         .map(Timestamp)
         .map_err(|_| StoreError::Corrupt(format!("negative timestamp {ms}")))

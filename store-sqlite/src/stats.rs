@@ -57,16 +57,24 @@ impl DesktopStats {
     /// long-poll mode, 20 s passes in interval mode), the rule by which
     /// `get_graph_run` says a desktop looks offline.
     pub fn is_online(&self, now: Timestamp) -> bool {
-        let gap = if self.long_poll {
-            Duration::from_secs(25)
-        } else {
-            Duration::from_secs(20)
-        };
         let last = self
             .last_sync_at
             .map_or(self.last_seen_at, |s| s.max(self.last_seen_at));
-        now.since(last) <= gap * 3
+        last >= online_since(now, self.long_poll)
     }
+}
+
+/// The earliest last contact at which a desktop in long-poll mode
+/// (`long_poll`) or interval mode still counts as online at `now`: three
+/// expected sync gaps back (25 s holds, 20 s passes). Other stores count
+/// online desktops by the same rule.
+pub fn online_since(now: Timestamp, long_poll: bool) -> Timestamp {
+    let gap = if long_poll {
+        Duration::from_secs(25)
+    } else {
+        Duration::from_secs(20)
+    };
+    now.minus(gap * 3)
 }
 
 /// Sessions shared to one project of one owner.

@@ -116,7 +116,7 @@ pub struct FinishedSample {
     pub cancel: Option<Duration>,
 }
 
-/// A store's figures for the metrics (the SQLite store offers them; a
+/// A store's figures for the metrics (the SQLite and Postgres stores offer them; a
 /// server without a source exposes the HTTP and in-process metrics only).
 #[async_trait]
 pub trait QueueFigures: Send + Sync {
