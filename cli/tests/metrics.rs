@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::Relay;
-use common::scrape::{sample, scrape, scrape_until};
+use common::scrape::{metrics_url, sample, scrape, scrape_until};
 use serde_json::json;
 
 const AGENT_TOKEN: &str = "gra_metrics_agent_token_0123456789abcdef";
@@ -31,13 +31,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "127.0.0.1:0",
         &["--db", "queue.db", "--metrics", "127.0.0.1:0"],
     );
-    let line = server.wait_line("metrics at http://");
-    let metrics = line
-        .split("metrics at ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("metrics URL")
-        .to_owned();
+    let metrics = metrics_url(&server);
     let http = &relay.http;
 
     let before = scrape(http, &metrics).await;
@@ -266,13 +260,7 @@ async fn a_server_on_postgres_scrapes_the_queue_figures_from_the_database() {
             "127.0.0.1:0",
         ],
     );
-    let line = server.wait_line("metrics at http://");
-    let metrics = line
-        .split("metrics at ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("metrics URL")
-        .to_owned();
+    let metrics = metrics_url(&server);
     let http = &relay.http;
 
     let before = scrape(http, &metrics).await;

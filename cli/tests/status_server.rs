@@ -9,6 +9,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
+use common::scrape::metrics_url;
 use common::{BIN, Relay};
 use serde_json::{Value, json};
 
@@ -80,14 +81,7 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
         "127.0.0.1:0",
         &["--db", "queue.db", "--metrics", "127.0.0.1:0"],
     );
-    let line = server.wait_line("metrics at http://");
-    let metrics = line
-        .split("metrics at ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .expect("metrics URL")
-        .trim_end_matches("/metrics")
-        .to_owned();
+    let metrics = metrics_url(&server).trim_end_matches("/metrics").to_owned();
     let worker = relay.worker(&url, "outbox.db", "1", &[]);
     worker.wait_line("sync: project p1");
     let id = relay

@@ -159,13 +159,7 @@ pub trait Authenticator: Send + Sync + 'static {
     /// for revocation).
     async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
         match bearer_token(headers)? {
-            None => match self.anonymous().await {
-                Some(principal) => Ok(Authenticated {
-                    principal,
-                    token_sha256: None,
-                }),
-                None => Err(AuthError::MissingCredentials),
-            },
+            None => without_credentials(self).await,
             Some(token) => Ok(Authenticated {
                 principal: self.authenticate(token).await?,
                 token_sha256: Some(hash_token(token)),
@@ -506,6 +500,20 @@ fn parse_token_config(path: &Path, text: &str) -> Result<TokenConfig, TokenConfi
     })
 }
 
+/// A request with no `Authorization` header: the authenticator's anonymous
+/// principal, if it has one, or [`AuthError::MissingCredentials`].
+async fn without_credentials<A: Authenticator + ?Sized>(
+    authenticator: &A,
+) -> Result<Authenticated, AuthError> {
+    match authenticator.anonymous().await {
+        Some(principal) => Ok(Authenticated {
+            principal,
+            token_sha256: None,
+        }),
+        None => Err(AuthError::MissingCredentials),
+    }
+}
+
 /// [`Authenticator::authenticate_request`] of an authenticator that keeps
 /// its tokens by hash: the same answers as the default, with the token
 /// hashed once (for the look-up and for revocation alike).
@@ -515,13 +523,7 @@ async fn authenticate_by_hash<A: Authenticator + ?Sized>(
     lookup: impl FnOnce(&str) -> Result<Option<Principal>, AuthError>,
 ) -> Result<Authenticated, AuthError> {
     match bearer_token(headers)? {
-        None => match authenticator.anonymous().await {
-            Some(principal) => Ok(Authenticated {
-                principal,
-                token_sha256: None,
-            }),
-            None => Err(AuthError::MissingCredentials),
-        },
+        None => without_credentials(authenticator).await,
         Some(token) => {
             let token_sha256 = hash_token(token);
             let principal = lookup(&token_sha256)?.ok_or(AuthError::InvalidToken)?;

@@ -3,6 +3,17 @@
 
 use std::time::{Duration, Instant};
 
+/// The metrics URL (`http://…/metrics`) a `serve --metrics` process
+/// announced on its log.
+pub fn metrics_url(server: &super::Proc) -> String {
+    let line = server.wait_line("metrics at http://");
+    line.split("metrics at ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("metrics URL")
+        .to_owned()
+}
+
 /// The value of the sample `series` (name and labels exactly as exposed).
 pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| {
