@@ -14,10 +14,19 @@
 //!
 //! ```text
 //! cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example vs_rmcp
-//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64]
+//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk]
 //! ```
 //!
 //! `GRAPH_RELAY_BIN` and `RMCP_ECHO_BIN` name the two executables elsewhere.
+//!
+//! `--client wrk` loads both servers with [wrk](https://github.com/wg/wrk)
+//! instead (one thread, the same connections and requests, a Lua script
+//! written per server), the way issue #19 measured its baseline: wrk costs
+//! the shared machine far less per request than this example's own client,
+//! so both servers get more of the two cores. wrk does not read the
+//! answers' bodies, so before every wrk window the built-in client sends
+//! each connection's request once and checks the answer in full; wrk's own
+//! count of non-2xx answers and socket errors must be zero.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -41,11 +50,21 @@ const RATE_BUDGET: f64 = 1.5;
 /// …at no more than this multiple of its server CPU per request.
 const CPU_BUDGET: f64 = 0.67;
 
+/// Which load generator drives the servers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// This example's own client: checks every answer.
+    Builtin,
+    /// `wrk` from `PATH` (or `WRK_BIN`), one thread.
+    Wrk,
+}
+
 /// The command line.
 struct Options {
     seconds: f64,
     rounds: usize,
     connections: usize,
+    client: Client,
 }
 
 impl Options {
@@ -54,6 +73,7 @@ impl Options {
             seconds: 10.0,
             rounds: 3,
             connections: 64,
+            client: Client::Builtin,
         };
         let mut args = std::env::args().skip(1);
         while let Some(flag) = args.next() {
@@ -62,9 +82,18 @@ impl Options {
                 "--seconds" => options.seconds = value.parse()?,
                 "--rounds" => options.rounds = value.parse()?,
                 "--connections" => options.connections = value.parse()?,
+                "--client" => {
+                    options.client = match value.as_str() {
+                        "builtin" => Client::Builtin,
+                        "wrk" => Client::Wrk,
+                        other => {
+                            return Err(format!("--client is builtin or wrk, not {other}").into());
+                        }
+                    }
+                }
                 other => {
                     return Err(format!(
-                        "unknown flag {other}; use --seconds N, --rounds N, --connections N"
+                        "unknown flag {other}; use --seconds N, --rounds N, --connections N, --client builtin|wrk"
                     )
                     .into());
                 }
@@ -476,7 +505,10 @@ struct Round {
     cpu_us_per_request: f64,
 }
 
-async fn measure(target: &Target, options: &Options) -> Result<Round, Error> {
+async fn measure(target: &Target, options: &Options, dir: &Path) -> Result<Round, Error> {
+    if options.client == Client::Wrk {
+        return measure_with_wrk(target, options, dir).await;
+    }
     let warm_up = Duration::from_secs(1);
     let window = Duration::from_secs_f64(options.seconds);
     let start = Instant::now();
@@ -505,6 +537,116 @@ async fn measure(target: &Target, options: &Options) -> Result<Round, Error> {
         rate: n / window.as_secs_f64(),
         p50_us: at(0.50),
         p99_us: at(0.99),
+        cpu_us_per_request: cpu.as_secs_f64() * 1e6 / n,
+    })
+}
+
+/// A wrk script that sends `target`'s request (the body of connection 1)
+/// with the same headers as the built-in client.
+fn wrk_script(target: &Target) -> String {
+    let body = (target.body)(1, &target.argument);
+    let mut script = format!("wrk.method = \"POST\"\nwrk.body = [==[{body}]==]\n");
+    // The head's lines after the request line; wrk sets `Host` itself.
+    for line in target.head.lines().skip(1) {
+        if let Some((name, value)) = line.split_once(':')
+            && !name.eq_ignore_ascii_case("host")
+        {
+            script.push_str(&format!(
+                "wrk.headers[\"{name}\"] = [==[{}]==]\n",
+                value.trim()
+            ));
+        }
+    }
+    script
+}
+
+/// A wrk duration (`687.00us`, `2.03ms`, `1.10s`) in microseconds.
+fn wrk_micros(text: &str) -> Result<f64, Error> {
+    let (number, scale) = if let Some(n) = text.strip_suffix("us") {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix("ms") {
+        (n, 1e3)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60e6)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1e6)
+    } else {
+        return Err(format!("not a wrk duration: {text}").into());
+    };
+    Ok(number.parse::<f64>()? * scale)
+}
+
+/// What wrk printed, read back: (answers, window, p50 µs, p99 µs).
+fn parse_wrk(output: &str) -> Result<(f64, f64, f64, f64), Error> {
+    let mut answers = None;
+    let mut p50 = None;
+    let mut p99 = None;
+    for line in output.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["50%", value] => p50 = Some(wrk_micros(value)?),
+            ["99%", value] => p99 = Some(wrk_micros(value)?),
+            [n, "requests", "in", window, ..] => {
+                let window = wrk_micros(window.trim_end_matches(','))? / 1e6;
+                answers = Some((n.parse::<f64>()?, window));
+            }
+            ["Non-2xx", ..] => return Err(format!("wrk saw wrong answers: {line}").into()),
+            ["Socket", "errors:", ..] => {
+                return Err(format!("wrk saw socket errors: {line}").into());
+            }
+            _ => {}
+        }
+    }
+    let (n, window) = answers.ok_or("wrk printed no request count")?;
+    Ok((
+        n,
+        window,
+        p50.ok_or("wrk printed no p50")?,
+        p99.ok_or("wrk printed no p99")?,
+    ))
+}
+
+/// One window of `target` under wrk, after the built-in client checked
+/// every connection's answer (0.3 s, not counted).
+async fn measure_with_wrk(target: &Target, options: &Options, dir: &Path) -> Result<Round, Error> {
+    let check_until = Instant::now() + Duration::from_millis(300);
+    drive(target, options.connections, check_until, check_until).await?;
+    let script = dir.join(format!("wrk-{}.lua", target.pid));
+    std::fs::write(&script, wrk_script(target))?;
+    let seconds = options.seconds.round().max(1.0);
+    let before = cpu_time(target.pid)?;
+    let output = Command::new(std::env::var("WRK_BIN").unwrap_or_else(|_| "wrk".into()))
+        .args(["-t1", "--latency", "-c"])
+        .arg(options.connections.to_string())
+        .arg("-d")
+        .arg(format!("{seconds}s"))
+        .arg("-s")
+        .arg(&script)
+        .arg(format!("http://{}/mcp", target.addr))
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| {
+            format!("cannot run wrk ({e}); install it (apt-get install wrk) or set WRK_BIN")
+        })?;
+    let cpu = cpu_time(target.pid)? - before;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "wrk failed ({}): {text}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    let (n, window, p50_us, p99_us) = parse_wrk(&text)?;
+    if n == 0.0 {
+        return Err(format!("{}: wrk got no answers", target.label).into());
+    }
+    Ok(Round {
+        rate: n / window,
+        p50_us,
+        p99_us,
         cpu_us_per_request: cpu.as_secs_f64() * 1e6 / n,
     })
 }
@@ -574,7 +716,7 @@ async fn run(options: &Options) -> Result<(), Error> {
     let mut rounds: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
     for round in 1..=options.rounds {
         for (i, target) in targets.iter().enumerate() {
-            let r = measure(target, options).await?;
+            let r = measure(target, options, dir.path()).await?;
             println!(
                 "round {round} {:<36} {:>8.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  {:>6.1} µs CPU/req",
                 target.label, r.rate, r.p50_us, r.p99_us, r.cpu_us_per_request
@@ -597,4 +739,61 @@ async fn run(options: &Options) -> Result<(), Error> {
         stop(&mut target.child).await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WRK_OUTPUT: &str = "Running 10s test @ http://127.0.0.1:40001/mcp
+  1 threads and 64 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   812.33us  301.10us  12.02ms   90.12%
+    Req/Sec    79.01k     2.10k   83.20k    71.00%
+  Latency Distribution
+     50%  765.00us
+     75%  901.00us
+     90%    1.05ms
+     99%    2.03ms
+  786123 requests in 10.00s, 401.12MB read
+Requests/sec:  78612.30
+Transfer/sec:     40.11MB
+";
+
+    #[test]
+    fn wrk_output_is_read_back() {
+        let (n, window, p50, p99) = parse_wrk(WRK_OUTPUT).unwrap();
+        assert_eq!(n, 786_123.0);
+        assert_eq!(window, 10.0);
+        assert_eq!(p50, 765.0);
+        assert_eq!(p99, 2030.0);
+    }
+
+    #[test]
+    fn wrk_errors_end_the_run() {
+        let wrong = WRK_OUTPUT.replace(
+            "Requests/sec",
+            "  Non-2xx or 3xx responses: 3\nRequests/sec",
+        );
+        assert!(
+            parse_wrk(&wrong)
+                .unwrap_err()
+                .to_string()
+                .contains("wrong answers")
+        );
+        let broken = WRK_OUTPUT.replace(
+            "Requests/sec",
+            "  Socket errors: connect 0, read 1, write 0, timeout 0\nRequests/sec",
+        );
+        assert!(
+            parse_wrk(&broken)
+                .unwrap_err()
+                .to_string()
+                .contains("socket errors")
+        );
+        assert!(parse_wrk("Running 10s test").is_err());
+        assert!(wrk_micros("12parsecs").is_err());
+        assert_eq!(wrk_micros("1.50s").unwrap(), 1.5e6);
+        assert_eq!(wrk_micros("2.00m").unwrap(), 120e6);
+    }
 }

@@ -25,7 +25,7 @@ use crate::relay_wire::ErrorReply;
 use crate::{Authenticated, HttpState, Principal};
 
 /// Marks `response` so that the connection is closed after it.
-fn closing(mut response: Response) -> Response {
+pub(crate) fn closing(mut response: Response) -> Response {
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -79,7 +79,7 @@ pub(crate) async fn agent(
 }
 
 /// 401 for a device's credentials on `/mcp`.
-fn device_on_mcp(state: &HttpState) -> Response {
+pub(crate) fn device_on_mcp(state: &HttpState) -> Response {
     state.unauthorized(
         Some("invalid_token"),
         Some("a device token cannot be used on /mcp"),

@@ -601,10 +601,12 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 /// # Ok(()) }
 /// ```
 pub fn router(state: HttpState) -> Router {
-    let routes = mcp_route_set(&state)
-        .merge(relay_route_set(&state))
-        .merge(metadata_route_set());
-    edge_layers(routes, state)
+    let routes = relay_route_set(&state).merge(metadata_route_set());
+    mcp_endpoint::Endpoint::mount(
+        edge_layers(routes, state.clone()),
+        edge_layers(mcp_route_set(&state), state.clone()),
+        state,
+    )
 }
 
 /// `GET`/`POST`/`DELETE /mcp` (the MCP Streamable HTTP endpoint), with the
@@ -629,7 +631,11 @@ pub fn router(state: HttpState) -> Router {
 /// }
 /// ```
 pub fn mcp_routes(state: HttpState) -> Router {
-    edge_layers(mcp_route_set(&state), state)
+    mcp_endpoint::Endpoint::mount(
+        Router::new(),
+        edge_layers(mcp_route_set(&state), state.clone()),
+        state,
+    )
 }
 
 /// The relay API under [`relay_wire::RELAY_PREFIX`] (`sync`, and `start`,
@@ -652,14 +658,21 @@ pub fn metadata_routes(state: HttpState) -> Router {
     edge_layers(metadata_route_set(), state)
 }
 
-/// The `/mcp` route, behind the agent gate.
+/// The `/mcp` route for every method but `POST`, which
+/// [`mcp_endpoint::Endpoint`] sends to [`mcp_endpoint::post`] before it
+/// reaches this route. `POST` is routed here too, to the same function, so
+/// that a `405` for another method lists it in `Allow`, as the agent
+/// gate's answer to an unknown method without credentials does.
 fn mcp_route_set(state: &HttpState) -> Router<HttpState> {
     use axum::middleware::from_fn_with_state;
     use axum::routing::post;
     let mcp = get(mcp_endpoint::get).merge(
-        post(mcp_endpoint::post)
-            .delete(mcp_endpoint::delete)
-            .layer(from_fn_with_state(state.clone(), gate::agent)),
+        post(
+            |axum::extract::State(state): axum::extract::State<HttpState>,
+             request: axum::extract::Request| { mcp_endpoint::post(state, request) },
+        )
+        .delete(mcp_endpoint::delete)
+        .layer(from_fn_with_state(state.clone(), gate::agent)),
     );
     Router::new().route(MCP_PATH, mcp)
 }

@@ -3,8 +3,7 @@
 use std::panic::AssertUnwindSafe;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +15,7 @@ use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
 use crate::sessions::{Lookup, SessionOwner};
-use crate::{AgentPrincipal, Authenticated, HttpState, Principal};
+use crate::{AgentPrincipal, Authenticated, HttpState, Principal, gate};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
     json_response(reply.http_status(), reply.to_bytes())
@@ -205,41 +204,55 @@ fn stream_core(
     crate::listen::sse_response(rx)
 }
 
-/// `POST /mcp`. The gate authenticated the agent before the body was read.
+/// `POST /mcp`, whole: the checks [`crate::router`]'s layers make for
+/// every other route, made here in the same order without the layers'
+/// plumbing (issue #19: the layers cost about a tenth of a request).
 ///
-/// The request is taken whole, not through extractors: its headers are
-/// read in place (the `HeaderMap` extractor copies them) and the caller
-/// the gate stored is moved out, not cloned (issue #19). What it answers
-/// is what the extractors `AgentPrincipal`, `HeaderMap` and
-/// `Result<Bytes, BytesRejection>` would give, in that order.
-pub(crate) async fn post(State(state): State<HttpState>, request: Request) -> Response {
-    let (mut parts, body) = request.into_parts();
-    let (who, caller) = match parts.extensions.remove::<Authenticated>() {
-        Some(Authenticated {
-            principal: Principal::Agent(caller),
-            token_sha256,
-        }) => (
-            Authenticated {
-                principal: Principal::Agent(caller.clone()),
-                token_sha256,
-            },
-            caller,
-        ),
-        other => {
-            // No agent from the gate (a router without it, or a device):
-            // the extractor authenticates or refuses as everywhere else.
-            if let Some(who) = other {
-                parts.extensions.insert(who);
-            }
-            match AgentPrincipal::from_request_parts(&mut parts, &state).await {
-                Ok(principal) => (principal.authenticated(), principal.caller),
-                Err(refused) => return refused,
-            }
-        }
+/// In order: the request timeout (408, empty, as `tower_http`'s
+/// `TimeoutLayer` answers), the Host/Origin check (403), the agent's
+/// credentials before the body is read (401/503; a device token is 401),
+/// and the body limit (413 as a JSON-RPC error); then [`post_message`].
+pub(crate) async fn post(state: HttpState, request: Request) -> Response {
+    let timeout = state.config().request_timeout;
+    match tokio::time::timeout(timeout, post_checked(state, request)).await {
+        Ok(response) => response,
+        Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
+    }
+}
+
+async fn post_checked(state: HttpState, request: Request) -> Response {
+    if let Err(refused) = state.check_host_and_origin(request.headers()) {
+        return gate::closing(refused);
+    }
+    let who = match state.authenticate_request(request.headers()).await {
+        Ok(who) => who,
+        Err(refused) => return gate::closing(refused),
     };
-    let headers = std::mem::take(&mut parts.headers);
-    let body = Bytes::from_request(Request::from_parts(parts, body), &state).await;
-    post_message(state, who, caller, &headers, body).await
+    let caller = match &who.principal {
+        Principal::Agent(caller) => caller.clone(),
+        Principal::Device(_) => return gate::closing(gate::device_on_mcp(&state)),
+    };
+    state.watch_revocations();
+    let (parts, body) = request.into_parts();
+    let limit = state.config().max_body_bytes;
+    let body =
+        match http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)).await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyRefusal::TooLarge),
+            // The words axum's `Bytes` extractor answers with.
+            Err(e) => Err(BodyRefusal::Unreadable(format!(
+                "Failed to buffer the request body: {e}"
+            ))),
+        };
+    post_message(state, who, caller, &parts.headers, body).await
+}
+
+/// Why a request's body was not read.
+enum BodyRefusal {
+    /// Longer than [`crate::HttpConfig::max_body_bytes`].
+    TooLarge,
+    /// The connection failed while it was read (the text to answer).
+    Unreadable(String),
 }
 
 /// The rest of [`post`], once the caller is known.
@@ -248,18 +261,18 @@ async fn post_message(
     who: Authenticated,
     caller: Caller,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, BodyRefusal>,
 ) -> Response {
     // A body the server would not read is a JSON-RPC error too, not
     // axum's plain text.
     let body = match body {
         Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+        Err(BodyRefusal::TooLarge) => {
             let limit = state.config().max_body_bytes;
             return McpHeaderError::BodyTooLarge { limit }.into_response();
         }
-        Err(rejection) => {
-            return McpHeaderError::BodyUnreadable(rejection.body_text()).into_response();
+        Err(BodyRefusal::Unreadable(text)) => {
+            return McpHeaderError::BodyUnreadable(text).into_response();
         }
     };
     if let Err(refused) = mcp_headers::check_media_types(headers) {
@@ -405,5 +418,47 @@ pub(crate) async fn delete(
             StatusCode::NO_CONTENT.into_response()
         }
         Some(_) => McpHeaderError::DeleteUnknownSession.into_response(),
+    }
+}
+
+/// The `/mcp` endpoint as one service: `POST` goes straight to [`post`],
+/// which makes the edge layers' checks itself; every other method goes to
+/// `others`, the layered routes of `GET` and `DELETE`.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    state: HttpState,
+    others: axum::Router,
+}
+
+impl Endpoint {
+    /// `/mcp` served by an [`Endpoint`], next to the routes of `routes`.
+    pub(crate) fn mount(
+        routes: axum::Router,
+        others: axum::Router,
+        state: HttpState,
+    ) -> axum::Router {
+        routes.route_service(crate::MCP_PATH, Self { state, others })
+    }
+}
+
+impl tower::Service<Request> for Endpoint {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        if request.method() == axum::http::Method::POST {
+            let state = self.state.clone();
+            Box::pin(async move { Ok(post(state, request).await) })
+        } else {
+            Box::pin(tower::ServiceExt::oneshot(self.others.clone(), request))
+        }
     }
 }

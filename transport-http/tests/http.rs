@@ -501,6 +501,79 @@ async fn oversized_bodies_are_413() {
     assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// `POST /mcp` makes the edge layers' checks itself (issue #19); the
+/// request timeout is one of them: a body that never arrives is 408, empty,
+/// as the timeout layer answers on every other route.
+#[tokio::test]
+async fn a_post_whose_body_never_arrives_is_408() {
+    let h = harness_with(HttpConfig {
+        request_timeout: std::time::Duration::from_millis(200),
+        ..HttpConfig::default()
+    })
+    .await;
+    let never = futures::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        h.post(Some(FULL), &[], Body::from_stream(never)),
+    )
+    .await
+    .expect("answered within the request timeout, not never");
+    assert_eq!(reply.status, StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(reply.body, Value::Null, "an empty body");
+    // The same timeout on another route: the relay API.
+    let request = Request::post("/external-assistants/graph-relays/sync")
+        .header("host", "127.0.0.1:8787")
+        .header("authorization", format!("Bearer {DEVICE}"))
+        .header("content-type", "application/json")
+        .body(Body::from_stream(futures::stream::pending::<
+            Result<axum::body::Bytes, std::io::Error>,
+        >()))
+        .unwrap();
+    assert_eq!(h.send(request).await.status, StatusCode::REQUEST_TIMEOUT);
+}
+
+/// A body that breaks off while it is read is a JSON-RPC error naming why,
+/// with nothing done.
+#[tokio::test]
+async fn a_post_whose_body_breaks_off_is_a_jsonrpc_error() {
+    let h = harness().await;
+    let broken = futures::stream::iter([
+        Ok(axum::body::Bytes::from_static(b"{\"jsonrpc\":")),
+        Err(std::io::Error::other("the peer went away")),
+    ]);
+    let reply = h.post(Some(FULL), &[], Body::from_stream(broken)).await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reply.body["error"]["code"], -32600, "{}", reply.body);
+    let message = reply.body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "Invalid request: the body could not be read: Failed to buffer the request body: "
+        ) && message.contains("the peer went away"),
+        "{message}"
+    );
+}
+
+/// Methods other than `POST`, `GET` and `DELETE` on `/mcp`: the agent gate
+/// answers first (401 and `Connection: close` without a token), then 405
+/// naming the methods served, `POST` among them.
+#[tokio::test]
+async fn other_methods_on_mcp_are_405_listing_post() {
+    let h = harness().await;
+    let put = |token: Option<&str>| {
+        let mut request = Request::put("/mcp").header("host", "127.0.0.1:8787");
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        request.body(Body::empty()).unwrap()
+    };
+    let anonymous = h.send(put(None)).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(anonymous.headers["connection"], "close");
+    let reply = h.send(put(Some(FULL))).await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(reply.headers["allow"], "GET,HEAD,POST,DELETE");
+}
+
 #[tokio::test]
 async fn tokens_are_checked_with_challenges() {
     let h = harness().await;
