@@ -67,6 +67,7 @@ pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::progress::{NoNotifier, Notifier};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
+use self::jsonrpc::MetaProbe;
 use crate::authz::Method;
 pub use crate::authz::ScopeDenied;
 use crate::catalog::ToolCatalog;
@@ -480,7 +481,7 @@ impl McpServer {
     /// SSE response) and passes a [`Notifier`] to
     /// [`McpServer::handle_notifying`].
     pub fn may_notify(&self, incoming: &Incoming) -> bool {
-        incoming.method() == Some("tools/call") && progress::token(incoming.meta()).is_some()
+        incoming.method() == Some("tools/call") && progress::token(incoming).is_some()
     }
 
     /// [`McpServer::handle_incoming`], sending the request's notifications
@@ -643,32 +644,38 @@ impl McpServer {
         if incoming.is_initialize() || session.version.is_some() {
             return Ok(Era::Legacy(session.version));
         }
-        let meta = incoming.params().get("_meta");
-        let Some(meta) = meta else {
+        let (protocol_version, client_capabilities) = match incoming.meta_probe() {
+            MetaProbe::Object {
+                protocol_version,
+                client_capabilities,
+                ..
+            } => (protocol_version, client_capabilities),
+            MetaProbe::NotObject => {
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    "Invalid params: `_meta` must be an object".to_owned(),
+                    None,
+                )
+                .with_status(400));
+            }
+            MetaProbe::Absent => {
             if incoming.method() == Some("ping") {
                 // The initialize era allows ping before initialize.
                 return Ok(Era::Legacy(None));
             }
-            return Err(Outgoing::error(
-                id,
-                ErrorCode::InvalidParams,
-                format!(
-                    "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
-                ),
-                None,
-            )
-            .with_status(400));
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
+                    ),
+                    None,
+                )
+                .with_status(400));
+            }
         };
-        let Some(meta) = meta.as_object() else {
-            return Err(Outgoing::error(
-                id,
-                ErrorCode::InvalidParams,
-                "Invalid params: `_meta` must be an object".to_owned(),
-                None,
-            )
-            .with_status(400));
-        };
-        let requested = match meta.get(META_PROTOCOL_VERSION) {
+        let requested = match protocol_version {
             Some(Value::String(v)) => v.as_str(),
             Some(_) => {
                 return Err(Outgoing::error(
@@ -699,10 +706,7 @@ impl McpServer {
                 Some(unsupported_version_data(requested)),
             ));
         }
-        if !meta
-            .get(META_CLIENT_CAPABILITIES)
-            .is_some_and(Value::is_object)
-        {
+        if !client_capabilities.as_ref().is_some_and(Value::is_object) {
             return Err(Outgoing::error(
                 id,
                 ErrorCode::InvalidParams,
