@@ -40,7 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let owner = OwnerId::parse("alice")?;
     let project = ProjectId::parse("p1")?;
-    let agent = Agent::new(AgentId::parse("assistant")?, owner.clone(), [project.clone()]);
+    let agent = Agent::new(
+        AgentId::parse("assistant")?,
+        owner.clone(),
+        [project.clone()],
+    );
     let device = Device::new(DeviceId::parse("desktop")?, owner);
     let session = GraphSessionId::parse("gs_0000000000000000000000000000000a")?;
     let sync = SyncRequest {

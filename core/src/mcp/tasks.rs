@@ -31,9 +31,7 @@ use super::wire::{
     CallToolResult, EmptyResult, GraphRun, JsonRpcNotification, ListenAcknowledged,
     ListenNotifications, MissingCapabilityData, Task, ToolOutput, to_value,
 };
-use super::{
-    Caller, ErrorCode, Incoming, McpServer, Outgoing, RequestId,
-};
+use super::{Caller, ErrorCode, Incoming, McpServer, Outgoing, RequestId};
 use crate::command::CommandStatus;
 use crate::ids::CommandId;
 use crate::queue::{CancelError, GetError, RunView};
