@@ -4,6 +4,8 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
+mod fast;
+
 use std::sync::OnceLock;
 
 use serde::Serialize;
@@ -198,6 +200,14 @@ impl Incoming {
         // The common case, a JSON object, is read straight into its parts
         // (no map of the top-level members). Anything it does not accept
         // is parsed again the general way, which decides the error.
+        if let Some(envelope) = fast::envelope(bytes) {
+            return Self::classify(envelope, Some(bytes)).map_err(Box::new);
+        }
+        Self::parse_general(bytes)
+    }
+
+    /// [`Incoming::parse`] without the plain-shape reader (see `fast`).
+    pub(super) fn parse_general(bytes: &[u8]) -> Result<Self, Box<Outgoing>> {
         if let Ok(envelope) = serde_json::from_slice::<Envelope>(bytes) {
             return Self::classify(envelope, Some(bytes)).map_err(Box::new);
         }

@@ -329,7 +329,7 @@ fn write_json_text(out: &mut Vec<u8>, text: &str) {
 /// The top bit of each byte of `word` that is `"`, `\` or below 0x20, and
 /// maybe of bytes above such a byte (a borrow carries upwards), so the
 /// lowest bit set marks the first byte to escape exactly.
-const fn to_escape(word: u64) -> u64 {
+pub(crate) const fn to_escape(word: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const TOPS: u64 = 0x8080_8080_8080_8080;
     // Bytes of `v` that are zero (exact up to the first one).
