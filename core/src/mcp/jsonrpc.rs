@@ -793,14 +793,25 @@ impl Outgoing {
     /// compact, canonical JSON (see [`Outgoing::typed_result`]): only the
     /// envelope around it is written.
     pub fn prerendered_result(id: &RequestId, result: &[u8]) -> Self {
-        let mut bytes = Vec::with_capacity(result.len() + 48);
+        Self::result_written(id, result.len(), |bytes| bytes.extend_from_slice(result))
+    }
+
+    /// A success response whose result `write` appends as compact,
+    /// canonical JSON (see [`Outgoing::prerendered_result`]) to the
+    /// message's bytes, which have room for `len` more.
+    pub(super) fn result_written(
+        id: &RequestId,
+        len: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Self {
+        let mut bytes = Vec::with_capacity(len + 48);
         bytes.extend_from_slice(b"{\"id\":");
         // An id is a string or an integer, which serialize infallibly.
         if serde_json::to_writer(&mut bytes, id).is_err() {
             bytes.extend_from_slice(b"null");
         }
         bytes.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
-        bytes.extend_from_slice(result);
+        write(&mut bytes);
         bytes.push(b'}');
         Self::rendered(bytes)
     }

@@ -241,7 +241,7 @@ pub(crate) enum Answer {
     /// as the text, as is as `structuredContent` when `with_structured`).
     Output {
         /// The structured content, compact JSON.
-        json: String,
+        json: Vec<u8>,
         /// Whether the revision carries `structuredContent`.
         with_structured: bool,
     },
@@ -271,16 +271,16 @@ fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     }
 }
 
-/// Appends `text` as a JSON string to `out`: the bytes [`write_json`]
-/// writes, faster for text without control characters (compact JSON, as
-/// the text of [`Answer::Output`] is), where only `"` and `\` are escaped.
-/// Text with a control character is written by [`write_json`].
+/// Appends the UTF-8 text `bytes` as a JSON string to `out`: the bytes
+/// [`write_json`] writes, faster for text without control characters
+/// (compact JSON, as the text of [`Answer::Output`] is), where only `"` and
+/// `\` are escaped. Text with a control character is written by
+/// [`write_json`].
 ///
 /// The text is scanned eight bytes at a time and copied in runs between
 /// the bytes to escape (issue #19: the general escaper cost more than a
 /// tenth of a `get_graph_run`).
-fn write_json_text(out: &mut Vec<u8>, text: &str) {
-    let bytes = text.as_bytes();
+fn write_json_text(out: &mut Vec<u8>, bytes: &[u8]) {
     let start = out.len();
     out.reserve(bytes.len() + bytes.len() / 8 + 2);
     out.push(b'"');
@@ -311,9 +311,11 @@ fn write_json_text(out: &mut Vec<u8>, text: &str) {
             },
         };
         if bytes[found] < 0x20 {
-            // A control character: the general escaper writes it.
+            // A control character: the general escaper writes it (compact
+            // JSON is UTF-8; other bytes are written as text with
+            // replacement characters, as no caller passes them).
             out.truncate(start);
-            write_json(out, text);
+            write_json(out, &String::from_utf8_lossy(bytes));
             return;
         }
         out.extend_from_slice(&bytes[run..found]);
@@ -679,26 +681,29 @@ impl McpServer {
             } => {
                 // The fields of `CompleteToolResult` (modern) or
                 // `CallToolResult` (legacy), in the same order, with the
-                // same compact serializer: the same bytes as rendering them.
-                let mut result = Vec::with_capacity(2 * json.len() + 256);
-                result.push(b'{');
-                if modern {
-                    result.extend_from_slice(b"\"_meta\":");
-                    result.extend_from_slice(&self.inner.server_info_meta);
-                    result.push(b',');
-                }
-                result.extend_from_slice(b"\"content\":[{\"text\":");
-                write_json_text(&mut result, json.as_str());
-                result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
-                if modern {
-                    result.extend_from_slice(b",\"resultType\":\"complete\"");
-                }
-                if with_structured {
-                    result.extend_from_slice(b",\"structuredContent\":");
-                    result.extend_from_slice(json.as_bytes());
-                }
-                result.push(b'}');
-                Outgoing::prerendered_result(id, &result)
+                // same compact serializer: the same bytes as rendering them,
+                // written straight into the message.
+                let server_info_meta = &self.inner.server_info_meta;
+                let len = 2 * json.len() + server_info_meta.len() + 160;
+                Outgoing::result_written(id, len, |result| {
+                    result.push(b'{');
+                    if modern {
+                        result.extend_from_slice(b"\"_meta\":");
+                        result.extend_from_slice(server_info_meta);
+                        result.push(b',');
+                    }
+                    result.extend_from_slice(b"\"content\":[{\"text\":");
+                    write_json_text(result, &json);
+                    result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
+                    if modern {
+                        result.extend_from_slice(b",\"resultType\":\"complete\"");
+                    }
+                    if with_structured {
+                        result.extend_from_slice(b",\"structuredContent\":");
+                        result.extend_from_slice(&json);
+                    }
+                    result.push(b'}');
+                })
             }
             Answer::ToolsList => {
                 let rendered = &self.inner.tools_list_rendered;

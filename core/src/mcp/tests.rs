@@ -970,7 +970,7 @@ fn json_text_is_escaped_as_serde_json_escapes_it() {
     );
     for text in samples {
         let mut fast = b"prefix".to_vec();
-        write_json_text(&mut fast, &text);
+        write_json_text(&mut fast, text.as_bytes());
         let mut general = b"prefix".to_vec();
         serde_json::to_writer(&mut general, &text).unwrap();
         assert_eq!(

@@ -58,7 +58,7 @@ fn tool_error(text: &str) -> CallToolResult {
 /// writes it, rendered without serializing the content twice.
 fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Answer {
     Answer::Output {
-        json: super::wire::to_json(&structured),
+        json: super::wire::to_json_bytes(&structured),
         with_structured: version.has_structured_content(),
     }
 }
