@@ -77,7 +77,10 @@ impl FromStr for CommandId {
 
 impl Serialize for CommandId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        // The `Display` text, written into a buffer on the stack (no
+        // formatting machinery: issue #19).
+        let mut buffer = uuid::Uuid::encode_buffer();
+        serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buffer))
     }
 }
 

@@ -48,18 +48,41 @@ impl Timestamp {
     }
 
     /// RFC 3339 in UTC with millisecond precision, e.g. `2026-11-30T06:48:47.123Z`.
+    /// The year has four digits up to 9999 and as many as it needs after.
     pub fn to_rfc3339(self) -> String {
         let secs = self.0 / 1000;
         let millis = self.0 % 1000;
         let days = secs / 86_400;
         let rem = secs % 86_400;
         let (year, month, day) = civil_from_days(days as i64);
-        format!(
-            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-            rem / 3600,
-            (rem % 3600) / 60,
-            rem % 60
-        )
+        let (hour, minute, second) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+        let year = match u64::try_from(year) {
+            Ok(year) if year <= 9999 => year,
+            _ => {
+                return format!(
+                    "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z"
+                );
+            }
+        };
+        // Written by hand into a fixed buffer: `format!` cost ten times as
+        // much, and every run a client reads carries a few of these (issue #19).
+        let mut text = *b"0000-00-00T00:00:00.000Z";
+        let digits = |out: &mut [u8], mut value: u64| {
+            for slot in out.iter_mut().rev() {
+                // A digit: `value % 10` is below 10.
+                *slot = b'0' + (value % 10) as u8;
+                value /= 10;
+            }
+        };
+        digits(&mut text[0..4], year);
+        digits(&mut text[5..7], u64::from(month));
+        digits(&mut text[8..10], u64::from(day));
+        digits(&mut text[11..13], hour);
+        digits(&mut text[14..16], minute);
+        digits(&mut text[17..19], second);
+        digits(&mut text[20..23], millis);
+        // ASCII digits and separators: always UTF-8.
+        std::str::from_utf8(&text).map_or_else(|_| String::new(), str::to_owned)
     }
 }
 
@@ -316,6 +339,62 @@ impl<S: IdSource + ?Sized> IdSource for std::sync::Arc<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Timestamp::to_rfc3339` as it was first written, with `format!`.
+    fn rfc3339_by_format(t: Timestamp) -> String {
+        let secs = t.0 / 1000;
+        let millis = t.0 % 1000;
+        let days = secs / 86_400;
+        let rem = secs % 86_400;
+        let (year, month, day) = civil_from_days(days as i64);
+        format!(
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+            rem / 3600,
+            (rem % 3600) / 60,
+            rem % 60
+        )
+    }
+
+    #[test]
+    fn rfc3339_written_by_hand_matches_format() {
+        assert_eq!(
+            Timestamp(1_767_225_600_123).to_rfc3339(),
+            "2026-01-01T00:00:00.123Z"
+        );
+        // Year 9999's last millisecond, then five-digit years.
+        let last_four_digit_year = 253_402_300_799_999;
+        assert_eq!(
+            Timestamp(last_four_digit_year).to_rfc3339(),
+            "9999-12-31T23:59:59.999Z"
+        );
+        assert_eq!(
+            Timestamp(last_four_digit_year + 1).to_rfc3339(),
+            "10000-01-01T00:00:00.000Z"
+        );
+        let mut samples = vec![
+            0,
+            999,
+            1000,
+            86_399_999,
+            86_400_000,
+            951_782_400_000, // 2000-02-29
+            last_four_digit_year,
+            last_four_digit_year + 1,
+            u64::MAX,
+        ];
+        let mut state = 7_u64;
+        for _ in 0..20_000 {
+            state = splitmix64(state);
+            samples.push(state % (last_four_digit_year + 10_000_000_000));
+        }
+        for t in samples {
+            assert_eq!(
+                Timestamp(t).to_rfc3339(),
+                rfc3339_by_format(Timestamp(t)),
+                "{t}"
+            );
+        }
+    }
 
     #[test]
     fn the_thread_sleeper_wakes_every_sleeper_once_its_deadline_passed() {

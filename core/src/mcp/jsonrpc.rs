@@ -4,6 +4,8 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
+mod fast;
+
 use std::sync::OnceLock;
 
 use serde::Serialize;
@@ -87,11 +89,107 @@ pub enum IncomingKind {
 }
 
 /// One parsed, well-formed JSON-RPC message.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The members of `params` that the server reads on every request (`name`,
+/// `arguments`, the `_meta` fields of 2026-07-28, …) are decoded when the
+/// message is parsed; the whole `params` object only when
+/// [`Incoming::params`] or [`Incoming::meta`] is first called (issue #19:
+/// a tree of the whole object cost more than the rest of the parse).
+#[derive(Clone)]
 pub struct Incoming {
     kind: IncomingKind,
     method: Option<String>,
-    params: Map<String, Value>,
+    params: Params,
+}
+
+impl PartialEq for Incoming {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.method == other.method && self.params() == other.params()
+    }
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming")
+            .field("kind", &self.kind)
+            .field("method", &self.method)
+            .field("params", self.params())
+            .finish()
+    }
+}
+
+/// The `params` of a message: what the handlers read on every request,
+/// and the whole object, decoded on first use.
+#[derive(Clone, Default)]
+struct Params {
+    probe: Probe,
+    /// The whole object (empty when `params` is absent or `null`).
+    map: OnceLock<Map<String, Value>>,
+    /// The message's bytes, from which `map` is decoded on first use
+    /// (`None` once it is known).
+    source: Option<Box<[u8]>>,
+}
+
+impl Params {
+    /// No params (absent, `null`, or a client's response).
+    fn empty() -> Self {
+        Self {
+            probe: Probe::default(),
+            map: OnceLock::from(Map::new()),
+            source: None,
+        }
+    }
+}
+
+/// The members of `params` read on every request, each as its last
+/// occurrence (as in a [`Map`]).
+#[derive(Clone, Default, Debug, PartialEq)]
+struct Probe {
+    name: Option<Value>,
+    uri: Option<Value>,
+    task_id: Option<Value>,
+    arguments: Option<Value>,
+    meta: MetaProbe,
+}
+
+impl Probe {
+    /// The probe of a decoded params object.
+    fn of_map(map: &Map<String, Value>) -> Self {
+        Self {
+            name: map.get("name").cloned(),
+            uri: map.get("uri").cloned(),
+            task_id: map.get("taskId").cloned(),
+            arguments: map.get("arguments").cloned(),
+            meta: match map.get("_meta") {
+                None => MetaProbe::Absent,
+                Some(Value::Object(meta)) => MetaProbe::Object {
+                    protocol_version: meta.get(META_PROTOCOL_VERSION).cloned(),
+                    client_capabilities: meta.get(META_CLIENT_CAPABILITIES).cloned(),
+                    progress_token: meta.get("progressToken").cloned(),
+                },
+                Some(_) => MetaProbe::NotObject,
+            },
+        }
+    }
+}
+
+/// What `params._meta` is, with the members the server reads.
+#[derive(Clone, Default, Debug, PartialEq)]
+pub(super) enum MetaProbe {
+    /// No `_meta`.
+    #[default]
+    Absent,
+    /// `_meta` is not an object.
+    NotObject,
+    /// `_meta` is an object with these members (each its last occurrence).
+    Object {
+        /// `io.modelcontextprotocol/protocolVersion`.
+        protocol_version: Option<Value>,
+        /// `io.modelcontextprotocol/clientCapabilities`.
+        client_capabilities: Option<Value>,
+        /// `progressToken`.
+        progress_token: Option<Value>,
+    },
 }
 
 impl Incoming {
@@ -102,8 +200,16 @@ impl Incoming {
         // The common case, a JSON object, is read straight into its parts
         // (no map of the top-level members). Anything it does not accept
         // is parsed again the general way, which decides the error.
+        if let Some(envelope) = fast::envelope(bytes) {
+            return Self::classify(envelope, Some(bytes)).map_err(Box::new);
+        }
+        Self::parse_general(bytes)
+    }
+
+    /// [`Incoming::parse`] without the plain-shape reader (see `fast`).
+    pub(super) fn parse_general(bytes: &[u8]) -> Result<Self, Box<Outgoing>> {
         if let Ok(envelope) = serde_json::from_slice::<Envelope>(bytes) {
-            return Self::classify(envelope).map_err(Box::new);
+            return Self::classify(envelope, Some(bytes)).map_err(Box::new);
         }
         let value: Value = serde_json::from_slice(bytes).map_err(|e| {
             Box::new(Outgoing::error(
@@ -133,17 +239,32 @@ impl Incoming {
                 ));
             }
         };
-        Self::classify(Envelope {
-            id: object.remove("id"),
-            jsonrpc_ok: object.get("jsonrpc").and_then(Value::as_str) == Some("2.0"),
-            method: object.remove("method"),
-            answered: object.contains_key("result") || object.contains_key("error"),
-            params: object.remove("params"),
-        })
+        let params = match object.remove("params") {
+            None => None,
+            Some(Value::Null) => Some(ParamsValue::Null),
+            Some(Value::Object(map)) => Some(ParamsValue::Object(Params {
+                probe: Probe::of_map(&map),
+                map: OnceLock::from(map),
+                source: None,
+            })),
+            Some(_) => Some(ParamsValue::Other),
+        };
+        Self::classify(
+            Envelope {
+                id: object.remove("id"),
+                jsonrpc_ok: object.get("jsonrpc").and_then(Value::as_str) == Some("2.0"),
+                method: object.remove("method"),
+                answered: object.contains_key("result") || object.contains_key("error"),
+                params,
+            },
+            None,
+        )
     }
 
-    /// The checks of [`Incoming::from_value`] on a message's members.
-    fn classify(envelope: Envelope) -> Result<Self, Outgoing> {
+    /// The checks of [`Incoming::from_value`] on a message's members;
+    /// `source` is the message's bytes when it was parsed from them (the
+    /// whole `params` object is decoded from them on first use).
+    fn classify(envelope: Envelope, source: Option<&[u8]>) -> Result<Self, Outgoing> {
         let Envelope {
             id,
             jsonrpc_ok,
@@ -178,16 +299,21 @@ impl Incoming {
                 Ok(Self {
                     kind: IncomingKind::Response,
                     method: None,
-                    params: Map::new(),
+                    params: Params::empty(),
                 })
             } else {
                 Err(invalid(id, "Invalid request: `method` is missing"))
             };
         };
         let params = match params {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(p)) => p,
-            Some(_) => {
+            None | Some(ParamsValue::Null) => Params::empty(),
+            Some(ParamsValue::Object(mut p)) => {
+                if p.map.get().is_none() {
+                    p.source = source.map(Box::from);
+                }
+                p
+            }
+            Some(ParamsValue::Other) => {
                 return Err(Outgoing::error(
                     id,
                     ErrorCode::InvalidParams,
@@ -234,9 +360,55 @@ impl Incoming {
         self.method.as_deref()
     }
 
-    /// The params object (empty when absent).
+    /// The params object (empty when absent). Decoded from the message's
+    /// bytes on first use.
     pub fn params(&self) -> &Map<String, Value> {
-        &self.params
+        self.params.map.get_or_init(|| {
+            self.params
+                .source
+                .as_deref()
+                .and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok())
+                .and_then(|mut message| match message.get_mut("params")?.take() {
+                    Value::Object(params) => Some(params),
+                    _ => None,
+                })
+                // Not reached: the bytes parsed, with an object as `params`.
+                .unwrap_or_default()
+        })
+    }
+
+    /// `params.arguments`.
+    pub(super) fn arguments(&self) -> Option<&Value> {
+        self.params.probe.arguments.as_ref()
+    }
+
+    /// `params.taskId`.
+    pub(super) fn task_id(&self) -> Option<&Value> {
+        self.params.probe.task_id.as_ref()
+    }
+
+    /// What `params._meta` is, with the members the server reads.
+    pub(super) fn meta_probe(&self) -> &MetaProbe {
+        &self.params.probe.meta
+    }
+
+    /// `_meta.io.modelcontextprotocol/clientCapabilities`, when `_meta` is an object.
+    pub(super) fn client_capabilities(&self) -> Option<&Value> {
+        match &self.params.probe.meta {
+            MetaProbe::Object {
+                client_capabilities,
+                ..
+            } => client_capabilities.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// `_meta.progressToken`, when `_meta` is an object.
+    pub(super) fn progress_token(&self) -> Option<&Value> {
+        match &self.params.probe.meta {
+            MetaProbe::Object { progress_token, .. } => progress_token.as_ref(),
+            _ => None,
+        }
     }
 
     /// True for a request.
@@ -261,23 +433,29 @@ impl Incoming {
 
     /// The `_meta` object of the params, if any.
     pub fn meta(&self) -> Option<&Map<String, Value>> {
-        self.params.get("_meta").and_then(Value::as_object)
+        self.params().get("_meta").and_then(Value::as_object)
     }
 
     /// The protocol version a 2026-07-28-style request carries in `_meta`,
     /// as sent (it may be one this server does not support).
     pub fn meta_protocol_version(&self) -> Option<&str> {
-        self.meta()?.get(META_PROTOCOL_VERSION)?.as_str()
+        match &self.params.probe.meta {
+            MetaProbe::Object {
+                protocol_version, ..
+            } => protocol_version.as_ref()?.as_str(),
+            _ => None,
+        }
     }
 
     /// The value the 2026-07-28 `Mcp-Name` header must equal: `params.name`
     /// for `tools/call` and `prompts/get`, `params.uri` for `resources/read`,
     /// `params.taskId` for the tasks extension's `tasks/*` methods.
     pub fn name_param(&self) -> Option<&str> {
+        let probe = &self.params.probe;
         match self.method()? {
-            "tools/call" | "prompts/get" => self.params.get("name")?.as_str(),
-            "resources/read" => self.params.get("uri")?.as_str(),
-            "tasks/get" | "tasks/update" | "tasks/cancel" => self.params.get("taskId")?.as_str(),
+            "tools/call" | "prompts/get" => probe.name.as_ref()?.as_str(),
+            "resources/read" => probe.uri.as_ref()?.as_str(),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => probe.task_id.as_ref()?.as_str(),
             _ => None,
         }
     }
@@ -285,7 +463,7 @@ impl Incoming {
     /// The tool a `tools/call` names.
     pub fn tool_name(&self) -> Option<&str> {
         if self.method()? == "tools/call" {
-            self.params.get("name")?.as_str()
+            self.params.probe.name.as_ref()?.as_str()
         } else {
             None
         }
@@ -302,7 +480,191 @@ struct Envelope {
     method: Option<Value>,
     /// A `result` or `error` member is present.
     answered: bool,
-    params: Option<Value>,
+    params: Option<ParamsValue>,
+}
+
+/// What the `params` member is.
+// Short-lived (one parse), and nearly always `Object`: a box would cost an
+// allocation per message.
+#[allow(clippy::large_enum_variant)]
+enum ParamsValue {
+    /// `null`.
+    Null,
+    /// An object: its probe (`map` and `source` are set later).
+    Object(Params),
+    /// Anything else.
+    Other,
+}
+
+/// A member name of `params`, read without allocating.
+enum ParamsMember {
+    Name,
+    Uri,
+    TaskId,
+    Arguments,
+    Meta,
+    Other,
+}
+
+/// A member name of `params._meta`, read without allocating.
+enum MetaMember {
+    ProtocolVersion,
+    ClientCapabilities,
+    ProgressToken,
+    Other,
+}
+
+/// Reads the name of a member as `T` without allocating.
+macro_rules! member_names {
+    ($ty:ident { $($name:pat => $variant:ident,)* }) => {
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Name;
+                impl serde::de::Visitor<'_> for Name {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a member name")
+                    }
+                    fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<$ty, E> {
+                        Ok(match name {
+                            $($name => $ty::$variant,)*
+                            _ => $ty::Other,
+                        })
+                    }
+                }
+                deserializer.deserialize_identifier(Name)
+            }
+        }
+    };
+}
+
+member_names!(ParamsMember {
+    "name" => Name,
+    "uri" => Uri,
+    "taskId" => TaskId,
+    "arguments" => Arguments,
+    "_meta" => Meta,
+});
+
+member_names!(MetaMember {
+    META_PROTOCOL_VERSION => ProtocolVersion,
+    META_CLIENT_CAPABILITIES => ClientCapabilities,
+    "progressToken" => ProgressToken,
+});
+
+/// Consumes the elements of an array, each read as a [`Value`] (so that
+/// exactly what the general parse accepts is accepted).
+fn skip_elements<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<Value>()?.is_some() {}
+    Ok(())
+}
+
+/// Implements the scalar visits of a visitor whose value for any
+/// non-object, non-null JSON value is `$other` (and for `null`, `$null`).
+macro_rules! not_an_object {
+    ($other:expr, $null:expr) => {
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Ok($other)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok($null)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            skip_elements(seq)?;
+            Ok($other)
+        }
+    };
+}
+
+impl<'de> serde::Deserialize<'de> for ParamsValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = ParamsValue;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the params of a JSON-RPC message")
+            }
+            not_an_object!(ParamsValue::Other, ParamsValue::Null);
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ParamsValue, A::Error> {
+                let mut probe = Probe::default();
+                while let Some(member) = map.next_key::<ParamsMember>()? {
+                    // Every other value is read as a `Value` too (and
+                    // dropped), so that exactly the messages the general
+                    // parse accepts are accepted.
+                    match member {
+                        ParamsMember::Name => probe.name = Some(map.next_value()?),
+                        ParamsMember::Uri => probe.uri = Some(map.next_value()?),
+                        ParamsMember::TaskId => probe.task_id = Some(map.next_value()?),
+                        ParamsMember::Arguments => probe.arguments = Some(map.next_value()?),
+                        ParamsMember::Meta => probe.meta = map.next_value()?,
+                        ParamsMember::Other => {
+                            map.next_value::<Value>()?;
+                        }
+                    }
+                }
+                Ok(ParamsValue::Object(Params {
+                    probe,
+                    map: OnceLock::new(),
+                    source: None,
+                }))
+            }
+        }
+        deserializer.deserialize_any(Members)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MetaProbe {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Members;
+        impl<'de> serde::de::Visitor<'de> for Members {
+            type Value = MetaProbe;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the _meta of a JSON-RPC message")
+            }
+            not_an_object!(MetaProbe::NotObject, MetaProbe::NotObject);
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MetaProbe, A::Error> {
+                let mut protocol_version = None;
+                let mut client_capabilities = None;
+                let mut progress_token = None;
+                while let Some(member) = map.next_key::<MetaMember>()? {
+                    match member {
+                        MetaMember::ProtocolVersion => protocol_version = Some(map.next_value()?),
+                        MetaMember::ClientCapabilities => {
+                            client_capabilities = Some(map.next_value()?);
+                        }
+                        MetaMember::ProgressToken => progress_token = Some(map.next_value()?),
+                        MetaMember::Other => {
+                            map.next_value::<Value>()?;
+                        }
+                    }
+                }
+                Ok(MetaProbe::Object {
+                    protocol_version,
+                    client_capabilities,
+                    progress_token,
+                })
+            }
+        }
+        deserializer.deserialize_any(Members)
+    }
 }
 
 /// A member name of a JSON-RPC message, read without allocating.
@@ -352,16 +714,20 @@ impl<'de> serde::Deserialize<'de> for Envelope {
             ) -> Result<Envelope, A::Error> {
                 let mut envelope = Envelope::default();
                 while let Some(member) = map.next_key::<Member>()? {
-                    // Every value is read as a `Value`, so that exactly the
+                    // Every value is read as a `Value` (or, for `params`,
+                    // with every member read as one), so that exactly the
                     // messages the general parse accepts are accepted.
+                    if let Member::Params = member {
+                        envelope.params = Some(map.next_value()?);
+                        continue;
+                    }
                     let value: Value = map.next_value()?;
                     match member {
                         Member::Id => envelope.id = Some(value),
                         Member::Jsonrpc => envelope.jsonrpc_ok = value.as_str() == Some("2.0"),
                         Member::Method => envelope.method = Some(value),
-                        Member::Params => envelope.params = Some(value),
                         Member::Answer => envelope.answered = true,
-                        Member::Other => {}
+                        Member::Params | Member::Other => {}
                     }
                 }
                 Ok(envelope)
@@ -427,14 +793,25 @@ impl Outgoing {
     /// compact, canonical JSON (see [`Outgoing::typed_result`]): only the
     /// envelope around it is written.
     pub fn prerendered_result(id: &RequestId, result: &[u8]) -> Self {
-        let mut bytes = Vec::with_capacity(result.len() + 48);
+        Self::result_written(id, result.len(), |bytes| bytes.extend_from_slice(result))
+    }
+
+    /// A success response whose result `write` appends as compact,
+    /// canonical JSON (see [`Outgoing::prerendered_result`]) to the
+    /// message's bytes, which have room for `len` more.
+    pub(super) fn result_written(
+        id: &RequestId,
+        len: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> Self {
+        let mut bytes = Vec::with_capacity(len + 48);
         bytes.extend_from_slice(b"{\"id\":");
         // An id is a string or an integer, which serialize infallibly.
         if serde_json::to_writer(&mut bytes, id).is_err() {
             bytes.extend_from_slice(b"null");
         }
         bytes.extend_from_slice(b",\"jsonrpc\":\"2.0\",\"result\":");
-        bytes.extend_from_slice(result);
+        write(&mut bytes);
         bytes.push(b'}');
         Self::rendered(bytes)
     }

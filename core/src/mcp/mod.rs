@@ -59,6 +59,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
+use self::jsonrpc::MetaProbe;
 pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
     META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
@@ -211,6 +212,8 @@ struct Inner {
     info: ServerInfo,
     /// `info` as the `serverInfo` of replies.
     implementation: wire::Implementation,
+    /// The `_meta` of 2026-07-28 results (`ServerInfoMeta`), compact JSON.
+    server_info_meta: Vec<u8>,
     tools_list: Vec<wire::Tool>,
     /// The `tools/list` result of each era, rendered once: it is the same
     /// for every caller (see `McpServer::tools_list`).
@@ -238,7 +241,7 @@ pub(crate) enum Answer {
     /// as the text, as is as `structuredContent` when `with_structured`).
     Output {
         /// The structured content, compact JSON.
-        json: String,
+        json: Vec<u8>,
         /// Whether the revision carries `structuredContent`.
         with_structured: bool,
     },
@@ -266,6 +269,78 @@ fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     if serde_json::to_writer(&mut *out, value).is_err() {
         out.extend_from_slice(b"null");
     }
+}
+
+/// Appends the UTF-8 text `bytes` as a JSON string to `out`: the bytes
+/// [`write_json`] writes, faster for text without control characters
+/// (compact JSON, as the text of [`Answer::Output`] is), where only `"` and
+/// `\` are escaped. Text with a control character is written by
+/// [`write_json`].
+///
+/// The text is scanned eight bytes at a time and copied in runs between
+/// the bytes to escape (issue #19: the general escaper cost more than a
+/// tenth of a `get_graph_run`).
+fn write_json_text(out: &mut Vec<u8>, bytes: &[u8]) {
+    let start = out.len();
+    out.reserve(bytes.len() + bytes.len() / 8 + 2);
+    out.push(b'"');
+    // `bytes[run..]` is not written yet; `bytes[..i]` holds nothing to escape past `run`.
+    let mut run = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        let found = match bytes
+            .get(i..i + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        {
+            Some(chunk) => {
+                let marks = to_escape(u64::from_le_bytes(chunk));
+                if marks == 0 {
+                    i += 8;
+                    continue;
+                }
+                // The lowest mark is exact (see `to_escape`); its bit is the
+                // top bit of that byte, so this is below 8.
+                i + (marks.trailing_zeros() / 8) as usize
+            }
+            None => match bytes[i..]
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            {
+                Some(at) => i + at,
+                None => break,
+            },
+        };
+        if bytes[found] < 0x20 {
+            // A control character: the general escaper writes it (compact
+            // JSON is UTF-8; other bytes are written as text with
+            // replacement characters, as no caller passes them).
+            out.truncate(start);
+            write_json(out, &String::from_utf8_lossy(bytes));
+            return;
+        }
+        out.extend_from_slice(&bytes[run..found]);
+        out.push(b'\\');
+        // The escaped byte starts the next run.
+        run = found;
+        i = found + 1;
+    }
+    out.extend_from_slice(&bytes[run..]);
+    out.push(b'"');
+}
+
+/// The top bit of each byte of `word` that is `"`, `\` or below 0x20, and
+/// maybe of bytes above such a byte (a borrow carries upwards), so the
+/// lowest bit set marks the first byte to escape exactly.
+pub(crate) const fn to_escape(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const TOPS: u64 = 0x8080_8080_8080_8080;
+    // Bytes of `v` that are zero (exact up to the first one).
+    const fn zero_bytes(v: u64) -> u64 {
+        v.wrapping_sub(ONES) & !v & TOPS
+    }
+    zero_bytes(word ^ (ONES * b'"' as u64))
+        | zero_bytes(word ^ (ONES * b'\\' as u64))
+        | (word.wrapping_sub(ONES * 0x20) & !word & TOPS)
 }
 
 /// The `_meta` of a 2026-07-28 result.
@@ -299,10 +374,19 @@ impl McpServer {
     /// A server for `queue` exposing `catalog`, naming itself `info`.
     pub fn new(queue: Queue, catalog: ToolCatalog, info: ServerInfo) -> Self {
         let tools_list = catalog.tool_definitions();
+        let implementation = info.implementation();
+        let mut server_info_meta = Vec::new();
+        write_json(
+            &mut server_info_meta,
+            &ServerInfoMeta {
+                server_info: &implementation,
+            },
+        );
         Self::prerendered(Inner {
             queue,
             catalog,
-            implementation: info.implementation(),
+            implementation,
+            server_info_meta,
             info,
             tools_list,
             tools_list_rendered: ToolsListRendered::default(),
@@ -480,7 +564,7 @@ impl McpServer {
     /// SSE response) and passes a [`Notifier`] to
     /// [`McpServer::handle_notifying`].
     pub fn may_notify(&self, incoming: &Incoming) -> bool {
-        incoming.method() == Some("tools/call") && progress::token(incoming.meta()).is_some()
+        incoming.method() == Some("tools/call") && progress::token(incoming).is_some()
     }
 
     /// [`McpServer::handle_incoming`], sending the request's notifications
@@ -597,31 +681,29 @@ impl McpServer {
             } => {
                 // The fields of `CompleteToolResult` (modern) or
                 // `CallToolResult` (legacy), in the same order, with the
-                // same compact serializer: the same bytes as rendering them.
-                let mut result = Vec::with_capacity(2 * json.len() + 256);
-                result.push(b'{');
-                if modern {
-                    result.extend_from_slice(b"\"_meta\":");
-                    write_json(
-                        &mut result,
-                        &ServerInfoMeta {
-                            server_info: &self.inner.implementation,
-                        },
-                    );
-                    result.push(b',');
-                }
-                result.extend_from_slice(b"\"content\":[{\"text\":");
-                write_json(&mut result, json.as_str());
-                result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
-                if modern {
-                    result.extend_from_slice(b",\"resultType\":\"complete\"");
-                }
-                if with_structured {
-                    result.extend_from_slice(b",\"structuredContent\":");
-                    result.extend_from_slice(json.as_bytes());
-                }
-                result.push(b'}');
-                Outgoing::prerendered_result(id, &result)
+                // same compact serializer: the same bytes as rendering them,
+                // written straight into the message.
+                let server_info_meta = &self.inner.server_info_meta;
+                let len = 2 * json.len() + server_info_meta.len() + 160;
+                Outgoing::result_written(id, len, |result| {
+                    result.push(b'{');
+                    if modern {
+                        result.extend_from_slice(b"\"_meta\":");
+                        result.extend_from_slice(server_info_meta);
+                        result.push(b',');
+                    }
+                    result.extend_from_slice(b"\"content\":[{\"text\":");
+                    write_json_text(result, &json);
+                    result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
+                    if modern {
+                        result.extend_from_slice(b",\"resultType\":\"complete\"");
+                    }
+                    if with_structured {
+                        result.extend_from_slice(b",\"structuredContent\":");
+                        result.extend_from_slice(&json);
+                    }
+                    result.push(b'}');
+                })
             }
             Answer::ToolsList => {
                 let rendered = &self.inner.tools_list_rendered;
@@ -643,32 +725,38 @@ impl McpServer {
         if incoming.is_initialize() || session.version.is_some() {
             return Ok(Era::Legacy(session.version));
         }
-        let meta = incoming.params().get("_meta");
-        let Some(meta) = meta else {
-            if incoming.method() == Some("ping") {
-                // The initialize era allows ping before initialize.
-                return Ok(Era::Legacy(None));
+        let (protocol_version, client_capabilities) = match incoming.meta_probe() {
+            MetaProbe::Object {
+                protocol_version,
+                client_capabilities,
+                ..
+            } => (protocol_version, client_capabilities),
+            MetaProbe::NotObject => {
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    "Invalid params: `_meta` must be an object".to_owned(),
+                    None,
+                )
+                .with_status(400));
             }
-            return Err(Outgoing::error(
-                id,
-                ErrorCode::InvalidParams,
-                format!(
-                    "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
-                ),
-                None,
-            )
-            .with_status(400));
+            MetaProbe::Absent => {
+                if incoming.method() == Some("ping") {
+                    // The initialize era allows ping before initialize.
+                    return Ok(Era::Legacy(None));
+                }
+                return Err(Outgoing::error(
+                    id,
+                    ErrorCode::InvalidParams,
+                    format!(
+                        "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
+                    ),
+                    None,
+                )
+                .with_status(400));
+            }
         };
-        let Some(meta) = meta.as_object() else {
-            return Err(Outgoing::error(
-                id,
-                ErrorCode::InvalidParams,
-                "Invalid params: `_meta` must be an object".to_owned(),
-                None,
-            )
-            .with_status(400));
-        };
-        let requested = match meta.get(META_PROTOCOL_VERSION) {
+        let requested = match protocol_version {
             Some(Value::String(v)) => v.as_str(),
             Some(_) => {
                 return Err(Outgoing::error(
@@ -699,10 +787,7 @@ impl McpServer {
                 Some(unsupported_version_data(requested)),
             ));
         }
-        if !meta
-            .get(META_CLIENT_CAPABILITIES)
-            .is_some_and(Value::is_object)
-        {
+        if !client_capabilities.as_ref().is_some_and(Value::is_object) {
             return Err(Outgoing::error(
                 id,
                 ErrorCode::InvalidParams,

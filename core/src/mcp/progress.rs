@@ -17,8 +17,9 @@
 //! counter, without `total`. `message` is the task status message of
 //! [`super::tasks`], so every surface says the same words.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
+use super::Incoming;
 use super::wire::{JsonRpcNotification, ProgressParams, to_value};
 use crate::queue::RunView;
 
@@ -40,8 +41,8 @@ impl Notifier for NoNotifier {
 
 /// The progress token of a request (`_meta.progressToken`, a string or an
 /// integer), if it has a usable one.
-pub(super) fn token(meta: Option<&Map<String, Value>>) -> Option<Value> {
-    let token = meta?.get("progressToken")?;
+pub(super) fn token(incoming: &Incoming) -> Option<Value> {
+    let token = incoming.progress_token()?;
     (token.is_string() || token.is_i64() || token.is_u64()).then(|| token.clone())
 }
 
@@ -129,15 +130,24 @@ mod tests {
 
     #[test]
     fn tokens_are_strings_or_integers() {
-        let meta = |token: Value| {
-            let mut m = Map::new();
-            m.insert("progressToken".into(), token);
-            m
+        let call = |meta: Value| {
+            let message = json!({
+                "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                "params": {"name": "get_graph_run", "_meta": meta}
+            });
+            // Both ways in: from bytes, and from a decoded value.
+            let parsed = Incoming::parse(message.to_string().as_bytes()).expect("a request");
+            let decoded = Incoming::from_value(message).expect("a request");
+            let token = token(&parsed);
+            assert_eq!(token, super::token(&decoded));
+            token
         };
-        assert_eq!(token(Some(&meta(json!("t")))), Some(json!("t")));
-        assert_eq!(token(Some(&meta(json!(7)))), Some(json!(7)));
-        assert_eq!(token(Some(&meta(json!(1.5)))), None);
-        assert_eq!(token(Some(&meta(json!({"a": 1})))), None);
-        assert_eq!(token(None), None);
+        assert_eq!(call(json!({"progressToken": "t"})), Some(json!("t")));
+        assert_eq!(call(json!({"progressToken": 7})), Some(json!(7)));
+        assert_eq!(call(json!({"progressToken": 1.5})), None);
+        assert_eq!(call(json!({"progressToken": {"a": 1}})), None);
+        assert_eq!(call(json!({"other": 1})), None);
+        assert_eq!(call(json!(["progressToken", "t"])), None);
+        assert_eq!(call(json!(null)), None);
     }
 }

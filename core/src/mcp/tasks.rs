@@ -31,9 +31,7 @@ use super::wire::{
     CallToolResult, EmptyResult, GraphRun, JsonRpcNotification, ListenAcknowledged,
     ListenNotifications, MissingCapabilityData, Task, ToolOutput, to_value,
 };
-use super::{
-    Caller, ErrorCode, Incoming, META_CLIENT_CAPABILITIES, McpServer, Outgoing, RequestId,
-};
+use super::{Caller, ErrorCode, Incoming, McpServer, Outgoing, RequestId};
 use crate::command::CommandStatus;
 use crate::ids::CommandId;
 use crate::queue::{CancelError, GetError, RunView};
@@ -45,8 +43,7 @@ pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 /// client capabilities (`_meta[...clientCapabilities].extensions[TASKS_EXTENSION]`).
 pub(super) fn declared(incoming: &Incoming) -> bool {
     incoming
-        .meta()
-        .and_then(|m| m.get(META_CLIENT_CAPABILITIES))
+        .client_capabilities()
         .and_then(|c| c.get("extensions"))
         .and_then(|e| e.get(TASKS_EXTENSION))
         .is_some_and(Value::is_object)
@@ -272,7 +269,7 @@ pub(super) async fn handle(
             None,
         )
     };
-    let Some(task_id) = incoming.params().get("taskId").and_then(Value::as_str) else {
+    let Some(task_id) = incoming.task_id().and_then(Value::as_str) else {
         return Err(Outgoing::error(
             Some(id.clone()),
             ErrorCode::InvalidParams,

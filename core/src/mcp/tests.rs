@@ -924,3 +924,140 @@ fn classification_for_transports() {
     assert!(incoming.is_request() && !incoming.is_initialize() && !incoming.is_notification());
     assert_eq!(incoming.id(), Some(&json!(3)));
 }
+
+#[test]
+fn json_text_is_escaped_as_serde_json_escapes_it() {
+    let mut samples: Vec<String> = [
+        "",
+        "plain",
+        r#"{"a":"b","c":[1,2.5,null],"d":{"e":"\"quoted\" and \\ back"}}"#,
+        "\"",
+        "\\",
+        "\\\"",
+        "ends with a quote\"",
+        "ünïcødé ✓ 𝄞 and \u{7f}",
+        "a\nnew line",
+        "tab\tand \u{1} and \u{1f}",
+        "\u{0}",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    // Every byte below 0x80 once, at the start, middle and end.
+    for b in 0_u8..0x80 {
+        let c = char::from(b);
+        samples.push(format!("{c}x\"y{c}z\\{c}"));
+    }
+    // One or two bytes of each kind at every place of texts of up to three
+    // eight-byte words and a tail.
+    for special in [
+        "\"", "\\", "\n", "\u{1f}", "\u{0}", " ", "!", "#", "[", "]", "é", "\u{7f}",
+    ] {
+        for len in 0..27 {
+            for at in 0..len {
+                let mut text = "a".repeat(len);
+                text.replace_range(at..=at, special);
+                samples.push(text.clone());
+                text.push_str(special);
+                samples.push(text);
+            }
+        }
+    }
+    // The compact JSON of a run, as `Answer::Output` carries it.
+    samples.push(
+        serde_json::to_string(&json!({"result": {"text": "say \"hi\"\n", "path": "C:\\tmp"}}))
+            .unwrap(),
+    );
+    for text in samples {
+        let mut fast = b"prefix".to_vec();
+        write_json_text(&mut fast, text.as_bytes());
+        let mut general = b"prefix".to_vec();
+        serde_json::to_writer(&mut general, &text).unwrap();
+        assert_eq!(
+            String::from_utf8(fast).unwrap(),
+            String::from_utf8(general).unwrap(),
+            "{text:?}"
+        );
+    }
+}
+
+#[test]
+fn params_read_at_parse_agree_with_the_whole_object() {
+    let messages = [
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_graph_run","arguments":{"command_id":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
+        // Members given twice count with their last value, at every level.
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"a","name":"get_graph_run","arguments":1,"arguments":{"b":[1,2]},"_meta":{"progressToken":1},"_meta":{"io.modelcontextprotocol/protocolVersion":"x","io.modelcontextprotocol/protocolVersion":"2026-07-28","progressToken":"t","progressToken":2}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"progressToken":1},"_meta":[1,{"a":2}]}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_graph_run"},"params":{"name":5,"other":{"deep":[true,null,1.5,-3]}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":null}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":"text"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"resources/read","params":{"uri":"file:///a"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"t-1","_meta":{"io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","clientInfo":{"name":"c","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":null}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        // Escaped member names are the same members.
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"na\u006de":"get_graph_run","\u005fmeta":{"progress\u0054oken":"t"}}}"#,
+        // Not accepted: params that are not an object, and bytes that are not JSON.
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":[1,2]}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"x"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"other":1e400}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"other":1e400}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":[1e400]}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"\ud800"}}"#,
+    ];
+    for message in messages {
+        let parsed = Incoming::parse(message.as_bytes());
+        let decoded = match serde_json::from_str::<Value>(message) {
+            Ok(value) => Incoming::from_value(value).map_err(Box::new),
+            Err(_) => {
+                let reply = parsed.expect_err(message);
+                assert_eq!(reply.error_code(), Some(ErrorCode::ParseError), "{message}");
+                continue;
+            }
+        };
+        match (parsed, decoded) {
+            (Ok(parsed), Ok(decoded)) => {
+                let whole: Value = serde_json::from_str(message).unwrap();
+                let params = whole
+                    .get("params")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                for incoming in [&parsed, &decoded] {
+                    assert_eq!(incoming.params(), &params, "{message}");
+                    assert_eq!(incoming.arguments(), params.get("arguments"), "{message}");
+                    assert_eq!(incoming.task_id(), params.get("taskId"), "{message}");
+                    let meta = params.get("_meta").and_then(Value::as_object);
+                    assert_eq!(incoming.meta(), meta, "{message}");
+                    assert_eq!(
+                        incoming.meta_protocol_version(),
+                        meta.and_then(|m| m.get(META_PROTOCOL_VERSION))
+                            .and_then(Value::as_str),
+                        "{message}"
+                    );
+                    assert_eq!(
+                        incoming.client_capabilities(),
+                        meta.and_then(|m| m.get(META_CLIENT_CAPABILITIES)),
+                        "{message}"
+                    );
+                    assert_eq!(
+                        incoming.progress_token(),
+                        meta.and_then(|m| m.get("progressToken")),
+                        "{message}"
+                    );
+                    let name = params.get("name").and_then(Value::as_str);
+                    let is_call = incoming.method() == Some("tools/call");
+                    assert_eq!(incoming.tool_name(), name.filter(|_| is_call), "{message}");
+                }
+                assert_eq!(parsed.name_param(), decoded.name_param(), "{message}");
+                assert_eq!(parsed, decoded, "{message}");
+                assert_eq!(format!("{parsed:?}"), format!("{decoded:?}"), "{message}");
+            }
+            (Err(parsed), Err(decoded)) => assert_eq!(parsed, decoded, "{message}"),
+            (parsed, decoded) => panic!("{message}: {parsed:?} but {decoded:?}"),
+        }
+    }
+}

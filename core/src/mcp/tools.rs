@@ -1,7 +1,5 @@
 //! `tools/call`: from params to a queue operation to a `CallToolResult`.
 
-use serde_json::Value;
-
 use super::progress::{ProgressNotifications, token as progress_token};
 use super::wire::{CallToolResult, GraphRun, GraphRunTicket, SessionList, ToolOutput, to_json};
 use super::{
@@ -60,7 +58,7 @@ fn tool_error(text: &str) -> CallToolResult {
 /// writes it, rendered without serializing the content twice.
 fn tool_result(structured: ToolOutput, version: ProtocolVersion) -> Answer {
     Answer::Output {
-        json: super::wire::to_json(&structured),
+        json: super::wire::to_json_bytes(&structured),
         with_structured: version.has_structured_content(),
     }
 }
@@ -94,22 +92,16 @@ async fn run(
     tasks: bool,
     notifier: &dyn Notifier,
 ) -> Result<Answer, CallError> {
-    let name = incoming
-        .params()
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or(CallError::NoName)?;
+    let name = incoming.tool_name().ok_or(CallError::NoName)?;
     let catalog = server.catalog();
     let spec = catalog
         .find(name)
         .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
     // Scopes were checked against the authorization table before dispatch.
-    let args = ToolArgs::decode(
-        spec.kind,
-        incoming.params().get("arguments"),
-        catalog.max_wait_seconds(),
-    )
-    .map_err(|e: ArgError| CallError::tool(format!("Invalid arguments for {}: {e}", spec.name)))?;
+    let args = ToolArgs::decode(spec.kind, incoming.arguments(), catalog.max_wait_seconds())
+        .map_err(|e: ArgError| {
+            CallError::tool(format!("Invalid arguments for {}: {e}", spec.name))
+        })?;
     let queue = server.queue();
     let agent = &caller.agent;
     match args {
@@ -163,7 +155,7 @@ async fn run(
             // futures are boxed: they are large, and inline they would make
             // every call's future (moved as a whole by the transports) as
             // large as theirs.
-            let view = match (server.sleeper(), progress_token(incoming.meta())) {
+            let view = match (server.sleeper(), progress_token(incoming)) {
                 (Some(sleeper), Some(token)) if args.wait_seconds > 0 => {
                     let mut progress = ProgressNotifications::new(token, notifier);
                     Box::pin(queue.watch_graph_run(

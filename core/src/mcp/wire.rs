@@ -660,6 +660,14 @@ pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
     serde_json::to_string(value).expect("wire types serialize to JSON")
 }
 
+/// [`to_json`] as bytes, into a buffer sized for a run (no regrowth on the
+/// way for most).
+pub(crate) fn to_json_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(512);
+    serde_json::to_writer(&mut bytes, value).expect("wire types serialize to JSON");
+    bytes
+}
+
 /// Serializes a wire value into a [`Value`].
 ///
 /// The wire types hold only strings, numbers, ids and maps with string keys,
