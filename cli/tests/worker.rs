@@ -440,6 +440,24 @@ fn recorded_groups(env: &Env) -> Vec<i32> {
         .collect()
 }
 
+/// Waits until the worker's record of left-over process groups is empty:
+/// the worker removes a record after the group it names is gone, so the
+/// removal may come a moment after the process disappeared.
+fn wait_unrecorded(env: &Env) {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let groups = recorded_groups(env);
+        if groups.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the record of {groups:?} is still there"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_workers_script_dies_with_it_and_the_next_worker_ends_what_it_left() {
     let env = Env::new();
@@ -473,7 +491,7 @@ async fn a_killed_workers_script_dies_with_it_and_the_next_worker_ends_what_it_l
         "{line}"
     );
     wait_gone(child, "the orphaned child");
-    assert!(recorded_groups(&env).is_empty(), "the record is removed");
+    wait_unrecorded(&env);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -498,7 +516,7 @@ async fn a_left_over_script_that_ignores_sigterm_is_killed_after_the_grace() {
     let line = worker.wait_line("left running by a previous worker");
     assert!(line.contains("SIGKILL after 2 s"), "{line}");
     wait_gone(main, "the orphaned script");
-    assert!(recorded_groups(&env).is_empty());
+    wait_unrecorded(&env);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -29,7 +29,7 @@ pub(super) fn envelope(bytes: &[u8]) -> Option<Envelope> {
             b"id" => envelope.id = Some(reader.value(1)?),
             b"jsonrpc" => {
                 envelope.jsonrpc_ok = if reader.peek()? == b'"' {
-                    reader.string()? == b"2.0"
+                    reader.text()? == "2.0"
                 } else {
                     reader.value(1)?;
                     false
@@ -124,9 +124,8 @@ impl<'a> Reader<'a> {
 
     /// An object: `member` is called with each key, positioned before
     /// the `:`-separated value, which it must consume.
-    /// Keys are given as their bytes: a key that is matched against a
-    /// known name is text (the name is), and any other is checked by
-    /// [`Reader::text`] where it is kept.
+    /// Keys are given as their bytes, each checked to be UTF-8 (serde_json
+    /// refuses a message with any key that is not, kept or skipped).
     fn object(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
         self.eat(b'{')?;
         if self.peek()? == b'}' {
@@ -135,6 +134,10 @@ impl<'a> Reader<'a> {
         }
         loop {
             let key = self.string()?;
+            // serde_json refuses a key that is not UTF-8, read or not.
+            if !key.is_ascii() {
+                std::str::from_utf8(key).ok()?;
+            }
             self.eat(b':')?;
             member(self, key)?;
             match self.peek()? {
@@ -517,12 +520,58 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"name":"é ✓ \u{7f}"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
             r#"{}"#,
+            r#"{"jsonrpc":"2.0","id":01,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping",}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":[1,]}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":00}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"":1}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"} x"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}{}"#,
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}",
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":tru}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":nul}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"a":"b}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"name":"a","name":"b"}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"x","params":{"a":{"b":{"c":{"d":{"e":{"f":{"g":{"h":{"i":{"j":{"k":{"l":{"m":{"n":{"o":{"p":{"q":{"r":{"s":{"t":{"u":{"v":{"w":{"x":{"y":{"z":{"A":{"B":{"C":{"D":{"E":{"F":{"G":{"H":1}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}"#,
         ] {
             same(text);
         }
         // The first of these is read here (not given up on).
         assert!(super::envelope(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_graph_run"}}"#).is_some());
+    }
+
+    /// Bytes that are not UTF-8, anywhere in a message, are refused as
+    /// serde_json refuses them: a key nobody reads included.
+    #[test]
+    fn bytes_that_are_not_utf8_are_refused_as_serde_json_refuses_them() {
+        let plain = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_graph_run","arguments":{"command_id":"c"},"_meta":{"k":"v"}}}"#;
+        // Every string of the message in turn gets a byte 0xff.
+        let quotes: Vec<usize> = plain
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'"')
+            .map(|(i, _)| i)
+            .step_by(2)
+            .collect();
+        assert!(quotes.len() > 10);
+        for at in quotes {
+            let mut bytes = plain.to_vec();
+            bytes.insert(at + 1, 0xff);
+            let fast = Incoming::parse(&bytes);
+            let general = Incoming::parse_general(&bytes);
+            assert!(fast.is_err(), "{}", String::from_utf8_lossy(&bytes));
+            assert_eq!(fast, general, "{}", String::from_utf8_lossy(&bytes));
+        }
+        // An unknown member's key, at the top and inside `params`.
+        for bytes in [
+            &b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"\xff\":1}"[..],
+            &b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\",\"params\":{\"\xfe\":1}}"[..],
+        ] {
+            let fast = Incoming::parse(bytes);
+            assert!(fast.is_err(), "{}", String::from_utf8_lossy(bytes));
+            assert_eq!(fast, Incoming::parse_general(bytes));
+        }
     }
 
     proptest! {
