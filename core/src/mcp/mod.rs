@@ -745,15 +745,7 @@ impl McpServer {
                     // The initialize era allows ping before initialize.
                     return Ok(Era::Legacy(None));
                 }
-                return Err(Outgoing::error(
-                    id,
-                    ErrorCode::InvalidParams,
-                    format!(
-                        "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
-                    ),
-                    None,
-                )
-                .with_status(400));
+                return Err(missing_protocol_version(id));
             }
         };
         let requested = match protocol_version {
@@ -768,15 +760,7 @@ impl McpServer {
                 .with_status(400));
             }
             None => {
-                return Err(Outgoing::error(
-                    id,
-                    ErrorCode::InvalidParams,
-                    format!(
-                        "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
-                    ),
-                    None,
-                )
-                .with_status(400));
+                return Err(missing_protocol_version(id));
             }
         };
         if ProtocolVersion::parse(requested).is_none_or(|v| !v.is_modern()) {
@@ -939,3 +923,17 @@ impl McpServer {
 mod replies;
 #[cfg(test)]
 mod tests;
+
+/// The refusal of a request that carries no `_meta` protocol version and
+/// is not inside an initialize-era session.
+fn missing_protocol_version(id: Option<Value>) -> Outgoing {
+    Outgoing::error(
+        id,
+        ErrorCode::InvalidParams,
+        format!(
+            "Invalid params: missing `_meta.{META_PROTOCOL_VERSION}`; send `initialize` first (protocol 2025-11-25 and earlier) or carry the per-request fields of 2026-07-28"
+        ),
+        None,
+    )
+    .with_status(400)
+}
