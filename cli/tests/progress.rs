@@ -137,6 +137,7 @@ echo 'not json' >&"$fd"
 echo '{"percent": 250}' >&"$fd"
 echo '{"message": "half way", "percent": 50}' >&"$fd"
 echo '{"pct": 3}' >&"$fd"
+while [ ! -e go ]; do sleep 0.05; done
 exec 3>&-
 echo '{"closed": true}'
 "#,
@@ -145,6 +146,21 @@ echo '{"closed": true}'
     let worker = env.worker(&url, "outbox.db", "2", &[]);
     worker.wait_line("sync: project p1");
     let id = env.run(&url, GS, "progress-key-invalid", json!({})).await;
+    // The valid line reaches the agent while the run runs; only then does
+    // the script go on (a report still in flight when the run ends may be
+    // overtaken by the result, and is then refused: progress is the
+    // latest report of a running run).
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let run = env.get(&url, &id).await;
+        if run["progress"]["message"] == "half way" {
+            assert_eq!(run["status"], "running", "{run}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress seen: {run}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    std::fs::write(env.path("go"), b"").expect("the go file");
     let run = env.wait_status(&url, &id, "completed").await;
     assert_eq!(run["result"], json!({"closed": true}));
     assert_eq!(run["progress"]["message"], "half way", "{run}");
