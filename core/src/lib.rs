@@ -29,6 +29,7 @@
 //! - [`relay`]: the desktop relay as a sans-IO state machine.
 //! - [`signals`]: runtime-free wake-ups for held requests.
 //! - [`hold`]: the one rule of every request that may wait.
+//! - [`stats`]: the operator's snapshot of a queue database, as data.
 //!
 //! # Example
 //! ```
@@ -63,6 +64,7 @@ pub mod queue;
 pub mod relay;
 pub mod session;
 pub mod signals;
+pub mod stats;
 pub mod store;
 pub mod time;
 

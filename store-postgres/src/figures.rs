@@ -1,12 +1,25 @@
-//! What a server's metrics show about the queue on Postgres: how many
-//! runs wait and run, the oldest waiting one, the desktops known and
-//! online, and the runs that finished in an interval (for the pickup and
-//! cancel latency histograms). Totals over every owner, for the operator.
+//! What an operator reads about the queue on Postgres. Totals over every
+//! owner, for the operator only.
 //!
-//! Two statements per call, both on indexed columns but for the finished
-//! runs' times, which are read from their records.
+//! * [`PostgresStore::queue_figures`], what a server's metrics show: how
+//!   many runs wait and run, the oldest waiting one, the desktops known and
+//!   online, and the runs that finished in an interval (for the pickup and
+//!   cancel latency histograms). Two statements per call, both on indexed
+//!   columns but for the finished runs' times, which are read from their
+//!   records.
+//! * [`PostgresStore::queue_stats`], the operator's status
+//!   (`/admin/status`): the core's [`QueueStats`], with the same meaning
+//!   for every field as the SQLite store's `QueueStats::read`. One
+//!   statement, so one snapshot of the database.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use graph_relay_core::stats::{
+    DesktopStats, FinishedRun, ProjectShares, QueueStats, QueuedRun, window_start,
+};
 use graph_relay_core::time::Timestamp;
+use serde::de::DeserializeOwned;
 
 use crate::store::{PostgresStore, backend, corrupt, millis, timestamp};
 use graph_relay_core::store::StoreError;
@@ -34,23 +47,9 @@ pub struct QueueFigures {
     /// Desktops whose last contact (sync or other) is no earlier than
     /// [`OnlineSince`] says for their mode.
     pub desktops_online: u64,
-    /// Runs that finished in the interval asked for, in no order.
+    /// Runs that finished in the interval asked for, in no order, with
+    /// their pickup and cancel latencies.
     pub finished: Vec<FinishedRun>,
-}
-
-/// A finished run's times.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FinishedRun {
-    /// `completed`, `failed` or `cancelled`.
-    pub status: String,
-    /// When it was queued.
-    pub created_at: Timestamp,
-    /// When a desktop started it, if one did.
-    pub started_at: Option<Timestamp>,
-    /// When its agent asked to cancel it, if it did.
-    pub cancel_requested_at: Option<Timestamp>,
-    /// When it finished.
-    pub finished_at: Timestamp,
 }
 
 impl PostgresStore {
@@ -107,15 +106,16 @@ impl PostgresStore {
         let finished = rows
             .iter()
             .map(|r| {
-                Ok(FinishedRun {
-                    status: r.try_get(0).map_err(corrupt)?,
-                    finished_at: timestamp(r.try_get(1).map_err(corrupt)?)?,
-                    created_at: optional(r.try_get(2).map_err(corrupt)?)?.ok_or_else(|| {
-                        StoreError::Corrupt("a finished record without created_at".into())
-                    })?,
-                    started_at: optional(r.try_get(3).map_err(corrupt)?)?,
-                    cancel_requested_at: optional(r.try_get(4).map_err(corrupt)?)?,
-                })
+                let created_at = optional(r.try_get(2).map_err(corrupt)?)?.ok_or_else(|| {
+                    StoreError::Corrupt("a finished record without created_at".into())
+                })?;
+                Ok(FinishedRun::from_times(
+                    r.try_get(0).map_err(corrupt)?,
+                    timestamp(r.try_get(1).map_err(corrupt)?)?,
+                    Some(created_at),
+                    optional(r.try_get(3).map_err(corrupt)?)?,
+                    optional(r.try_get(4).map_err(corrupt)?)?,
+                ))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(QueueFigures {
@@ -127,4 +127,153 @@ impl PostgresStore {
             finished,
         })
     }
+}
+
+/// The status in one statement. Each part is aggregated into one JSON
+/// array (one row in all, one snapshot): desktops and shares in bytewise
+/// order (`COLLATE "C"`, as SQLite's default), the queue oldest first with
+/// ties in insertion order, finished runs by status, and the times of the
+/// runs that started within the window. `$1` is the window's start, `$2`
+/// the most queued runs listed.
+const QUEUE_STATS: &str = r#"
+WITH running AS (
+    SELECT owner, device, count(*) AS n FROM commands
+    WHERE status = 'running' GROUP BY owner, device
+),
+desktops AS (
+    SELECT coalesce(json_agg(json_build_array(
+               d.owner, d.device, d.last_sync_at, d.last_seen_at, d.long_poll, coalesce(r.n, 0))
+           ORDER BY d.owner COLLATE "C", d.device COLLATE "C"), '[]') AS list
+    FROM devices AS d LEFT JOIN running AS r ON r.owner = d.owner AND r.device = d.device
+),
+shares AS (
+    SELECT coalesce(json_agg(json_build_array(owner, project, sessions, desktops)
+           ORDER BY owner COLLATE "C", project COLLATE "C"), '[]') AS list
+    FROM (SELECT owner, project, count(DISTINCT graph_session_id) AS sessions,
+                 count(DISTINCT device) AS desktops
+          FROM shared_sessions GROUP BY owner, project) AS s
+),
+queue AS (
+    SELECT coalesce(json_agg(json_build_array(id, owner, project, device, created_at)
+           ORDER BY created_at, seq), '[]') AS list
+    FROM (SELECT id, owner, project, device, created_at, seq FROM commands
+          WHERE status = 'queued' ORDER BY created_at, seq LIMIT $2) AS q
+),
+finished AS (
+    SELECT coalesce(json_agg(json_build_array(status, n)), '[]') AS list
+    FROM (SELECT status, count(*) AS n FROM commands
+          WHERE finished_at >= $1 GROUP BY status) AS f
+),
+pickups AS (
+    SELECT coalesce(json_agg(json_build_array(created, started)), '[]') AS list
+    FROM (SELECT (record::jsonb ->> 'created_at')::bigint AS created,
+                 (record::jsonb ->> 'started_at')::bigint AS started
+          FROM commands WHERE finished_at >= $1 OR status = 'running') AS p
+    WHERE started >= $1 AND created IS NOT NULL
+)
+SELECT (SELECT count(*) FROM commands WHERE status = 'queued'),
+       (SELECT coalesce(sum(n), 0)::bigint FROM running),
+       desktops.list::text, shares.list::text, queue.list::text,
+       finished.list::text, pickups.list::text
+FROM desktops, shares, queue, finished, pickups
+"#;
+
+impl PostgresStore {
+    /// The operator's status as of `now`: every desktop, the shares, at
+    /// most `queue_limit` queued runs (oldest first) and the counts, and
+    /// the runs that finished, and the pickups of the runs that started,
+    /// no earlier than `window` before `now`. The same document as the
+    /// SQLite store's `QueueStats::read` of the same queue; one statement.
+    pub async fn queue_stats(
+        &self,
+        now: Timestamp,
+        window: Duration,
+        queue_limit: usize,
+    ) -> Result<QueueStats, StoreError> {
+        let since = millis(window_start(now, window))?;
+        // As the SQLite store: a limit past i64 lists everything.
+        let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
+        let client = self.client().await?;
+        let statement = client.prepare_cached(QUEUE_STATS).await.map_err(backend)?;
+        self.sent(1);
+        let row = client
+            .query_one(&statement, &[&since, &limit])
+            .await
+            .map_err(backend)?;
+        let queued = count(row.try_get(0).map_err(corrupt)?)?;
+        let running = count(row.try_get(1).map_err(corrupt)?)?;
+        let list = |i: usize| -> Result<String, StoreError> { row.try_get(i).map_err(corrupt) };
+
+        let desktops =
+            decode::<Vec<(String, String, Option<i64>, i64, bool, i64)>>("desktops", &list(2)?)?
+                .into_iter()
+                .map(
+                    |(owner, device, last_sync, last_seen, long_poll, running)| {
+                        Ok(DesktopStats {
+                            owner,
+                            device,
+                            last_seen_at: timestamp(last_seen)?,
+                            last_sync_at: last_sync.map(timestamp).transpose()?,
+                            long_poll,
+                            running: count(running)?,
+                        })
+                    },
+                )
+                .collect::<Result<Vec<_>, StoreError>>()?;
+        let shares = decode::<Vec<(String, String, i64, i64)>>("shares", &list(3)?)?
+            .into_iter()
+            .map(|(owner, project, sessions, desktops)| {
+                Ok(ProjectShares {
+                    owner,
+                    project,
+                    sessions: count(sessions)?,
+                    desktops: count(desktops)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let queue = decode::<Vec<(String, String, String, String, i64)>>("queue", &list(4)?)?
+            .into_iter()
+            .map(|(command_id, owner, project, device, created_at)| {
+                Ok(QueuedRun {
+                    command_id,
+                    owner,
+                    project,
+                    device,
+                    created_at: timestamp(created_at)?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut recent_by_status = BTreeMap::new();
+        for (status, n) in decode::<Vec<(String, i64)>>("finished runs", &list(5)?)? {
+            recent_by_status.insert(status, count(n)?);
+        }
+        recent_by_status.insert("queued".to_owned(), queued);
+        recent_by_status.insert("running".to_owned(), running);
+        let mut pickups = decode::<Vec<(i64, i64)>>("pickups", &list(6)?)?
+            .into_iter()
+            .map(|(created, started)| Ok(timestamp(started)?.since(timestamp(created)?)))
+            .collect::<Result<Vec<Duration>, StoreError>>()?;
+        pickups.sort();
+        Ok(QueueStats {
+            now,
+            desktops,
+            shares,
+            queue,
+            queued,
+            running,
+            recent_by_status,
+            pickups,
+        })
+    }
+}
+
+/// A count read from the database.
+fn count(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("a count of {n}")))
+}
+
+/// One of the status statement's JSON arrays.
+fn decode<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, StoreError> {
+    serde_json::from_str(json)
+        .map_err(|e| StoreError::Corrupt(format!("the status's {what} do not decode: {e}")))
 }

@@ -109,16 +109,20 @@ async fn the_figures_follow_the_queue() {
     assert_eq!(finished.len(), 2, "{finished:?}");
     let (cancelled, done) = (&finished[0], &finished[1]);
     assert_eq!(cancelled.status, "cancelled");
-    assert_eq!(cancelled.created_at, second.created_at);
-    assert_eq!(cancelled.started_at, None);
-    assert_eq!(cancelled.cancel_requested_at, Some(before_finishing));
-    assert_eq!(done.status, "completed");
-    assert_eq!(done.created_at, first.created_at);
+    assert_eq!(cancelled.pickup, None, "it never started");
     assert_eq!(
-        done.started_at.map(|s| s.since(done.created_at)),
+        cancelled.cancel,
+        Some(Duration::ZERO),
+        "a queued run ends when it is cancelled"
+    );
+    assert_eq!(cancelled.finished_at, before_finishing);
+    assert_eq!(done.status, "completed");
+    assert_eq!(
+        done.pickup,
         Some(Duration::from_secs(10)),
         "queued, then started 10 s later"
     );
+    assert_eq!(done.cancel, None);
     assert_eq!(done.finished_at, before_finishing);
 
     // An interval that ends before they finished holds none of them.

@@ -1,16 +1,19 @@
 //! What an operator asks of a queue database: which desktops are online,
 //! what is shared, what waits, how runs ended and how long pickups took.
 //!
-//! [`QueueStats::read`] opens the database file **read-only** on its own
+//! [`QueueStats::read`](ReadQueueStats::read) opens the database file **read-only** on its own
 //! connection (it never creates, migrates or writes the file, so it can run
 //! next to a live server) and answers from the indexed columns and the
 //! stored records. `graph-relay status` prints it; `serve --metrics` reads
-//! it at each scrape.
+//! it at each scrape. The snapshot's types are the core's
+//! ([`graph_relay_core::stats`]), re-exported here; Postgres fills the same
+//! ones (`PostgresStore::queue_stats`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use graph_relay_core::stats::window_start;
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OpenFlags, params};
 
@@ -35,125 +38,33 @@ pub enum StatsError {
     Query(#[from] rusqlite::Error),
 }
 
-/// How a desktop was last heard from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DesktopStats {
-    /// Its owner.
-    pub owner: String,
-    /// Its name.
-    pub device: String,
-    /// The last request of any kind (sync, control, report).
-    pub last_seen_at: Timestamp,
-    /// The last sync, if it ever synced.
-    pub last_sync_at: Option<Timestamp>,
-    /// Whether its last sync was a held (long-poll) one.
-    pub long_poll: bool,
-    /// Runs assigned to it that are `running` now.
-    pub running: u64,
-}
+/// The snapshot's types live in the core, shared with the other stores.
+pub use graph_relay_core::stats::{
+    DesktopStats, FinishedRun, ProjectShares, QueueStats, QueuedRun, online_since,
+};
 
-impl DesktopStats {
-    /// Online: heard from within three expected sync gaps (25 s holds in
-    /// long-poll mode, 20 s passes in interval mode), the rule by which
-    /// `get_graph_run` says a desktop looks offline.
-    pub fn is_online(&self, now: Timestamp) -> bool {
-        let last = self
-            .last_sync_at
-            .map_or(self.last_seen_at, |s| s.max(self.last_seen_at));
-        last >= online_since(now, self.long_poll)
-    }
-}
-
-/// The earliest last contact at which a desktop in long-poll mode
-/// (`long_poll`) or interval mode still counts as online at `now`: three
-/// expected sync gaps back (25 s holds, 20 s passes). Other stores count
-/// online desktops by the same rule.
-pub fn online_since(now: Timestamp, long_poll: bool) -> Timestamp {
-    let gap = if long_poll {
-        Duration::from_secs(25)
-    } else {
-        Duration::from_secs(20)
-    };
-    now.minus(gap * 3)
-}
-
-/// Sessions shared to one project of one owner.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProjectShares {
-    /// The owner.
-    pub owner: String,
-    /// The project.
-    pub project: String,
-    /// Distinct graph sessions shared there.
-    pub sessions: u64,
-    /// Desktops sharing them.
-    pub desktops: u64,
-}
-
-/// A queued run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueuedRun {
-    /// Its command id.
-    pub command_id: String,
-    /// The owner.
-    pub owner: String,
-    /// The project it was filed under.
-    pub project: String,
-    /// The desktop it is assigned to.
-    pub device: String,
-    /// When it was queued.
-    pub created_at: Timestamp,
-}
-
-/// A finished run, as metrics count it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FinishedRun {
-    /// `completed`, `failed` or `cancelled`.
-    pub status: String,
-    /// When it finished.
-    pub finished_at: Timestamp,
-    /// Queued → running, if it ever ran.
-    pub pickup: Option<Duration>,
-    /// Cancel requested → finished, if the agent asked to cancel it.
-    pub cancel: Option<Duration>,
-}
-
-/// A snapshot of a queue database.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueueStats {
-    /// The time the snapshot is for.
-    pub now: Timestamp,
-    /// Every desktop ever seen, by owner and name.
-    pub desktops: Vec<DesktopStats>,
-    /// Shared sessions per (owner, project).
-    pub shares: Vec<ProjectShares>,
-    /// Queued runs, oldest first (at most the limit asked for).
-    pub queue: Vec<QueuedRun>,
-    /// All queued runs.
-    pub queued: u64,
-    /// All running runs.
-    pub running: u64,
-    /// Runs that finished within the window, by status, plus the runs
-    /// queued and running now.
-    pub recent_by_status: BTreeMap<String, u64>,
-    /// Pickup latencies (queued → running) of the runs that started within
-    /// the window, ascending.
-    pub pickups: Vec<Duration>,
-}
-
-impl QueueStats {
+/// Reads a [`QueueStats`] from a SQLite file.
+pub trait ReadQueueStats: Sized {
     /// Reads the database at `path` read-only: everything as of `now`,
     /// finished runs and pickups of the last `window`, at most `queue_limit`
     /// queued runs listed.
-    pub fn read(
+    fn read(
+        path: &Path,
+        now: Timestamp,
+        window: Duration,
+        queue_limit: usize,
+    ) -> Result<Self, StatsError>;
+}
+
+impl ReadQueueStats for QueueStats {
+    fn read(
         path: &Path,
         now: Timestamp,
         window: Duration,
         queue_limit: usize,
     ) -> Result<Self, StatsError> {
         let conn = open_read_only(path)?;
-        let since =
-            i64::try_from(now.as_millis().saturating_sub(millis(window))).unwrap_or(i64::MAX);
+        let since = i64::try_from(window_start(now, window).as_millis()).unwrap_or(i64::MAX);
 
         let mut running_by_device: BTreeMap<(String, String), u64> = BTreeMap::new();
         let mut stmt = conn.prepare(
@@ -274,17 +185,6 @@ impl QueueStats {
             pickups,
         })
     }
-
-    /// The `q` quantile (0 to 1) of the pickups, nearest rank; `None` without pickups.
-    pub fn pickup_quantile(&self, q: f64) -> Option<Duration> {
-        if self.pickups.is_empty() {
-            return None;
-        }
-        let rank = (q.clamp(0.0, 1.0) * self.pickups.len() as f64).ceil() as usize;
-        self.pickups
-            .get(rank.saturating_sub(1).min(self.pickups.len() - 1))
-            .copied()
-    }
 }
 
 /// The runs that finished after `after` and no later than `until` (both in
@@ -318,19 +218,16 @@ fn finished_since(conn: &Connection, since: i64) -> Result<Vec<FinishedRun>, Sta
 }
 
 fn finished_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FinishedRun> {
-    let finished_at = stamp(r.get(1)?);
     let created: Option<i64> = r.get(2)?;
     let started: Option<i64> = r.get(3)?;
     let cancel_requested: Option<i64> = r.get(4)?;
-    Ok(FinishedRun {
-        status: r.get(0)?,
-        finished_at,
-        pickup: match (created, started) {
-            (Some(c), Some(s)) => Some(stamp(s).since(stamp(c))),
-            _ => None,
-        },
-        cancel: cancel_requested.map(|t| finished_at.since(stamp(t))),
-    })
+    Ok(FinishedRun::from_times(
+        r.get(0)?,
+        stamp(r.get(1)?),
+        created.map(stamp),
+        started.map(stamp),
+        cancel_requested.map(stamp),
+    ))
 }
 
 /// Opens `path` read-only (never creating it) and checks it is ours.
@@ -362,8 +259,4 @@ fn stamp(ms: i64) -> Timestamp {
 
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
-}
-
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
