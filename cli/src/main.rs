@@ -141,7 +141,8 @@ enum Command {
     /// Graphs and a scripted agent, in a temporary folder; then snippets to
     /// connect real clients to it.
     Demo(demo::DemoArgs),
-    /// An operator's view of a server's SQLite database (read-only):
+    /// An operator's view of a server's SQLite database (read-only), or of
+    /// a running server's queue (`--server`, on SQLite or Postgres):
     /// desktops, shared sessions, the queue, the last hour's runs and
     /// pickup latency.
     Status(status::StatusArgs),
@@ -614,11 +615,13 @@ fn serve(
         let Some(hash) = file.server.operator_token_sha256.clone() else {
             return Arc::new(registry);
         };
-        // The status needs the SQLite file.
-        let source = sqlite.then(|| {
-            status::SqliteStatus::new(store.db.clone())
-                as Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>
-        });
+        // The status is read from the database: the SQLite file (read-only)
+        // or Postgres; the memory store has none.
+        let source: Option<Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>> =
+            match &postgres {
+                Some(pg) => Some(status::PostgresStatus::new(pg.clone())),
+                None => sqlite.then(|| status::SqliteStatus::new(store.db.clone()) as _),
+            };
         Arc::new(registry.with_operator_status(hash, source))
     });
     let server = open_any_store(

@@ -1,12 +1,14 @@
 //! What an operator reads from the queue database: `graph-relay status`
 //! (desktops, shares, the queue, the last hour's runs and pickup latency,
 //! as text or `--json`) and the store figures behind `serve --metrics`.
-//! Both open the SQLite file read-only, next to a running server.
+//! On SQLite both open the file read-only, next to a running server; on
+//! Postgres the server asks its database.
 //!
 //! `status --server URL --token FILE` reads the same document from a
 //! running server instead: `GET /admin/status` on its metrics listener
-//! (never the MCP port: the status spans every owner), answered by
-//! [`SqliteStatus`] to a bearer of the operator token.
+//! (never the MCP port: the status spans every owner), answered to a
+//! bearer of the operator token by [`SqliteStatus`] or, for a server on
+//! Postgres, [`PostgresStatus`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,9 @@ use std::time::Duration;
 
 use graph_relay_core::Clock;
 use graph_relay_core::time::{SystemClock, Timestamp};
-use graph_relay_store_sqlite::stats::{QueueStats, StatsError, finished_between, online_since};
+use graph_relay_store_sqlite::stats::{
+    QueueStats, ReadQueueStats, StatsError, finished_between, online_since,
+};
 use graph_relay_transport_http::metrics::{
     FinishedSample, OperatorStatus, QueueFigures, QueueSnapshot, STATUS_PATH,
 };
@@ -455,6 +459,33 @@ impl OperatorStatus for SqliteStatus {
     }
 }
 
+/// The operator's status (`/admin/status`) of a server on Postgres, read
+/// from the database at each request (one statement): the same document as
+/// [`SqliteStatus`] gives for the same queue.
+#[derive(Debug, Clone)]
+pub struct PostgresStatus {
+    store: graph_relay_store_postgres::PostgresStore,
+}
+
+impl PostgresStatus {
+    /// The status of `store`'s database.
+    pub fn new(store: graph_relay_store_postgres::PostgresStore) -> Arc<Self> {
+        Arc::new(Self { store })
+    }
+}
+
+#[async_trait::async_trait]
+impl OperatorStatus for PostgresStatus {
+    async fn status(&self, limit: usize) -> Result<serde_json::Value, String> {
+        let stats = self
+            .store
+            .queue_stats(SystemClock.now(), WINDOW, limit)
+            .await
+            .map_err(|e| e.to_string())?;
+        serde_json::to_value(StatusReport::from_stats(&stats)).map_err(|e| e.to_string())
+    }
+}
+
 /// The metrics' store figures, read from the SQLite file at each scrape.
 #[derive(Debug, Clone)]
 pub struct SqliteFigures {
@@ -544,8 +575,8 @@ impl QueueFigures for PostgresFigures {
                 .into_iter()
                 .map(|f| FinishedSample {
                     status: f.status,
-                    pickup: f.started_at.map(|s| s.since(f.created_at)),
-                    cancel: f.cancel_requested_at.map(|c| f.finished_at.since(c)),
+                    pickup: f.pickup,
+                    cancel: f.cancel,
                 })
                 .collect(),
         })

@@ -165,3 +165,103 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
         .expect("GET");
     assert_eq!(limited.status(), 200);
 }
+
+/// A server on Postgres answers `/admin/status` from its database: the
+/// same document, with the desktop, the share and the finished run; no or
+/// a wrong operator token is refused as on SQLite.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_on_postgres_answers_the_status_from_its_database() {
+    let url = graph_relay_store_postgres::testing::url();
+    let schema = graph_relay_store_postgres::testing::TestSchema::new(&url);
+    let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
+    relay.script("echo", "cat\n");
+    relay.write_graphs(&[(GS, "echo", &["p1"])], "");
+    let operator = ok(
+        &relay,
+        &["token", "operator", "--config", "graph-relay.toml"],
+    );
+    let operator = operator.trim();
+    std::fs::write(relay.path("operator.token"), format!("{operator}\n")).expect("token");
+    let (server, mcp) = relay.serve(
+        "127.0.0.1:0",
+        &[
+            "--postgres",
+            &url,
+            "--postgres-schema",
+            schema.name(),
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+    );
+    let metrics = metrics_url(&server).trim_end_matches("/metrics").to_owned();
+    let status_url = format!("{metrics}/admin/status");
+
+    // Nothing yet: an empty queue, not a refusal.
+    let answer = relay
+        .http
+        .get(&status_url)
+        .bearer_auth(operator)
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(answer.status(), 200, "the status is served on Postgres");
+    let empty: Value = answer.json().await.expect("JSON");
+    assert_eq!(empty["desktops"], json!([]), "{empty}");
+    assert_eq!(empty["queue"]["depth"], 0, "{empty}");
+    assert_eq!(
+        empty["last_hour"]["runs_by_status"],
+        json!({"queued": 0, "running": 0}),
+        "{empty}"
+    );
+
+    let worker = relay.worker(&mcp, "outbox.db", "1", &[]);
+    worker.wait_line("sync: project p1");
+    let id = relay
+        .run(&mcp, GS, "pg-opstatus-key-0001", json!({"n": 1}))
+        .await;
+    relay.wait_status(&mcp, &id, "completed").await;
+
+    let report: Value = serde_json::from_str(&ok(
+        &relay,
+        &[
+            "status",
+            "--server",
+            &metrics,
+            "--token",
+            "operator.token",
+            "--json",
+        ],
+    ))
+    .expect("JSON");
+    let desktops = report["desktops"].as_array().expect("desktops");
+    assert_eq!(desktops.len(), 1, "{report}");
+    assert_eq!(desktops[0]["desktop"], "desk", "{report}");
+    assert_eq!(desktops[0]["mode"], "long-poll", "{report}");
+    assert_eq!(desktops[0]["online"], true, "{report}");
+    assert_eq!(desktops[0]["running"], 0, "{report}");
+    assert_eq!(report["shared"][0]["project"], "p1", "{report}");
+    assert_eq!(report["shared"][0]["sessions"], 1, "{report}");
+    assert_eq!(report["shared"][0]["desktops"], 1, "{report}");
+    assert_eq!(report["queue"]["depth"], 0, "{report}");
+    assert_eq!(report["queue"]["oldest_first"], json!([]), "{report}");
+    assert_eq!(
+        report["last_hour"]["runs_by_status"],
+        json!({"completed": 1, "queued": 0, "running": 0}),
+        "{report}"
+    );
+    assert_eq!(report["last_hour"]["pickups"], 1, "{report}");
+    assert!(report["last_hour"]["pickup_p50_ms"].is_u64(), "{report}");
+
+    // No token, or a wrong one: refused as on SQLite.
+    let anonymous = relay.http.get(&status_url).send().await.expect("GET");
+    assert_eq!(anonymous.status(), 401);
+    let wrong = relay
+        .http
+        .get(&status_url)
+        .bearer_auth("gro_not_the_operator")
+        .send()
+        .await
+        .expect("GET");
+    assert_eq!(wrong.status(), 401);
+}

@@ -522,7 +522,7 @@ async fn operator_status(
     let Some(source) = &operator.source else {
         return (
             StatusCode::NOT_IMPLEMENTED,
-            "the status needs the SQLite store\n",
+            "the status needs a database store (SQLite or Postgres)\n",
         )
             .into_response();
     };
