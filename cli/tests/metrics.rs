@@ -249,17 +249,7 @@ async fn a_server_on_postgres_scrapes_the_queue_figures_from_the_database() {
     let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
     relay.script("echo", "cat\n");
     relay.write_graphs(&[(GS, "echo", &["p1"])], "");
-    let (server, mcp) = relay.serve(
-        "127.0.0.1:0",
-        &[
-            "--postgres",
-            &url,
-            "--postgres-schema",
-            schema.name(),
-            "--metrics",
-            "127.0.0.1:0",
-        ],
-    );
+    let (server, mcp) = relay.serve_postgres_with_metrics(&url, schema.name());
     let metrics = metrics_url(&server);
     let http = &relay.http;
 

@@ -231,6 +231,22 @@ impl Relay {
         (server, url)
     }
 
+    /// [`Relay::serve`] on the Postgres database at `url`, in `schema`,
+    /// with its metrics listener on a free loopback port.
+    pub fn serve_postgres_with_metrics(&self, url: &str, schema: &str) -> (Proc, String) {
+        self.serve(
+            "127.0.0.1:0",
+            &[
+                "--postgres",
+                url,
+                "--postgres-schema",
+                schema,
+                "--metrics",
+                "127.0.0.1:0",
+            ],
+        )
+    }
+
     /// `worker` against `server` with `device.token` and `graphs.toml`.
     pub fn worker(&self, server: &str, outbox: &str, grace_seconds: &str, extra: &[&str]) -> Proc {
         let mut args = vec![
