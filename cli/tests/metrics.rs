@@ -18,6 +18,27 @@ const GS: &str = "gs_cccccccccccccccccccccccccccccccc";
 const GS_SLOW: &str = "gs_eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 const DEADLINE: Duration = Duration::from_secs(30);
 
+/// The queue's gauges once one desktop ran one run to its end: one desktop
+/// known and online, nothing queued or running.
+fn assert_gauges_after_one_finished_run(text: &str) {
+    assert_eq!(
+        sample(text, "graph_relay_desktops_online"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(text, "graph_relay_desktops_known"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(sample(text, "graph_relay_queue_depth"), Some(0.0), "{text}");
+    assert_eq!(
+        sample(text, r#"graph_relay_runs{status="running"}"#),
+        Some(0.0),
+        "{text}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_scrape_after_a_run_shows_the_figures_moved() {
     let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
@@ -155,26 +176,7 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         sample(&text, "graph_relay_pickup_latency_seconds_sum").is_some_and(|s| s < 5.0),
         "{text}"
     );
-    assert_eq!(
-        sample(&text, "graph_relay_desktops_online"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "graph_relay_desktops_known"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "graph_relay_queue_depth"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, r#"graph_relay_runs{status="running"}"#),
-        Some(0.0),
-        "{text}"
-    );
+    assert_gauges_after_one_finished_run(&text);
     assert!(
         sample(
             &text,
@@ -285,26 +287,7 @@ async fn a_server_on_postgres_scrapes_the_queue_figures_from_the_database() {
         Some(1.0),
         "{text}"
     );
-    assert_eq!(
-        sample(&text, "graph_relay_desktops_known"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "graph_relay_desktops_online"),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, "graph_relay_queue_depth"),
-        Some(0.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(&text, r#"graph_relay_runs{status="running"}"#),
-        Some(0.0),
-        "{text}"
-    );
+    assert_gauges_after_one_finished_run(&text);
     assert_eq!(
         sample(&text, "graph_relay_metrics_store_errors_total"),
         Some(0.0),

@@ -39,6 +39,18 @@ fn ok(relay: &Relay, args: &[&str]) -> String {
 }
 
 /// What the server and the file agree on (times differ).
+/// Creates the operator token (`token operator`) and writes it to
+/// `operator.token`; returns it.
+fn write_operator_token(relay: &Relay) -> String {
+    let operator = ok(
+        relay,
+        &["token", "operator", "--config", "graph-relay.toml"],
+    );
+    let operator = operator.trim().to_owned();
+    std::fs::write(relay.path("operator.token"), format!("{operator}\n")).expect("token");
+    operator
+}
+
 /// `status --server <metrics> --token operator.token --json`, parsed.
 fn server_status(relay: &Relay, metrics: &str) -> Value {
     serde_json::from_str(&ok(
@@ -84,13 +96,8 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
     let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
     relay.script("echo", "cat\n");
     relay.write_graphs(&[(GS, "echo", &["p1"])], "");
-    let operator = ok(
-        &relay,
-        &["token", "operator", "--config", "graph-relay.toml"],
-    );
-    let operator = operator.trim();
+    let operator = write_operator_token(&relay);
     assert!(operator.starts_with("gro_"), "{operator}");
-    std::fs::write(relay.path("operator.token"), format!("{operator}\n")).expect("token");
     std::fs::write(relay.path("wrong.token"), "gro_not_the_operator\n").expect("token");
 
     let (server, url) = relay.serve(
@@ -145,7 +152,7 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
     let on_mcp = relay
         .http
         .get(format!("{url}/admin/status"))
-        .bearer_auth(operator)
+        .bearer_auth(&operator)
         .send()
         .await
         .expect("GET");
@@ -155,7 +162,7 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
         .http
         .get(format!("{metrics}/admin/status"))
         .header("host", "evil.example:80")
-        .bearer_auth(operator)
+        .bearer_auth(&operator)
         .send()
         .await
         .expect("GET");
@@ -164,7 +171,7 @@ async fn status_from_a_running_server_is_the_status_of_its_database() {
     let limited = relay
         .http
         .get(format!("{metrics}/admin/status?limit=0"))
-        .bearer_auth(operator)
+        .bearer_auth(&operator)
         .send()
         .await
         .expect("GET");
@@ -182,12 +189,7 @@ async fn a_server_on_postgres_answers_the_status_from_its_database() {
     let relay = Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
     relay.script("echo", "cat\n");
     relay.write_graphs(&[(GS, "echo", &["p1"])], "");
-    let operator = ok(
-        &relay,
-        &["token", "operator", "--config", "graph-relay.toml"],
-    );
-    let operator = operator.trim();
-    std::fs::write(relay.path("operator.token"), format!("{operator}\n")).expect("token");
+    let operator = write_operator_token(&relay);
     let (server, mcp) = relay.serve_postgres_with_metrics(&url, schema.name());
     let metrics = metrics_url(&server).trim_end_matches("/metrics").to_owned();
     let status_url = format!("{metrics}/admin/status");
@@ -196,7 +198,7 @@ async fn a_server_on_postgres_answers_the_status_from_its_database() {
     let answer = relay
         .http
         .get(&status_url)
-        .bearer_auth(operator)
+        .bearer_auth(&operator)
         .send()
         .await
         .expect("GET");

@@ -66,20 +66,34 @@ pub(crate) async fn agent(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let who = match state.authenticate_request(request.headers()).await {
-        Ok(who) => who,
-        Err(response) => return closing(response),
-    };
-    if let Principal::Device(_) = who.principal {
-        return closing(device_on_mcp(&state));
+    match agent_of(&state, request.headers()).await {
+        Ok((who, _)) => {
+            request.extensions_mut().insert(who);
+            next.run(request).await
+        }
+        Err(refused) => refused,
     }
+}
+
+/// The agent a `/mcp` request comes from, by its headers alone: the
+/// credentials check of [`agent`] and of `POST /mcp`, which makes it
+/// itself. `Err` is the refusal to send (401/503, `Connection: close`; a
+/// device's token is 401). Starts the revocation watch on success.
+pub(crate) async fn agent_of(
+    state: &HttpState,
+    headers: &axum::http::HeaderMap,
+) -> Result<(Authenticated, Caller), Response> {
+    let who = state.authenticate_request(headers).await.map_err(closing)?;
+    let caller = match &who.principal {
+        Principal::Agent(caller) => caller.clone(),
+        Principal::Device(_) => return Err(closing(device_on_mcp(state))),
+    };
     state.watch_revocations();
-    request.extensions_mut().insert(who);
-    next.run(request).await
+    Ok((who, caller))
 }
 
 /// 401 for a device's credentials on `/mcp`.
-pub(crate) fn device_on_mcp(state: &HttpState) -> Response {
+fn device_on_mcp(state: &HttpState) -> Response {
     state.unauthorized(
         Some("invalid_token"),
         Some("a device token cannot be used on /mcp"),

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
 use crate::sessions::{Lookup, SessionOwner};
-use crate::{AgentPrincipal, Authenticated, HttpState, Principal, gate};
+use crate::{AgentPrincipal, Authenticated, HttpState, gate};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
     json_response(reply.http_status(), reply.to_bytes())
@@ -224,15 +224,10 @@ async fn post_checked(state: HttpState, request: Request) -> Response {
     if let Err(refused) = state.check_host_and_origin(request.headers()) {
         return gate::closing(refused);
     }
-    let who = match state.authenticate_request(request.headers()).await {
-        Ok(who) => who,
-        Err(refused) => return gate::closing(refused),
+    let (who, caller) = match gate::agent_of(&state, request.headers()).await {
+        Ok(agent) => agent,
+        Err(refused) => return refused,
     };
-    let caller = match &who.principal {
-        Principal::Agent(caller) => caller.clone(),
-        Principal::Device(_) => return gate::closing(gate::device_on_mcp(&state)),
-    };
-    state.watch_revocations();
     let (parts, body) = request.into_parts();
     let limit = state.config().max_body_bytes;
     let body =
