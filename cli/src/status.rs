@@ -517,14 +517,7 @@ impl QueueFigures for SqliteFigures {
                 oldest_queued: stats.queue.first().map(|q| now.since(q.created_at)),
                 desktops_online: stats.desktops.iter().filter(|d| d.is_online(now)).count() as u64,
                 desktops_known: stats.desktops.len() as u64,
-                finished: finished
-                    .into_iter()
-                    .map(|f| FinishedSample {
-                        status: f.status,
-                        pickup: f.pickup,
-                        cancel: f.cancel,
-                    })
-                    .collect(),
+                finished: finished.into_iter().map(FinishedSample::from).collect(),
             })
         })
         .await
@@ -573,11 +566,7 @@ impl QueueFigures for PostgresFigures {
             finished: figures
                 .finished
                 .into_iter()
-                .map(|f| FinishedSample {
-                    status: f.status,
-                    pickup: f.pickup,
-                    cancel: f.cancel,
-                })
+                .map(FinishedSample::from)
                 .collect(),
         })
     }

@@ -116,6 +116,17 @@ pub struct FinishedSample {
     pub cancel: Option<Duration>,
 }
 
+impl From<graph_relay_core::stats::FinishedRun> for FinishedSample {
+    /// What the metrics count of a store's finished run.
+    fn from(run: graph_relay_core::stats::FinishedRun) -> Self {
+        Self {
+            status: run.status,
+            pickup: run.pickup,
+            cancel: run.cancel,
+        }
+    }
+}
+
 /// A store's figures for the metrics (the SQLite and Postgres stores offer them; a
 /// server without a source exposes the HTTP and in-process metrics only).
 #[async_trait]
