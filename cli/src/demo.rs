@@ -17,17 +17,15 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
-use graph_relay_core::prelude::*;
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
+use graph_relay_transport_http::Server;
 use graph_relay_transport_http::auth::{
-    AgentToken, DeviceToken, StaticTokens, TokenConfig, TokenConfigError, TokenKind, hash_token,
-    new_token,
+    AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
 };
-use graph_relay_transport_http::{HttpConfig, HttpState, ServeConfig};
+use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
-use crate::config::{ConfigFile, ServerSection};
 use crate::mcp_client::{McpClient, McpClientError, ToolAnswer, is_terminal};
 
 /// Options of `graph-relay demo`.
@@ -49,7 +47,7 @@ pub enum DemoError {
     Io(#[from] std::io::Error),
     /// The demo's configuration could not be written.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] graph_relay_transport_http::config::ConfigError),
     /// The demo's tokens are unusable.
     #[error(transparent)]
     Tokens(#[from] TokenConfigError),
@@ -114,7 +112,6 @@ struct DemoFiles {
     db: PathBuf,
     agent_token: String,
     other_token: String,
-    tokens: TokenConfig,
 }
 
 impl DemoFiles {
@@ -172,17 +169,12 @@ impl DemoFiles {
         ]
         .concat();
         std::fs::write(dir.join("graphs.toml"), graphs)?;
-        let tokens = TokenConfig {
-            agents: file.agents.clone(),
-            devices: file.devices.clone(),
-        };
         Ok(Self {
             dir: dir.to_owned(),
             config,
             db: dir.join("demo.db"),
             agent_token,
             other_token,
-            tokens,
         })
     }
 }
@@ -210,30 +202,26 @@ pub fn run(args: DemoArgs) -> Result<(), DemoError> {
 async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
     let store = graph_relay_store_sqlite::SqliteStore::open(&files.db)
         .map_err(|e| DemoError::Server(format!("{}: {e}", files.db.display())))?;
-    let server = crate::mcp_server(
-        Arc::new(store),
-        QueueConfig::default(),
-        Some(MAX_WAIT_SECONDS),
-    )
-    .map_err(|e| DemoError::Server(e.to_string()))?;
-    let queue = server.queue().clone();
-    tokio::spawn(crate::maintain(queue.clone()));
+    let catalog = ToolCatalog::builder()
+        .wait_seconds(Some(MAX_WAIT_SECONDS))
+        .build()
+        .map_err(|e| DemoError::Server(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let local = listener.local_addr()?;
-    let http = HttpConfig {
-        listen_addr: Some(local),
-        ..HttpConfig::default()
-    };
-    let state = HttpState::new(server, Arc::new(StaticTokens::new(&files.tokens)?), http);
+    let server_error =
+        |e: graph_relay_transport_http::server::ServerError| DemoError::Server(e.to_string());
+    let server = Server::builder(Arc::new(store))
+        .config_file(&files.config)
+        .map_err(server_error)?
+        .catalog(catalog)
+        .build(listener)
+        .await
+        .map_err(server_error)?;
+    let local = server.local_addr();
+    let queue = server.queue().clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(graph_relay_transport_http::serve(
-        listener,
-        graph_relay_transport_http::router(state),
-        ServeConfig::default(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
+    let serving = tokio::spawn(server.serve(async move {
+        let _ = stop_rx.await;
+    }));
     let base = format!("http://{local}");
     println!("graph-relay demo: a server, a desktop worker and two agents on this machine");
     println!("  files   {} (removed on exit)", files.dir.display());
@@ -255,7 +243,7 @@ async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
             Some(Err(DemoError::Worker(format!("exited during the flow ({status})"))))
         }
-        () = crate::shutdown_signal() => None,
+        () = graph_relay_transport_http::server::shutdown_signal() => None,
     };
     let mut outcome = match flow {
         Some(Ok(())) => {
@@ -265,7 +253,7 @@ async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
             } else {
                 println!("\nThe demo stays up for these clients; Ctrl-C ends it.");
                 tokio::select! {
-                    () = crate::shutdown_signal() => Ok(()),
+                    () = graph_relay_transport_http::server::shutdown_signal() => Ok(()),
                     status = worker.wait() => {
                         let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                         Err(DemoError::Worker(format!("exited ({status})")))

@@ -74,8 +74,8 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::config::{ConfigFile, ServerSection};
 use crate::mcp_client::{McpClient, McpClientError, is_terminal};
+use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 
 /// Most desktops one harness connects.
 pub const MAX_DESKTOPS: usize = 20_000;
@@ -170,7 +170,7 @@ pub enum LoadtestError {
     Io(#[from] std::io::Error),
     /// The configuration could not be read or written.
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] graph_relay_transport_http::config::ConfigError),
     /// The generated tokens are unusable.
     #[error(transparent)]
     Tokens(#[from] TokenConfigError),

@@ -7,7 +7,6 @@
 //! the simulator of the published experiments (`sim`).
 
 mod approval;
-mod config;
 mod console;
 mod demo;
 mod graphs;
@@ -28,19 +27,13 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use graph_relay_core::Store;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
-use graph_relay_core::mcp::{Caller, McpServer, ServerInfo};
+use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
-use graph_relay_transport_http::auth::{
-    AgentToken, DeviceToken, TokenFile, TokenKind, hash_token, new_token,
-};
-use graph_relay_transport_http::metrics::Metrics;
-use graph_relay_transport_http::oauth::{AuthChain, OAuthAuthenticator};
-use graph_relay_transport_http::serve::{RESERVED_FILES, raise_open_file_limit};
-use graph_relay_transport_http::{
-    HttpConfig, HttpState, ListenLimits, Principal, ServeConfig, SessionLimits,
-};
-
-use crate::config::{ConfigFile, ServerSection};
+use graph_relay_core::stats::OperatorStats;
+use graph_relay_transport_http::auth::{AgentToken, DeviceToken, TokenKind, hash_token, new_token};
+use graph_relay_transport_http::config::{ConfigFile, ServerSection};
+use graph_relay_transport_http::server::{ServerError, maintain, shutdown_signal};
+use graph_relay_transport_http::{Principal, Server};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small blocks (HTTP parts, JSON, the store's rows), and glibc's
@@ -289,7 +282,9 @@ enum TokenCommand {
 #[derive(Debug, thiserror::Error)]
 enum CliError {
     #[error(transparent)]
-    Config(#[from] config::ConfigError),
+    Config(#[from] graph_relay_transport_http::config::ConfigError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
     #[error(transparent)]
     Tokens(#[from] graph_relay_transport_http::auth::TokenConfigError),
     #[error(transparent)]
@@ -441,8 +436,12 @@ fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, CliError> {
     if args.memory {
         return Ok(Arc::new(graph_relay_store_memory::MemoryStore::new()));
     }
+    Ok(Arc::new(open_sqlite(args)?))
+}
+
+/// The SQLite store of `--db`.
+fn open_sqlite(args: &StoreArgs) -> Result<graph_relay_store_sqlite::SqliteStore, CliError> {
     graph_relay_store_sqlite::SqliteStore::open(&args.db)
-        .map(|s| Arc::new(s) as Arc<dyn Store>)
         .map_err(|e| CliError::Db(format!("{}: {e}", args.db.display())))
 }
 
@@ -469,25 +468,18 @@ fn open_postgres(
         .map_err(|e| CliError::Db(format!("postgres: {e}")))
 }
 
-/// `postgres` (opened by [`open_postgres`]) or else `open_store`; with Postgres, the queue's signals are
-/// forwarded to (and woken by) the other servers on the database. With
-/// `timed`, each store call is timed into those metrics.
+/// `postgres` (opened by [`open_postgres`]) or else `open_store`; with
+/// Postgres, the queue's signals are forwarded to (and woken by) the other
+/// servers on the database.
 fn open_any_store(
     args: &StoreArgs,
     postgres: Option<graph_relay_store_postgres::PostgresStore>,
     runtime: &tokio::runtime::Runtime,
-    queue: QueueConfig,
-    max_wait_seconds: Option<u32>,
-    timed: Option<&Metrics>,
 ) -> Result<McpServer, CliError> {
-    let time = |store: Arc<dyn Store>| match timed {
-        Some(metrics) => Arc::new(metrics.timed_store(store)) as Arc<dyn Store>,
-        None => store,
-    };
     match postgres {
-        None => mcp_server(time(open_store(args)?), queue, max_wait_seconds),
+        None => mcp_server(open_store(args)?),
         Some(pg) => {
-            let server = mcp_server(time(Arc::new(pg.clone())), queue, max_wait_seconds)?;
+            let server = mcp_server(Arc::new(pg.clone()))?;
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
@@ -497,23 +489,20 @@ fn open_any_store(
     }
 }
 
-fn mcp_server(
-    store: Arc<dyn Store>,
-    config: QueueConfig,
-    max_wait_seconds: Option<u32>,
-) -> Result<McpServer, CliError> {
-    let queue = Queue::new(store, Arc::new(SystemClock), Arc::new(RandomIds), config);
+/// The MCP server of `graph-relay stdio`: the published catalog on `store`.
+fn mcp_server(store: Arc<dyn Store>) -> Result<McpServer, CliError> {
+    let queue = Queue::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    );
     let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
-    info.instructions = Some("run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).".into());
+    info.instructions = Some(DEFAULT_INSTRUCTIONS.into());
     let catalog = ToolCatalog::builder()
-        .wait_seconds(max_wait_seconds)
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
-    let server = McpServer::new(queue, catalog, info);
-    Ok(match max_wait_seconds {
-        Some(_) => server.with_sleeper(Arc::new(graph_relay_transport_http::TokioSleeper)),
-        None => server,
-    })
+    Ok(McpServer::new(queue, catalog, info))
 }
 
 /// Creates `path` with a development agent and device; prints their tokens once.
@@ -547,6 +536,8 @@ fn bootstrap(path: &Path, listen: SocketAddr) -> Result<(), CliError> {
     Ok(())
 }
 
+/// `graph-relay serve`: the flags mapped onto the configuration file's
+/// settings, then the library's server.
 fn serve(
     listen: SocketAddr,
     store: &StoreArgs,
@@ -560,172 +551,52 @@ fn serve(
         bootstrap(config_path, listen)?;
     }
     let file = ConfigFile::load(config_path)?;
-    let tokens = TokenFile::open(config_path)?;
-    let anonymous = match anonymous {
-        None => None,
-        Some(_) if !listen.ip().is_loopback() => {
-            return Err(CliError::Usage(
-                "--insecure-anonymous-agent is only allowed on a loopback address".into(),
-            ));
-        }
-        Some(name) => Some(find_agent(&file, &name)?),
-    };
-    if let Some(oauth) = &file.oauth {
-        oauth.validate()?;
-    }
-    let (mut http, serve_config) = http_settings(&file.server);
-    if let Some(oauth) = &file.oauth
-        && http.authorization_servers.is_empty()
-    {
-        // The resource metadata sends OAuth clients to the issuer.
-        http.authorization_servers = vec![oauth.issuer.clone()];
-    }
-    if let Some(wait) = max_wait_seconds
-        && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
-    {
-        return Err(CliError::Usage(format!(
-            "--max-wait-seconds {wait} must stay below the request timeout ({} s)",
-            http.request_timeout.as_secs()
-        )));
-    }
-    check_open_file_limit(serve_config.max_connections);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let mut queue = QueueConfig::default();
-    if let Some(seconds) = leases.seconds.or(file.server.lease_seconds) {
+    let postgres = open_postgres(store, &runtime)?;
+    let (queue_store, stats): (Arc<dyn Store>, Option<Arc<dyn OperatorStats>>) = match &postgres {
+        Some(pg) => (Arc::new(pg.clone()), Some(Arc::new(pg.clone()))),
+        None if store.memory => (open_store(store)?, None),
+        None => {
+            let sqlite = Arc::new(open_sqlite(store)?);
+            (sqlite.clone(), Some(sqlite))
+        }
+    };
+    let catalog = ToolCatalog::builder()
+        .wait_seconds(max_wait_seconds)
+        .build()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let mut builder = Server::builder(queue_store)
+        .config_file(config_path)?
+        .catalog(catalog);
+    let queue = builder.queue_config_mut();
+    if let Some(seconds) = leases.seconds {
         queue.lease_long_poll = Duration::from_secs(seconds);
     }
-    if let Some(controls) = leases.controls.or(file.server.lease_interval_controls) {
+    if let Some(controls) = leases.controls {
         queue.lease_interval_controls = controls;
     }
-    let metrics = metrics.or(file.server.metrics_listen);
-    let postgres = open_postgres(store, &runtime)?;
-    // The store's figures for the metrics: the SQLite file (read-only) or
-    // the Postgres database; the memory store has none.
-    let sqlite = !store.memory && postgres.is_none();
-    let figures: Option<Arc<dyn graph_relay_transport_http::metrics::QueueFigures>> =
-        match (&postgres, metrics.is_some()) {
-            (_, false) => None,
-            (Some(pg), true) => Some(status::PostgresFigures::new(pg.clone())),
-            (None, true) => sqlite.then(|| status::SqliteFigures::new(store.db.clone()) as _),
-        };
-    let registry = metrics.map(|_| {
-        let registry = Metrics::new(figures.clone());
-        let Some(hash) = file.server.operator_token_sha256.clone() else {
-            return Arc::new(registry);
-        };
-        // The status is read from the database: the SQLite file (read-only)
-        // or Postgres; the memory store has none.
-        let source: Option<Arc<dyn graph_relay_transport_http::metrics::OperatorStatus>> =
-            match &postgres {
-                Some(pg) => Some(status::PostgresStatus::new(pg.clone())),
-                None => sqlite.then(|| status::SqliteStatus::new(store.db.clone()) as _),
-            };
-        Arc::new(registry.with_operator_status(hash, source))
-    });
-    let server = open_any_store(
-        store,
-        postgres,
-        &runtime,
-        queue,
-        max_wait_seconds,
-        registry.as_deref(),
-    )?;
-    let maintained = server.queue().clone();
-    runtime.spawn(maintain(maintained));
-    let stopping = server.queue().clone();
+    if let Some(address) = metrics {
+        builder = builder.metrics(address);
+    }
+    if let Some(stats) = stats {
+        builder = builder.operator_stats(stats);
+    }
+    if let Some(name) = anonymous {
+        builder = builder.anonymous_agent(find_agent(&file, &name)?);
+    }
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
-        let local = listener.local_addr()?;
-        // The Host port check and the published URLs use the bound address.
-        http.listen_addr = Some(local);
-        if local.ip().is_unspecified() && http.public_url.is_none() {
-            tracing::warn!(
-                "listening on every interface without `public_url`: the resource metadata names http://localhost:{}; set [server] public_url to the address clients use",
-                local.port()
-            );
+        let server = builder.build(listener).await?;
+        if let Some(pg) = postgres {
+            // The listener runs (and reconnects) for the life of the runtime.
+            let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
+            tracing::info!(schema = ?pg.schema(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
         }
-        // Static tokens first (a hash look-up), then the authorization
-        // server's tokens; the audience defaults to the published /mcp URL.
-        let mut sources: Vec<Arc<dyn graph_relay_transport_http::Authenticator>> =
-            vec![Arc::new(tokens)];
-        if let Some(config) = &file.oauth {
-            let oauth = OAuthAuthenticator::start(config, &http.resource_url())
-                .map_err(|e| std::io::Error::other(format!("[oauth]: {e}")))?;
-            tracing::info!(issuer = %oauth.issuer(), audience = %oauth.audience(), "accepting OAuth access tokens from the authorization server");
-            // A moment for the first key load, so that the first requests
-            // are not answered 503; the loader keeps trying after that.
-            if !oauth.wait_until_ready(OAUTH_START_WAIT).await {
-                tracing::warn!(issuer = %oauth.issuer(), "serving without the authorization server's keys: OAuth tokens are answered 503 until they are loaded");
-            }
-            sources.push(Arc::new(oauth));
-        }
-        let auth: Arc<dyn graph_relay_transport_http::Authenticator> =
-            Arc::new(AuthChain::new(sources));
-        let auth: Arc<dyn graph_relay_transport_http::Authenticator> = match anonymous {
-            Some(caller) => {
-                tracing::warn!(agent = %caller.agent.id, "requests without a token are served as this agent (--insecure-anonymous-agent)");
-                Arc::new(AnonymousFallback {
-                    inner: auth,
-                    caller,
-                })
-            }
-            None => auth,
-        };
-        let state = HttpState::new(server, auth, http);
-        let mut app = graph_relay_transport_http::router(state.clone());
-        let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
-        if let (Some(address), Some(registry)) = (metrics, registry) {
-            app = serve_metrics(address, registry, figures.is_some(), state, app, stopped_rx).await?;
-        }
-        tracing::info!(%local, "graph-relay serving MCP at http://{local}/mcp");
-        // On SIGINT/SIGTERM every held request answers at once and waits
-        // and listen streams end (`Queue::shut_down`); then the server
-        // stops accepting and lets what is in flight finish.
-        let shutdown = async move {
-            shutdown_signal().await;
-            stopping.shut_down();
-            let _ = stopped_tx.send(true);
-        };
-        graph_relay_transport_http::serve(listener, app, serve_config, shutdown).await?;
-        tracing::info!("graph-relay stopped");
-        Ok::<(), std::io::Error>(())
-    })?;
-    Ok(())
-}
-
-/// Starts the metrics listener of `metrics` at `address` (until `stopped`
-/// turns true); returns `app` with its requests counted.
-async fn serve_metrics(
-    address: SocketAddr,
-    metrics: Arc<Metrics>,
-    has_figures: bool,
-    state: HttpState,
-    app: axum::Router,
-    mut stopped: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<axum::Router> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    let local = listener.local_addr()?;
-    if !local.ip().is_loopback() {
-        tracing::warn!(%local, "metrics on a non-loopback address: they are totals over every owner; keep the port reachable by the operator only");
-    }
-    if !has_figures {
-        tracing::info!(
-            "metrics: the memory store keeps no queue figures; serving the HTTP and in-process figures only"
-        );
-    }
-    let app = metrics.instrument(app);
-    tokio::spawn(graph_relay_transport_http::serve(
-        listener,
-        metrics.router(state, local),
-        ServeConfig::default(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    ));
-    tracing::info!(%local, "metrics at http://{local}/metrics");
-    Ok(app)
+        server.serve(shutdown_signal()).await?;
+        Ok(())
+    })
 }
 
 /// `graph-relay man`: the page of the binary on stdout, or into `out` the
@@ -775,127 +646,10 @@ fn answer(
     Ok(())
 }
 
-/// The HTTP transport's settings and the serving loop's bounds from the
-/// `[server]` section (defaults for what it leaves out).
-fn http_settings(s: &ServerSection) -> (HttpConfig, ServeConfig) {
-    let defaults = HttpConfig::default();
-    let secs = Duration::from_secs;
-    let http = HttpConfig {
-        public_url: s.public_url.clone(),
-        listen_addr: None,
-        authorization_servers: s.authorization_servers.clone(),
-        allowed_hosts: if s.allowed_hosts.is_empty() {
-            defaults.allowed_hosts.clone()
-        } else {
-            s.allowed_hosts.clone()
-        },
-        allowed_ports: s.allowed_ports.clone(),
-        allowed_origins: s.allowed_origins.clone(),
-        max_body_bytes: s.max_body_bytes.unwrap_or(defaults.max_body_bytes),
-        request_timeout: s
-            .request_timeout_secs
-            .map_or(defaults.request_timeout, secs),
-        sessions: SessionLimits {
-            max_sessions: s.max_sessions.unwrap_or(defaults.sessions.max_sessions),
-            max_sessions_per_agent: s
-                .max_sessions_per_agent
-                .unwrap_or(defaults.sessions.max_sessions_per_agent),
-            idle_timeout: s
-                .session_idle_timeout_secs
-                .map_or(defaults.sessions.idle_timeout, secs),
-        },
-        listen: ListenLimits {
-            max_streams_per_agent: s
-                .max_listen_streams_per_agent
-                .unwrap_or(defaults.listen.max_streams_per_agent),
-            max_lifetime: s
-                .max_listen_lifetime_secs
-                .map_or(defaults.listen.max_lifetime, secs),
-        },
-        relay: defaults.relay.clone(),
-    };
-    let serve_defaults = ServeConfig::default();
-    let serve = ServeConfig {
-        max_connections: s.max_connections.unwrap_or(serve_defaults.max_connections),
-        header_read_timeout: s
-            .header_read_timeout_secs
-            .map_or(serve_defaults.header_read_timeout, secs),
-        idle_timeout: s
-            .idle_timeout_secs
-            .map_or(serve_defaults.idle_timeout, secs),
-        ..serve_defaults
-    };
-    (http, serve)
-}
-
-/// Raises the soft open-file limit to the hard one; warns when it stays
-/// below what `max_connections` connections need.
-fn check_open_file_limit(max_connections: usize) {
-    let needed = u64::try_from(max_connections)
-        .unwrap_or(u64::MAX)
-        .saturating_add(RESERVED_FILES);
-    match raise_open_file_limit() {
-        Ok(limit) => {
-            if limit.now > limit.before {
-                tracing::info!(
-                    before = limit.before,
-                    now = limit.now,
-                    "raised the open-file limit"
-                );
-            }
-            if limit.now < needed {
-                tracing::warn!(
-                    limit = limit.now,
-                    needed,
-                    max_connections,
-                    "the open-file limit is below what the connection cap needs; the server may stop accepting before the cap (raise `ulimit -n` or lower [server] max_connections)"
-                );
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "cannot check the open-file limit"),
-    }
-}
-
-/// How long `serve` waits for the authorization server's keys before it
-/// serves anyway (answering OAuth tokens 503 until they load).
-const OAUTH_START_WAIT: Duration = Duration::from_secs(3);
-
 /// The lease settings given on the command line (they win over the file).
 struct Leases {
     seconds: Option<u64>,
     controls: Option<u32>,
-}
-
-/// The queue's housekeeping, once a second for the life of the server:
-/// coalesced progress is written, runs whose lease lapsed are closed, and
-/// old keys and runs are pruned. A failing store is logged, at most once a
-/// minute, and tried again.
-async fn maintain(queue: Queue) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_warning: Option<tokio::time::Instant> = None;
-    loop {
-        tick.tick().await;
-        if queue.is_shutting_down() {
-            return;
-        }
-        match queue.maintain().await {
-            Ok(report) => {
-                if report.leases > 0 {
-                    tracing::info!(
-                        runs = report.leases,
-                        "closed runs whose desktop stopped reporting (lease lapsed)"
-                    );
-                }
-            }
-            Err(e) => {
-                if last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                    tracing::warn!(error = %e, "queue maintenance failed; trying again");
-                    last_warning = Some(tokio::time::Instant::now());
-                }
-            }
-        }
-    }
 }
 
 fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(), CliError> {
@@ -915,69 +669,6 @@ fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(
         }
     }
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM. On Unix the handlers are installed when
-/// this is called, not when the future is first polled: a signal that
-/// arrives in between (e.g. right after the worker printed that it runs)
-/// then stops the process gracefully instead of killing it.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    #[cfg(unix)]
-    let streams = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::interrupt()).ok(),
-            signal(SignalKind::terminate()).ok(),
-        )
-    };
-    async move {
-        #[cfg(unix)]
-        {
-            async fn next(stream: Option<tokio::signal::unix::Signal>) {
-                match stream {
-                    Some(mut s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            }
-            let (int, term) = streams;
-            tokio::select! {
-                () = next(int) => {},
-                () = next(term) => {},
-            }
-        }
-        #[cfg(not(unix))]
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-        tracing::info!("shutdown requested; finishing requests in flight");
-    }
-}
-
-/// Falls back to one agent for requests that carry no token at all.
-struct AnonymousFallback {
-    inner: Arc<dyn graph_relay_transport_http::Authenticator>,
-    caller: Caller,
-}
-
-#[async_trait::async_trait]
-impl graph_relay_transport_http::Authenticator for AnonymousFallback {
-    async fn authenticate(
-        &self,
-        token: &str,
-    ) -> Result<Principal, graph_relay_transport_http::AuthError> {
-        self.inner.authenticate(token).await
-    }
-    async fn anonymous(&self) -> Option<Principal> {
-        Some(Principal::Agent(self.caller.clone()))
-    }
-    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.revocations()
-    }
-    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
-        self.inner.still_valid(token_sha256, principal).await
-    }
 }
 
 /// Which entries a command-line `NAME` or `OWNER/NAME` means: identity is
@@ -1056,15 +747,8 @@ fn stdio(
         .build()?;
     let _enter = runtime.enter();
     let postgres = open_postgres(store, &runtime)?;
-    let server = open_any_store(
-        store,
-        postgres,
-        &runtime,
-        QueueConfig::default(),
-        None,
-        None,
-    )?;
-    runtime.spawn(maintain(server.queue().clone()));
+    let server = open_any_store(store, postgres, &runtime)?;
+    runtime.spawn(maintain(server.queue().clone(), std::future::pending()));
     let config = graph_relay_transport_stdio::StdioConfig { max_line_bytes };
     tracing::info!(agent = %caller.agent.id, "graph-relay serving MCP on stdio");
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)

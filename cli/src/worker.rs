@@ -336,7 +336,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         }
         // Signal handlers first: a stop asked for once the line below is
         // printed must find them.
-        let stop = crate::shutdown_signal();
+        let stop = graph_relay_transport_http::server::shutdown_signal();
         status(&format!(
             "worker: relaying {} for {} ({}; outbox {})",
             args.graphs.display(),

@@ -57,6 +57,9 @@ use crate::time::{Clock, IdSource, Sleeper, Timestamp};
 use std::sync::Arc;
 use std::time::Duration;
 
+mod maintenance;
+pub use maintenance::MAINTENANCE_INTERVAL;
+
 /// What an agent reads for a run that does not exist or is not its own.
 pub const RUN_NOT_FOUND: &str = "Graph run not found or access removed";
 /// What an agent reads for a session it cannot reach.

@@ -11,7 +11,85 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::store::StoreError;
 use crate::time::Timestamp;
+
+mod report;
+pub use report::{
+    DesktopStatus, LastHour, QueueStatus, QueuedStatus, STATUS_WINDOW, SharedStatus, StatusReport,
+};
+
+/// What a store tells the operator about its queue: the status document's
+/// snapshot and the metrics' figures. Totals over every owner: a server
+/// answers them on its operator listener only, never to an agent or a
+/// desktop. The SQLite and Postgres stores implement it with the same
+/// meaning for every field; a server built with one serves
+/// `/admin/status` and the queue gauges of its metrics from it.
+///
+/// ```
+/// use std::time::Duration;
+/// use graph_relay_core::stats::{OperatorStats, QueueFigures, QueueStats, StatusReport};
+/// use graph_relay_core::store::StoreError;
+/// use graph_relay_core::time::Timestamp;
+///
+/// /// A queue that is always empty.
+/// struct Empty;
+///
+/// #[graph_relay_core::async_trait]
+/// impl OperatorStats for Empty {
+///     async fn stats(&self, now: Timestamp, _: Duration, _: usize) -> Result<QueueStats, StoreError> {
+///         Ok(QueueStats { now, ..QueueStats::default() })
+///     }
+///     async fn figures(&self, _: Timestamp, _: Timestamp, _: Timestamp) -> Result<QueueFigures, StoreError> {
+///         Ok(QueueFigures::default())
+///     }
+/// }
+///
+/// let stats = futures::executor::block_on(Empty.stats(Timestamp(0), Duration::from_secs(60), 20))?;
+/// let report = StatusReport::from_stats(&stats);
+/// assert_eq!(report.queue.depth, 0);
+/// # Ok::<(), StoreError>(())
+/// ```
+#[async_trait::async_trait]
+pub trait OperatorStats: Send + Sync {
+    /// The queue as of `now`, with the runs that finished and the pickups
+    /// of the runs that started no earlier than `window` before it, listing
+    /// at most `queue_limit` queued runs (oldest first).
+    async fn stats(
+        &self,
+        now: Timestamp,
+        window: Duration,
+        queue_limit: usize,
+    ) -> Result<QueueStats, StoreError>;
+
+    /// The metrics' figures at `now`, with the runs that finished after
+    /// `after` and no later than `until`. Cheaper than [`stats`](Self::stats):
+    /// a scrape reads it every few seconds.
+    async fn figures(
+        &self,
+        now: Timestamp,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> Result<QueueFigures, StoreError>;
+}
+
+/// The queue's figures as the metrics show them ([`OperatorStats::figures`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QueueFigures {
+    /// Runs queued now.
+    pub queued: u64,
+    /// Runs running now.
+    pub running: u64,
+    /// When the oldest queued run was queued.
+    pub oldest_queued_at: Option<Timestamp>,
+    /// Desktops ever seen.
+    pub desktops_known: u64,
+    /// Desktops online now ([`online_since`]).
+    pub desktops_online: u64,
+    /// Runs that finished in the interval asked for, in no order, with
+    /// their pickup and cancel latencies.
+    pub finished: Vec<FinishedRun>,
+}
 
 /// How a desktop was last heard from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +198,7 @@ impl FinishedRun {
 }
 
 /// A snapshot of a queue database.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct QueueStats {
     /// The time the snapshot is for.
     pub now: Timestamp,

@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use graph_relay_core::stats::{
-    DesktopStats, FinishedRun, ProjectShares, QueueStats, QueuedRun, window_start,
+    DesktopStats, FinishedRun, OperatorStats, ProjectShares, QueueFigures, QueueStats, QueuedRun,
+    online_since, window_start,
 };
 use graph_relay_core::time::Timestamp;
 use serde::de::DeserializeOwned;
@@ -31,25 +32,6 @@ pub struct OnlineSince {
     pub long_poll: Timestamp,
     /// For a desktop that syncs at an interval.
     pub interval: Timestamp,
-}
-
-/// A snapshot of the queue ([`PostgresStore::queue_figures`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueFigures {
-    /// Runs queued now.
-    pub queued: u64,
-    /// Runs running now.
-    pub running: u64,
-    /// When the oldest queued run was queued.
-    pub oldest_queued_at: Option<Timestamp>,
-    /// Desktops ever seen.
-    pub desktops_known: u64,
-    /// Desktops whose last contact (sync or other) is no earlier than
-    /// [`OnlineSince`] says for their mode.
-    pub desktops_online: u64,
-    /// Runs that finished in the interval asked for, in no order, with
-    /// their pickup and cancel latencies.
-    pub finished: Vec<FinishedRun>,
 }
 
 impl PostgresStore {
@@ -276,4 +258,31 @@ fn count(n: i64) -> Result<u64, StoreError> {
 fn decode<T: DeserializeOwned>(what: &str, json: &str) -> Result<T, StoreError> {
     serde_json::from_str(json)
         .map_err(|e| StoreError::Corrupt(format!("the status's {what} do not decode: {e}")))
+}
+
+/// What the operator's status and the metrics read: [`PostgresStore::queue_stats`]
+/// and [`PostgresStore::queue_figures`] with the core's online rule.
+#[async_trait::async_trait]
+impl OperatorStats for PostgresStore {
+    async fn stats(
+        &self,
+        now: Timestamp,
+        window: Duration,
+        queue_limit: usize,
+    ) -> Result<QueueStats, StoreError> {
+        self.queue_stats(now, window, queue_limit).await
+    }
+
+    async fn figures(
+        &self,
+        now: Timestamp,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> Result<QueueFigures, StoreError> {
+        let online = OnlineSince {
+            long_poll: online_since(now, true),
+            interval: online_since(now, false),
+        };
+        self.queue_figures(online, after, until).await
+    }
 }

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use graph_relay_core::stats::window_start;
+use graph_relay_core::stats::{OperatorStats, QueueFigures, window_start};
+use graph_relay_core::store::StoreError;
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OpenFlags, params};
 
@@ -259,4 +260,59 @@ fn stamp(ms: i64) -> Timestamp {
 
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// The operator's status and the metrics' figures of the store's file,
+/// each read on a read-only connection of its own, on a thread of its own
+/// (a status lists every desktop: it is not a read to make on an async
+/// runtime's worker).
+#[async_trait::async_trait]
+impl OperatorStats for crate::SqliteStore {
+    async fn stats(
+        &self,
+        now: Timestamp,
+        window: Duration,
+        queue_limit: usize,
+    ) -> Result<QueueStats, StoreError> {
+        let path = self.path().to_owned();
+        off_thread(move || QueueStats::read(&path, now, window, queue_limit)).await
+    }
+
+    async fn figures(
+        &self,
+        now: Timestamp,
+        after: Timestamp,
+        until: Timestamp,
+    ) -> Result<QueueFigures, StoreError> {
+        let path = self.path().to_owned();
+        off_thread(move || {
+            let stats = QueueStats::read(&path, now, Duration::ZERO, 1)?;
+            let finished = finished_between(&path, after, until)?;
+            Ok(QueueFigures {
+                queued: stats.queued,
+                running: stats.running,
+                oldest_queued_at: stats.queue.first().map(|q| q.created_at),
+                desktops_online: stats.desktops.iter().filter(|d| d.is_online(now)).count() as u64,
+                desktops_known: stats.desktops.len() as u64,
+                finished,
+            })
+        })
+        .await
+    }
+}
+
+/// Runs `read` on a thread of its own and waits for it without blocking.
+async fn off_thread<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, StatsError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name("graph-relay-stats".into())
+        .spawn(move || {
+            let _ = tx.send(read());
+        })
+        .map_err(|e| StoreError::Backend(format!("cannot start the stats reader: {e}")))?;
+    rx.await
+        .map_err(|_| StoreError::Backend("the stats reader ended without an answer".into()))?
+        .map_err(|e| StoreError::Backend(e.to_string()))
 }

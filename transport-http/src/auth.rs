@@ -482,22 +482,20 @@ pub fn load_token_config(path: &Path) -> Result<TokenConfig, TokenConfigError> {
     parse_token_config(path, &text)
 }
 
+/// The tokens of a configuration file's text, read by the file's one
+/// schema ([`ConfigFile`](crate::config::ConfigFile)).
 fn parse_token_config(path: &Path, text: &str) -> Result<TokenConfig, TokenConfigError> {
-    #[derive(Deserialize)]
-    struct Tokens {
-        #[serde(default, rename = "agent")]
-        agents: Vec<AgentToken>,
-        #[serde(default, rename = "device")]
-        devices: Vec<DeviceToken>,
+    match crate::config::ConfigFile::parse(text) {
+        Ok(file) => Ok(file.tokens()),
+        Err(crate::config::ConfigError::Parse { source, .. }) => Err(TokenConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(other) => Err(TokenConfigError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::other(other.to_string()),
+        }),
     }
-    let tokens: Tokens = toml::from_str(text).map_err(|source| TokenConfigError::Parse {
-        path: path.to_owned(),
-        source: Box::new(source),
-    })?;
-    Ok(TokenConfig {
-        agents: tokens.agents,
-        devices: tokens.devices,
-    })
 }
 
 /// A request with no `Authorization` header: the authenticator's anonymous
@@ -710,6 +708,47 @@ impl Authenticator for TokenFile {
             .tokens
             .read()
             .map_or(true, |tokens| tokens.get(token_sha256) == Some(principal))
+    }
+}
+
+/// An authenticator that serves requests carrying no credentials at all
+/// as one agent, and hands everything else to `inner`. For development
+/// servers on a loopback address only (the [`Server`](crate::server::Server)
+/// builder refuses it anywhere else): whoever can reach the port acts as
+/// that agent.
+pub struct AnonymousFallback {
+    inner: Arc<dyn Authenticator>,
+    caller: Caller,
+}
+
+impl std::fmt::Debug for AnonymousFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnonymousFallback")
+            .field("agent", &self.caller.agent.id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AnonymousFallback {
+    /// `inner`, with requests without credentials served as `caller`.
+    pub fn new(inner: Arc<dyn Authenticator>, caller: Caller) -> Self {
+        Self { inner, caller }
+    }
+}
+
+#[async_trait]
+impl Authenticator for AnonymousFallback {
+    async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
+        self.inner.authenticate(token).await
+    }
+    async fn anonymous(&self) -> Option<Principal> {
+        Some(Principal::Agent(self.caller.clone()))
+    }
+    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.revocations()
+    }
+    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
+        self.inner.still_valid(token_sha256, principal).await
     }
 }
 

@@ -73,6 +73,7 @@
 
 pub mod auth;
 pub mod authority;
+pub mod config;
 mod gate;
 mod listen;
 mod mcp_endpoint;
@@ -84,6 +85,7 @@ pub mod relay_http;
 pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
+pub mod server;
 mod sessions;
 pub mod store_timing;
 
@@ -107,6 +109,7 @@ pub use crate::gate::{AgentPrincipal, DevicePrincipal};
 pub use crate::listen::ListenLimits;
 pub use crate::relay_api::RelayApiConfig;
 pub use crate::serve::{ServeConfig, serve};
+pub use crate::server::{Server, ServerBuilder};
 pub use crate::sessions::SessionLimits;
 use crate::sessions::Sessions;
 
@@ -531,7 +534,7 @@ impl HttpState {
     /// Starts (once, on the current tokio runtime) the task that ends the
     /// sessions of revoked tokens as soon as the authenticator reports a
     /// change. The gate calls it on the first authenticated request.
-    fn watch_revocations(&self) {
+    pub(crate) fn watch_revocations(&self) {
         if self.inner.watching_revocations.load(Ordering::Relaxed) {
             return;
         }
@@ -718,7 +721,7 @@ fn metadata_route_set() -> Router<HttpState> {
 }
 
 /// The layers every route passes: Host/Origin, body limit, timeout.
-fn edge_layers(routes: Router<HttpState>, state: HttpState) -> Router {
+pub(crate) fn edge_layers(routes: Router<HttpState>, state: HttpState) -> Router {
     use axum::middleware::from_fn_with_state;
     let limit = state.config().max_body_bytes;
     let timeout = state.config().request_timeout;

@@ -9,7 +9,7 @@
 //! route pattern, a method, an HTTP status code).
 //!
 //! Gauges are computed when scraped: the queue's figures from the store
-//! (through [`QueueFigures`], when the store offers them), held requests
+//! (through [`OperatorStats`], when the store offers them), held requests
 //! from the queue's wake-ups, sessions and listen streams from the HTTP
 //! state. Counters and the pickup histogram accumulate from scrape to
 //! scrape: each scrape adds the runs that finished since the previous one
@@ -47,13 +47,13 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use axum::Router;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use graph_relay_core::Clock;
+use graph_relay_core::stats::{OperatorStats, STATUS_WINDOW, StatusReport};
 use graph_relay_core::time::{SystemClock, Timestamp};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -88,73 +88,12 @@ const PICKUP_BUCKETS: [f64; 16] = [
     0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 3600.0,
 ];
 
-/// The queue's figures as a store can tell them at scrape time.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct QueueSnapshot {
-    /// Queued runs.
-    pub queued: u64,
-    /// Running runs.
-    pub running: u64,
-    /// Age of the oldest queued run.
-    pub oldest_queued: Option<Duration>,
-    /// Desktops heard from recently enough to count as online.
-    pub desktops_online: u64,
-    /// Desktops ever seen.
-    pub desktops_known: u64,
-    /// Runs that finished in the interval asked for.
-    pub finished: Vec<FinishedSample>,
-}
-
-/// One finished run, as the metrics count it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FinishedSample {
-    /// `completed`, `failed` or `cancelled`.
-    pub status: String,
-    /// Queued → running, if it ran.
-    pub pickup: Option<Duration>,
-    /// Cancel requested → finished, if its agent asked to cancel it.
-    pub cancel: Option<Duration>,
-}
-
-impl From<graph_relay_core::stats::FinishedRun> for FinishedSample {
-    /// What the metrics count of a store's finished run.
-    fn from(run: graph_relay_core::stats::FinishedRun) -> Self {
-        Self {
-            status: run.status,
-            pickup: run.pickup,
-            cancel: run.cancel,
-        }
-    }
-}
-
-/// A store's figures for the metrics (the SQLite and Postgres stores offer them; a
-/// server without a source exposes the HTTP and in-process metrics only).
-#[async_trait]
-pub trait QueueFigures: Send + Sync {
-    /// The figures at `now`, with the runs that finished after `after` and
-    /// no later than `until`.
-    async fn snapshot(
-        &self,
-        now: Timestamp,
-        after: Timestamp,
-        until: Timestamp,
-    ) -> Result<QueueSnapshot, String>;
-}
-
-/// The operator's view of the queue (`graph-relay status`), as a store can
-/// tell it: the JSON document `status --json` prints.
-#[async_trait]
-pub trait OperatorStatus: Send + Sync {
-    /// The status now, listing at most `limit` queued runs.
-    async fn status(&self, limit: usize) -> Result<serde_json::Value, String>;
-}
-
 /// Who may read `/admin/status`, and from what.
 struct Operator {
     /// SHA-256 (hex) of the operator token.
     token_sha256: String,
     /// The status source; `None` when the store cannot tell it.
-    source: Option<Arc<dyn OperatorStatus>>,
+    source: Option<Arc<dyn OperatorStats>>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -189,7 +128,7 @@ pub struct Metrics {
     http_requests: Family<HttpLabels, Counter>,
     store_errors: Counter,
     store_operations: OperationHistograms,
-    figures: Option<Arc<dyn QueueFigures>>,
+    figures: Option<Arc<dyn OperatorStats>>,
     operator: Option<Operator>,
     /// Finished runs up to this time are counted.
     counted_until: tokio::sync::Mutex<Timestamp>,
@@ -206,7 +145,7 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// Metrics whose queue figures come from `figures` (if any); runs that
     /// finished before now are not counted.
-    pub fn new(figures: Option<Arc<dyn QueueFigures>>) -> Self {
+    pub fn new(figures: Option<Arc<dyn OperatorStats>>) -> Self {
         let mut registry = Registry::default();
         let runs = Family::<StatusLabels, Gauge>::default();
         registry.register(
@@ -342,7 +281,7 @@ impl Metrics {
     pub fn with_operator_status(
         mut self,
         token_sha256: String,
-        source: Option<Arc<dyn OperatorStatus>>,
+        source: Option<Arc<dyn OperatorStats>>,
     ) -> Self {
         self.operator = Some(Operator {
             token_sha256: token_sha256.to_ascii_lowercase(),
@@ -411,7 +350,7 @@ impl Metrics {
         let mut counted_until = self.counted_until.lock().await;
         let now = SystemClock.now();
         let until = now.minus(SETTLE).max(*counted_until);
-        match figures.snapshot(now, *counted_until, until).await {
+        match figures.figures(now, *counted_until, until).await {
             Ok(snapshot) => {
                 *counted_until = until;
                 let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -423,8 +362,11 @@ impl Metrics {
                         .set(count(n));
                 }
                 self.queue_depth.set(count(snapshot.queued));
-                self.queue_oldest
-                    .set(snapshot.oldest_queued.map_or(0.0, |d| d.as_secs_f64()));
+                self.queue_oldest.set(
+                    snapshot
+                        .oldest_queued_at
+                        .map_or(0.0, |t| now.since(t).as_secs_f64()),
+                );
                 self.desktops_online.set(count(snapshot.desktops_online));
                 self.desktops_known.set(count(snapshot.desktops_known));
                 for status in ["completed", "failed", "cancelled"] {
@@ -537,8 +479,8 @@ async fn operator_status(
         )
             .into_response();
     };
-    match source.status(limit).await {
-        Ok(document) => axum::Json(document).into_response(),
+    match source.stats(SystemClock.now(), STATUS_WINDOW, limit).await {
+        Ok(stats) => axum::Json(StatusReport::from_stats(&stats)).into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "status: cannot read the store");
             (

@@ -75,6 +75,12 @@ use crate::principal::Agent;
 use crate::queue::Queue;
 use crate::time::Sleeper;
 
+/// The instructions graph-relay gives the model in `initialize` and
+/// `server/discover`: that a run is a ticket and which tool reads it, the
+/// lesson of the published system (a model cannot infer a queue from a
+/// tool name).
+pub const DEFAULT_INSTRUCTIONS: &str = "run_graph_session queues a Graph run on the owner's desktop and returns a ticket at once; read the result with get_graph_run (first check after about 20 s).";
+
 /// How the server names itself to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {

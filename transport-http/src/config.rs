@@ -1,10 +1,46 @@
-//! `graph-relay.toml`: server settings and token hashes in one file.
+//! `graph-relay.toml`, the server's one configuration file: the
+//! `[server]` section (the HTTP edge, sessions, leases, metrics), the
+//! `[oauth]` section ([`OAuthConfig`]) and the static agent and device
+//! tokens (`[[agent]]`, `[[device]]`, hashes only). This is the file's one
+//! schema: `graph-relay serve` reads it, [`TokenFile`](crate::auth::TokenFile)
+//! re-reads its tokens when it changes, and a
+//! [`ServerBuilder`](crate::server::ServerBuilder) takes it whole
+//! ([`ServerBuilder::config`](crate::server::ServerBuilder::config)).
+//! Unknown keys are refused, so a misspelt setting never silently keeps
+//! its default.
+//!
+//! ```
+//! use graph_relay_transport_http::config::ConfigFile;
+//!
+//! let file = ConfigFile::parse(r#"
+//!     [server]
+//!     public_url = "https://relay.example.com"
+//!     allowed_hosts = ["relay.example.com"]
+//!     max_connections = 2000
+//!     lease_seconds = 90
+//!
+//!     [[agent]]
+//!     name = "assistant"
+//!     owner = "alice"
+//!     projects = ["default"]
+//!     scopes = ["osfoundry:read", "osfoundry:run"]
+//!     token_sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+//! "#)?;
+//! assert_eq!(file.server.http_config().resource_url(), "https://relay.example.com/mcp");
+//! assert_eq!(file.server.serve_config().max_connections, 2000);
+//! assert!(ConfigFile::parse("[server]\nmax_conections = 1").is_err());
+//! # Ok::<(), graph_relay_transport_http::config::ConfigError>(())
+//! ```
 
 use std::path::Path;
+use std::time::Duration;
 
-use graph_relay_transport_http::auth::{AgentToken, DeviceToken};
-use graph_relay_transport_http::oauth::OAuthConfig;
+use graph_relay_core::queue::QueueConfig;
 use serde::{Deserialize, Serialize};
+
+use crate::auth::{AgentToken, DeviceToken, TokenConfig};
+use crate::oauth::OAuthConfig;
+use crate::{HttpConfig, ListenLimits, ServeConfig, SessionLimits};
 
 /// The `[server]` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,9 +142,9 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// Not valid TOML of the expected shape.
-    #[error("{path}: {source}")]
+    #[error("{}{source}", if path.is_empty() { String::new() } else { format!("{path}: ") })]
     Parse {
-        /// The file.
+        /// The file (empty for text read by [`ConfigFile::parse`]).
         path: String,
         /// Why.
         source: Box<toml::de::Error>,
@@ -125,10 +161,23 @@ impl ConfigFile {
             path: path.display().to_string(),
             source,
         })?;
-        toml::from_str(&text).map_err(|source| ConfigError::Parse {
-            path: path.display().to_string(),
+        Self::parse(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// Reads the text of a configuration file.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: String::new(),
             source: Box::new(source),
         })
+    }
+
+    /// The static tokens (`[[agent]]` and `[[device]]`).
+    pub fn tokens(&self) -> TokenConfig {
+        TokenConfig {
+            agents: self.agents.clone(),
+            devices: self.devices.clone(),
+        }
     }
 
     /// Writes `path` (owner-only permissions on Unix), via a temporary file.
@@ -149,5 +198,88 @@ impl ConfigFile {
             std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
         }
         std::fs::rename(&tmp, path).map_err(io)
+    }
+}
+
+impl ConfigError {
+    /// The error, naming the file it came from.
+    fn in_file(self, file: &Path) -> Self {
+        match self {
+            Self::Parse { source, .. } => Self::Parse {
+                path: file.display().to_string(),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
+impl ServerSection {
+    /// The HTTP transport's settings: the section's values, defaults for
+    /// what it leaves out. The listening address is the server's to set.
+    pub fn http_config(&self) -> HttpConfig {
+        let defaults = HttpConfig::default();
+        let secs = Duration::from_secs;
+        HttpConfig {
+            public_url: self.public_url.clone(),
+            listen_addr: None,
+            authorization_servers: self.authorization_servers.clone(),
+            allowed_hosts: if self.allowed_hosts.is_empty() {
+                defaults.allowed_hosts.clone()
+            } else {
+                self.allowed_hosts.clone()
+            },
+            allowed_ports: self.allowed_ports.clone(),
+            allowed_origins: self.allowed_origins.clone(),
+            max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+            request_timeout: self
+                .request_timeout_secs
+                .map_or(defaults.request_timeout, secs),
+            sessions: SessionLimits {
+                max_sessions: self.max_sessions.unwrap_or(defaults.sessions.max_sessions),
+                max_sessions_per_agent: self
+                    .max_sessions_per_agent
+                    .unwrap_or(defaults.sessions.max_sessions_per_agent),
+                idle_timeout: self
+                    .session_idle_timeout_secs
+                    .map_or(defaults.sessions.idle_timeout, secs),
+            },
+            listen: ListenLimits {
+                max_streams_per_agent: self
+                    .max_listen_streams_per_agent
+                    .unwrap_or(defaults.listen.max_streams_per_agent),
+                max_lifetime: self
+                    .max_listen_lifetime_secs
+                    .map_or(defaults.listen.max_lifetime, secs),
+            },
+            relay: defaults.relay.clone(),
+        }
+    }
+
+    /// The serving loop's bounds: connections and the header-read and
+    /// idle timeouts (defaults for what the section leaves out).
+    pub fn serve_config(&self) -> ServeConfig {
+        let defaults = ServeConfig::default();
+        ServeConfig {
+            max_connections: self.max_connections.unwrap_or(defaults.max_connections),
+            header_read_timeout: self
+                .header_read_timeout_secs
+                .map_or(defaults.header_read_timeout, Duration::from_secs),
+            idle_timeout: self
+                .idle_timeout_secs
+                .map_or(defaults.idle_timeout, Duration::from_secs),
+            ..defaults
+        }
+    }
+
+    /// `queue` with the section's leases applied.
+    pub fn queue_config(&self, mut queue: QueueConfig) -> QueueConfig {
+        if let Some(seconds) = self.lease_seconds {
+            queue.lease_long_poll = Duration::from_secs(seconds);
+        }
+        if let Some(controls) = self.lease_interval_controls {
+            queue.lease_interval_controls = controls;
+        }
+        queue
     }
 }
