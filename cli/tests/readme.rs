@@ -69,7 +69,12 @@ fn documents() -> Vec<(String, String)> {
     let mut names = vec!["README.md".to_owned()];
     let mut pages: Vec<String> = std::fs::read_dir(root.join("docs"))
         .expect("the docs folder")
-        .map(|e| e.expect("docs entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("docs entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|n| n.ends_with(".md"))
         .map(|n| format!("docs/{n}"))
         .collect();
@@ -78,8 +83,8 @@ fn documents() -> Vec<(String, String)> {
     names
         .into_iter()
         .map(|name| {
-            let text = std::fs::read_to_string(root.join(&name))
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let text =
+                std::fs::read_to_string(root.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
             (name, text)
         })
         .collect()
@@ -192,13 +197,7 @@ fn command_line(block: &Block, command: &str) -> Vec<String> {
         .lines()
         .filter_map(command_args)
         .find(|args| args.first().is_some_and(|a| a == command))
-        .unwrap_or_else(|| {
-            panic!(
-                "{}: no `{command}` command in:\n{}",
-                block.at(),
-                block.text
-            )
-        })
+        .unwrap_or_else(|| panic!("{}: no `{command}` command in:\n{}", block.at(), block.text))
 }
 
 /// `graph-relay <args>` in `cwd` with the environment a reader has (no
@@ -258,7 +257,10 @@ fn every_readme_block_is_run_or_says_why_not() {
         blocks.len(),
         14,
         "a block is marked but not run: {:?}",
-        blocks.iter().map(|(n, b)| format!("{n} ({})", b.at())).collect::<Vec<_>>()
+        blocks
+            .iter()
+            .map(|(n, b)| format!("{n} ({})", b.at()))
+            .collect::<Vec<_>>()
     );
 }
 
