@@ -1,9 +1,11 @@
-//! The README, run. Every fenced block in README.md carries a marker on the
-//! line before it, `<!-- readme-test: NAME -->` for a block this test runs
-//! or `<!-- readme-test: skip: REASON -->`; a block without one fails the
-//! test, so a new snippet cannot go untested unnoticed.
+//! The README and the book, run. Every fenced block in README.md and in
+//! each `docs/*.md` page carries a marker on the line before it,
+//! `<!-- readme-test: NAME -->` for a block this test runs (names are
+//! unique across all the files) or `<!-- readme-test: skip: REASON -->`; a
+//! block without one fails the test, naming its file and line, so a new
+//! snippet cannot go untested unnoticed.
 //!
-//! What runs, extracted from the README itself:
+//! What runs, extracted from the documents themselves:
 //! - `first-commands`: the `demo` line (with `--once`, so it ends); its
 //!   `serve` line starts the quick start's server;
 //! - the quick start end to end, in an empty folder: `serve` as written
@@ -21,7 +23,9 @@
 //! - the embedding examples `embed-example` and `in-process-example`: each
 //!   `cargo run -p PKG --example NAME` line runs the example binary that
 //!   `cargo test --workspace` built (`target/<profile>/examples/NAME`, next
-//!   to this test's binary), which must end well and print something.
+//!   to this test's binary), which must end well and print something;
+//! - `console-script` lists a worker's console while a run waits there for
+//!   approval, then declines it, and the agent reads the decline.
 //!
 //! `cargo run --release -p graph-relay --` and a leading `graph-relay`
 //! become this build's binary. Nothing is written outside temporary
@@ -38,9 +42,11 @@ use std::time::Duration;
 const BIN: &str = env!("CARGO_BIN_EXE_graph-relay");
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// A fenced block of the README.
+/// A fenced block of the README or of a `docs/*.md` page.
 #[derive(Debug, Clone)]
 struct Block {
+    /// The file it is in, relative to the repository (`docs/operating.md`).
+    file: String,
     /// The info string's first word (`sh`, `python`, …).
     language: String,
     /// Its text, without the fences (and without a list item's indent).
@@ -49,12 +55,65 @@ struct Block {
     line: usize,
 }
 
-/// The README's blocks by marker name; panics on a block without a marker.
+impl Block {
+    /// `file:line` of the opening fence, for messages.
+    fn at(&self) -> String {
+        format!("{}:{}", self.file, self.line)
+    }
+}
+
+/// The documents whose blocks are read: README.md, then every `docs/*.md`
+/// in name order, each as (path relative to the repository, text).
+fn documents() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut names = vec!["README.md".to_owned()];
+    let mut pages: Vec<String> = std::fs::read_dir(root.join("docs"))
+        .expect("the docs folder")
+        .map(|e| {
+            e.expect("docs entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    pages.sort();
+    names.extend(pages);
+    names
+        .into_iter()
+        .map(|name| {
+            let text =
+                std::fs::read_to_string(root.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (name, text)
+        })
+        .collect()
+}
+
+/// Every document's named blocks by marker name; panics on a block
+/// without a marker and on a name used twice.
 fn readme_blocks() -> BTreeMap<String, Block> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let readme = std::fs::read_to_string(&path).expect("README.md");
-    let lines: Vec<&str> = readme.lines().collect();
-    let mut blocks = BTreeMap::new();
+    let mut blocks: BTreeMap<String, Block> = BTreeMap::new();
+    for (file, text) in documents() {
+        for (marker, block) in file_blocks(&file, &text) {
+            if let Some(first) = blocks.get(&marker) {
+                panic!(
+                    "{}: a second block named `{marker}` (the first is at {})",
+                    block.at(),
+                    first.at()
+                );
+            }
+            blocks.insert(marker, block);
+        }
+    }
+    blocks
+}
+
+/// The named blocks of one document, in order; skipped blocks are checked
+/// for a reason and left out.
+fn file_blocks(file: &str, document: &str) -> Vec<(String, Block)> {
+    let lines: Vec<&str> = document.lines().collect();
+    let mut blocks = Vec::new();
     let mut i = 0;
     while i < lines.len() {
         let fence = lines[i].trim_start();
@@ -76,7 +135,7 @@ fn readme_blocks() -> BTreeMap<String, Block> {
             .and_then(|l| l.strip_suffix(" -->"))
             .unwrap_or_else(|| {
                 panic!(
-                    "README.md:{}: a ```{language} block without a `<!-- readme-test: NAME -->` \
+                    "{file}:{}: a ```{language} block without a `<!-- readme-test: NAME -->` \
                      (or `skip: REASON`) line before it",
                     i + 1
                 )
@@ -91,25 +150,23 @@ fn readme_blocks() -> BTreeMap<String, Block> {
             text.push('\n');
             i += 1;
         }
-        assert!(i < lines.len(), "README.md:{}: unclosed block", start + 1);
+        assert!(i < lines.len(), "{file}:{}: unclosed block", start + 1);
         i += 1;
         if marker.starts_with("skip:") {
             assert!(
                 marker.len() > "skip: ".len() + 3,
-                "README.md:{}: say why the block is not run",
+                "{file}:{}: say why the block is not run",
                 start + 1
             );
             continue;
         }
         let block = Block {
+            file: file.to_owned(),
             language,
             text,
             line: start + 1,
         };
-        assert!(
-            blocks.insert(marker.clone(), block).is_none(),
-            "two README blocks named {marker}"
-        );
+        blocks.push((marker, block));
     }
     blocks
 }
@@ -117,9 +174,9 @@ fn readme_blocks() -> BTreeMap<String, Block> {
 fn block(blocks: &BTreeMap<String, Block>, name: &str, language: &str) -> Block {
     let b = blocks
         .get(name)
-        .unwrap_or_else(|| panic!("README.md has no block marked `{name}`"))
+        .unwrap_or_else(|| panic!("no block marked `{name}` in README.md or docs/*.md"))
         .clone();
-    assert_eq!(b.language, language, "README.md:{}: `{name}`", b.line);
+    assert_eq!(b.language, language, "{}: `{name}`", b.at());
     b
 }
 
@@ -140,12 +197,7 @@ fn command_line(block: &Block, command: &str) -> Vec<String> {
         .lines()
         .filter_map(command_args)
         .find(|args| args.first().is_some_and(|a| a == command))
-        .unwrap_or_else(|| {
-            panic!(
-                "README.md:{}: no `{command}` command in:\n{}",
-                block.line, block.text
-            )
-        })
+        .unwrap_or_else(|| panic!("{}: no `{command}` command in:\n{}", block.at(), block.text))
 }
 
 /// `graph-relay <args>` in `cwd` with the environment a reader has (no
@@ -194,14 +246,21 @@ fn every_readme_block_is_run_or_says_why_not() {
         "graphs-reference",
         "embed-example",
         "in-process-example",
+        "console-script",
     ] {
-        assert!(blocks.contains_key(name), "no README block `{name}`");
+        assert!(
+            blocks.contains_key(name),
+            "no block `{name}` in README.md or docs/*.md"
+        );
     }
     assert_eq!(
         blocks.len(),
-        13,
-        "a README block is marked but not run: {:?}",
-        blocks.keys()
+        14,
+        "a block is marked but not run: {:?}",
+        blocks
+            .iter()
+            .map(|(n, b)| format!("{n} ({})", b.at()))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -222,12 +281,12 @@ fn example_args(line: &str) -> Option<(String, String)> {
 /// builds it: `target/<profile>/examples/<name>`, beside the `deps` folder
 /// holding this test's binary.
 fn example_binary(package: &str, name: &str) -> PathBuf {
-    // The example's source is where the README says: the package's folder
+    // The example's source is where the docs say: the package's folder
     // is its name without `graph-relay-` (`cli` for the binary's package).
     let folder = match package.strip_prefix("graph-relay-") {
         Some(folder) => folder,
         None if package == "graph-relay" => "cli",
-        None => panic!("README: `{package}` is not a package of this workspace"),
+        None => panic!("docs: `{package}` is not a package of this workspace"),
     };
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
@@ -236,7 +295,7 @@ fn example_binary(package: &str, name: &str) -> PathBuf {
         .join(format!("{name}.rs"));
     assert!(
         source.exists(),
-        "README: {package} has no example `{name}` ({} is missing)",
+        "docs: {package} has no example `{name}` ({} is missing)",
         source.display()
     );
     let exe = std::env::current_exe().expect("the test binary's path");
@@ -263,8 +322,8 @@ fn the_embedding_examples_run() {
         let examples: Vec<(String, String)> = b.text.lines().filter_map(example_args).collect();
         assert!(
             !examples.is_empty(),
-            "README.md:{}: no `cargo run -p PKG --example NAME` line in:\n{}",
-            b.line,
+            "{}: no `cargo run -p PKG --example NAME` line in:\n{}",
+            b.at(),
             b.text
         );
         for (package, example) in examples {
@@ -277,15 +336,15 @@ fn the_embedding_examples_run() {
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
                 out.status.success(),
-                "README.md:{}: {package} --example {example} exited {}:\n{stdout}\n{}",
-                b.line,
+                "{}: {package} --example {example} exited {}:\n{stdout}\n{}",
+                b.at(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             );
             assert!(
                 !stdout.trim().is_empty(),
-                "README.md:{}: {package} --example {example} printed nothing",
-                b.line
+                "{}: {package} --example {example} printed nothing",
+                b.at()
             );
         }
     }
@@ -525,4 +584,82 @@ fn set_executable(path: &PathBuf) {
     let mut permissions = std::fs::metadata(path).expect("metadata").permissions();
     permissions.set_mode(0o755);
     std::fs::set_permissions(path, permissions).expect("chmod");
+}
+
+/// The desktop console's script, as written, against a worker's console
+/// while a run waits there for approval: it lists the run, declines it,
+/// and the agent reads the decline.
+#[tokio::test(flavor = "multi_thread")]
+#[cfg_attr(graph_relay_skip_peers, ignore = "GRAPH_RELAY_SKIP names peers")]
+async fn the_console_script_lists_and_declines_a_waiting_run() {
+    const AGENT_TOKEN: &str = "gra_readme_console_agent_0123456789abcdef";
+    const DEVICE_TOKEN: &str = "grd_readme_console_device_0123456789abcdef";
+    const GS: &str = "gs_0123456789abcdef0123456789abcdef";
+    let blocks = readme_blocks();
+    let script = block(&blocks, "console-script", "python");
+    let python = common::peers().python;
+
+    let relay = common::Relay::new(&[("assistant", AGENT_TOKEN)], DEVICE_TOKEN, DEADLINE);
+    relay.script("g", "cat > /dev/null\necho '{\"ran\": true}'\n");
+    relay.write_graphs(&[(GS, "g", &["p1"])], "approval = \"always\"\n");
+    std::fs::write(relay.path("console.py"), &script.text).expect("console.py");
+    let (_server, url) = relay.serve("127.0.0.1:0", &["--db", "queue.db"]);
+    let worker = relay.worker(&url, "outbox.db", "2", &["--console", "127.0.0.1:0"]);
+    let console = worker
+        .wait_line("console: http://")
+        .split("console: ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the console URL")
+        .to_owned();
+    worker.wait_line("sync: project p1");
+    let script_run = |args: &[&str]| {
+        let out = Command::new(&python)
+            .arg("console.py")
+            .arg(&console)
+            .args(args)
+            .current_dir(relay.dir.path())
+            .output()
+            .expect("python");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), format!("{stdout}{stderr}"))
+    };
+
+    // Runs the script without an answer until its listing shows `needle`.
+    let listed = |needle: &str| {
+        let deadline = std::time::Instant::now() + DEADLINE;
+        loop {
+            let (ok, out) = script_run(&[]);
+            assert!(ok, "{}: {out}", script.at());
+            if out.contains(needle) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: never listed `{needle}`:\n{out}",
+                script.at()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    let id = relay
+        .run(&url, GS, "readme-console-0001", serde_json::json!({}))
+        .await;
+    listed(&format!("waiting  {id} g "));
+
+    let (ok, out) = script_run(&[&id, "deny"]);
+    assert!(ok, "{}: {out}", script.at());
+    assert!(out.contains(&format!("deny {id} 200 ok")), "{out}");
+    let run = relay.wait_status(&url, &id, "failed").await;
+    assert_eq!(run["error"], "Declined on the desktop: declined by script");
+
+    // Answered: nothing waits under that id any more, and the script says so.
+    let (ok, out) = script_run(&[&id, "approve"]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("404 no run waits under this id"), "{out}");
+    listed(&format!(
+        "finished {id} g failed Declined on the desktop: declined by script"
+    ));
 }
