@@ -1,5 +1,5 @@
 //! The API-key server example (`transport-http/examples/api_key_server.rs`)
-//! as a user would run it: its `app` served on a loopback socket, the
+//! as a user would run it: its server built and served on a loopback socket, the
 //! desktop side played over the relay API with a device key, and the agent
 //! side played by the official Python `mcp` client (legacy and 2026-07-28)
 //! with `X-Api-Key`. The client lists the tools, runs a Graph, sees it
@@ -60,13 +60,15 @@ async fn relay(
 #[cfg_attr(graph_relay_skip_peers, ignore = "GRAPH_RELAY_SKIP names peers")]
 fn python_client_runs_a_graph_on_the_api_key_server() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
     let keys = api_key_server::example_keys(AGENT_KEY, DEVICE_KEY).unwrap();
-    let app = api_key_server::app(keys, addr).unwrap();
-    runtime.spawn(async move { axum::serve(listener, app).await });
+    let server = runtime
+        .block_on(async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            api_key_server::builder(keys).build(listener).await
+        })
+        .unwrap();
+    let addr = server.local_addr();
+    runtime.spawn(server.serve(std::future::pending()));
     let base = format!("http://{addr}");
     let url = format!("{base}/mcp");
     let http = reqwest::Client::new();

@@ -1,7 +1,12 @@
-//! A custom axum server that embeds graph-relay with API-key authentication.
+//! A server of an integrator's own, built from the library with API-key
+//! authentication.
 //!
-//! It mounts the MCP endpoint ([`mcp_routes`]) and the relay API
-//! ([`relay_routes`]) next to a route of its own, on a queue in memory.
+//! [`Server::builder`] serves the MCP endpoint and the relay API next to a
+//! route of its own (`/whoami`), on a queue in memory, with everything a
+//! real server runs: the queue's maintenance (a run whose desktop stops
+//! reporting ends `failed` when its lease lapses; coalesced progress is
+//! written), the bounded edge (connection cap, header-read and idle
+//! timeouts), the revocation watch and graceful shutdown on Ctrl-C.
 //! Agents and the desktop send `X-Api-Key: <key>` instead of an OAuth
 //! bearer token; a request without a valid key gets this server's own 401
 //! challenge (`WWW-Authenticate: ApiKey header="X-Api-Key"`).
@@ -12,10 +17,11 @@
 //!
 //! It prints its MCP URL and the two keys (set `AGENT_API_KEY` and
 //! `DEVICE_API_KEY` to choose them). `cli/tests/api_key_example.rs` drives
-//! [`app`] with the official Python MCP client.
+//! [`builder`]'s server with the official Python MCP client, and
+//! `transport-http/tests/embedded_server.rs` checks that it keeps leases,
+//! progress and the edge.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -23,15 +29,15 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
+use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_core::ids::InvalidId;
-use graph_relay_core::mcp::{Caller, McpServer, ServerInfo};
+use graph_relay_core::mcp::{Caller, ServerInfo};
 use graph_relay_core::prelude::*;
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_transport_http::auth::{Authenticated, TokenKind, hash_token, new_token};
+use graph_relay_transport_http::server::shutdown_signal;
 use graph_relay_transport_http::{
-    AgentPrincipal, AuthError, Authenticator, Challenge, HttpConfig, HttpState, Principal,
-    TokioSleeper, mcp_routes, relay_routes,
+    AgentPrincipal, AuthError, Authenticator, Challenge, Principal, Server, ServerBuilder,
 };
 
 /// The header that carries the key.
@@ -113,28 +119,13 @@ async fn whoami(AgentPrincipal { caller, .. }: AgentPrincipal) -> Json<serde_jso
     }))
 }
 
-/// The whole server for `keys`, listening on `addr`: an in-memory queue,
-/// the MCP and relay routes, and `/whoami`.
-pub fn app(keys: ApiKeys, addr: SocketAddr) -> Result<Router, Box<dyn std::error::Error>> {
-    let queue = Queue::new(
-        Arc::new(MemoryStore::new()),
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        QueueConfig::default(),
-    );
-    let catalog = ToolCatalog::builder().build()?;
-    let server = McpServer::new(queue, catalog, ServerInfo::new("api-key-example", "1"))
-        .with_sleeper(Arc::new(TokioSleeper));
-    let config = HttpConfig {
-        listen_addr: Some(addr),
-        ..HttpConfig::default()
-    };
-    let state = HttpState::new(server, Arc::new(keys), config);
-    Ok(Router::new()
-        .route("/whoami", get(whoami))
-        .with_state(state.clone())
-        .merge(mcp_routes(state.clone()))
-        .merge(relay_routes(state)))
+/// The whole server for `keys`: an in-memory queue, the MCP and relay
+/// routes, and `/whoami`. Build it on a listener and serve it.
+pub fn builder(keys: ApiKeys) -> ServerBuilder {
+    Server::builder(Arc::new(MemoryStore::new()))
+        .info(ServerInfo::new("api-key-example", "1"))
+        .authenticator(Arc::new(keys))
+        .routes(Router::new().route("/whoami", get(whoami)))
 }
 
 /// alice's agent `assistant` (project `p1`, read and run) and her desktop.
@@ -163,11 +154,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let agent_key = key("AGENT_API_KEY", TokenKind::Agent);
     let device_key = key("DEVICE_API_KEY", TokenKind::Device);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let app = app(example_keys(&agent_key, &device_key)?, addr)?;
+    let server = builder(example_keys(&agent_key, &device_key)?)
+        .build(listener)
+        .await?;
+    let addr = server.local_addr();
     println!("MCP endpoint: http://{addr}/mcp");
     println!("agent key:    {agent_key}");
     println!("device key:   {device_key}");
-    axum::serve(listener, app).await?;
+    server.serve(shutdown_signal()).await?;
     Ok(())
 }

@@ -772,7 +772,7 @@ mod tests {
     #[test]
     fn config_parses_and_skips_revoked() {
         let text = format!(
-            "[server]\nlisten = \"x\"\n[[agent]]\nname = \"a\"\nowner = \"o\"\nprojects = [\"p\"]\nscopes = [\"s\"]\ntoken_sha256 = \"{}\"\n[[agent]]\nname = \"r\"\nowner = \"o\"\ntoken_sha256 = \"{}\"\nrevoked = true\n[[device]]\nname = \"d\"\nowner = \"o\"\ntoken_sha256 = \"{}\"\n",
+            "[server]\nmax_connections = 10\n[[agent]]\nname = \"a\"\nowner = \"o\"\nprojects = [\"p\"]\nscopes = [\"s\"]\ntoken_sha256 = \"{}\"\n[[agent]]\nname = \"r\"\nowner = \"o\"\ntoken_sha256 = \"{}\"\nrevoked = true\n[[device]]\nname = \"d\"\nowner = \"o\"\ntoken_sha256 = \"{}\"\n",
             hash_token("t1"),
             hash_token("t2"),
             hash_token("t3")

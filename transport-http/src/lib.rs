@@ -1,9 +1,35 @@
 //! # graph-relay-transport-http
 //!
 //! MCP over Streamable HTTP for graph-relay, with the OAuth2
-//! resource-server checks in front of it. [`router`] builds an
-//! [`axum::Router`] that integrators mount in their own app; [`serve()`] serves
-//! it (or any router) with a connection cap and timeouts.
+//! resource-server checks in front of it, the relay HTTP API, and the
+//! relay's HTTP client.
+//!
+//! A whole server is one value: [`Server::builder`] takes a store, the
+//! configuration file ([`config`]) and authenticators of your own, and the
+//! [`Server`] runs the routes on the bounded edge together with the queue's
+//! maintenance, the revocation watch, graceful shutdown and the metrics
+//! listener ([`server`] says what each is for). `graph-relay serve` is a
+//! thin wrapper around it.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use graph_relay_store_memory::MemoryStore;
+//! use graph_relay_transport_http::Server;
+//! use graph_relay_transport_http::server::shutdown_signal;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+//! Server::builder(Arc::new(MemoryStore::new()))
+//!     .config_file("graph-relay.toml")?
+//!     .serve(listener, shutdown_signal())
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`router`] builds the same routes as an [`axum::Router`] to mount in an
+//! app of your own, and [`serve()`] serves it (or any router) with a
+//! connection cap and timeouts; a server assembled that way must run the
+//! rest itself (the "Build your own server" guide in `docs/` lists it).
 //!
 //! Its parts compose: [`mcp_routes`], [`relay_routes`] and
 //! [`metadata_routes`] each carry their own edge layers; handlers of an
@@ -70,6 +96,12 @@
 //!   [`RelayApiConfig::hold`].
 //! - [`relay_http`] is the other end: the relay's HTTP transport for the
 //!   core's runtime-free driver (`core::relay::driver`, re-exported there).
+
+/// The "Build your own server" guide's examples, compiled and run as
+/// doctests so the guide cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/your-own-server.md")]
+struct YourOwnServerGuide;
 
 pub mod auth;
 pub mod authority;

@@ -368,6 +368,7 @@ impl ServerBuilder {
                     );
                 }
                 app = metrics.instrument(app);
+                tracing::info!(%at, "metrics at http://{at}/metrics");
                 Some((listener, metrics.router(state.clone(), at)))
             }
             _ => None,
