@@ -719,7 +719,9 @@ async fn protected_resource_metadata_is_served_for_mcp_only() {
             .body(Body::empty())
             .unwrap()
     };
-    let reply = h.send(get("/.well-known/oauth-protected-resource/mcp")).await;
+    let reply = h
+        .send(get("/.well-known/oauth-protected-resource/mcp"))
+        .await;
     assert_eq!(reply.status, StatusCode::OK);
     // From the listening address, not from the request's Host.
     assert_eq!(reply.body["resource"], "http://127.0.0.1:8787/mcp");
