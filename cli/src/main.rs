@@ -10,6 +10,7 @@ mod approval;
 mod console;
 mod demo;
 mod graphs;
+mod help;
 mod loadtest;
 mod mcp_client;
 mod orphans;
@@ -93,6 +94,7 @@ fn postgres_pool_size(value: &str) -> Result<usize, String> {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve MCP over Streamable HTTP at /mcp.
+    #[command(after_help = help::SERVE)]
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1:8787")]
@@ -159,6 +161,7 @@ enum Command {
     },
     /// Run the desktop relay: pull queued runs from a server and run the
     /// Graphs declared in a graphs file.
+    #[command(after_help = help::WORKER)]
     Worker(worker::WorkerArgs),
     /// Rerun the published experiments (and a desktop that dies mid-run) on
     /// a virtual clock.

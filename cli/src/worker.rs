@@ -237,12 +237,16 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
         status(&warning);
     }
-    for (id, spec) in &graphs.specs {
-        if spec.approval.as_ref().is_some_and(|a| a.command.is_none()) {
-            status(&format!(
-                "warning: graph {id} needs the owner's approval but has no approval_command: its runs wait {} s for an approval that this worker cannot ask for, then fail",
-                spec.approval.as_ref().map_or(0, |a| a.timeout.as_secs())
-            ));
+    // Approval is answered by the graph's hook (`approval_command`) or by
+    // the console; a graph with neither would only ever time out.
+    if args.console.is_none() {
+        for (id, spec) in &graphs.specs {
+            if spec.approval.as_ref().is_some_and(|a| a.command.is_none()) {
+                status(&format!(
+                    "warning: graph {id} needs the owner's approval but has no approval_command and the worker has no --console: its runs wait {} s for an approval that this worker cannot ask for, then fail",
+                    spec.approval.as_ref().map_or(0, |a| a.timeout.as_secs())
+                ));
+            }
         }
     }
     let token = std::fs::read_to_string(&args.token_file)

@@ -272,7 +272,7 @@ async fn the_configured_connection_cap_answers_503() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let text = raw(
         &addr,
-        &format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {addr}\r\n\r\n"),
+        &format!("GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: {addr}\r\n\r\n"),
     )
     .await;
     assert!(text.starts_with("HTTP/1.1 503"), "{text:?}");

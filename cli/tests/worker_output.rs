@@ -3,8 +3,9 @@
 //! shares nothing, the outbox in the platform's data directory by default
 //! (its path printed at start, nothing written in the current directory),
 //! and `--quiet` (no server is needed: the worker starts, says what it
-//! says and retries quietly; SIGINT ends it); and, against a server, the
-//! line a long run gets while it runs.
+//! says and retries quietly; SIGINT ends it); the approval warning only
+//! when nothing can answer an approval; and, against a server, the line a
+//! long run gets while it runs.
 
 mod common;
 
@@ -168,6 +169,40 @@ fn quiet_keeps_warnings_and_problems_only() {
     assert!(text.contains("server unreachable"), "{text}");
     assert!(!text.contains("worker: relaying"), "{text}");
     assert!(!text.contains("pass: "), "{text}");
+}
+
+/// A Graph that needs approval gets the "cannot ask for" warning only when
+/// nothing can answer: neither the console (`--console`) nor its hook
+/// (`approval_command`).
+#[test]
+fn approval_is_warned_about_only_when_neither_console_nor_hook_can_answer() {
+    const WARNING: &str = "needs the owner's approval but has no approval_command";
+    let data = tempfile::tempdir().expect("data home");
+    let env = [("HOME", data.path()), ("XDG_DATA_HOME", data.path())];
+    let cases = [
+        ("approval = \"always\"\n", &[][..], true),
+        (
+            "approval = \"always\"\n",
+            &["--console", "127.0.0.1:0"][..],
+            false,
+        ),
+        (
+            "approval = \"always\"\napproval_command = [\"/bin/true\"]\n",
+            &[][..],
+            false,
+        ),
+    ];
+    for (approval, extra, warned) in cases {
+        let cwd = folder(&format!("{ECHO}{approval}"));
+        let lines = worker(cwd.path(), &env, extra, "server unreachable");
+        let text = lines.join("\n");
+        assert!(text.contains("server unreachable"), "{text}");
+        assert_eq!(
+            text.contains(WARNING),
+            warned,
+            "{approval} with {extra:?}:\n{text}"
+        );
+    }
 }
 
 #[test]

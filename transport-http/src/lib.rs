@@ -65,9 +65,12 @@
 //!   agent and in all ([`SessionLimits`]). 2026-07-28 requests are stateless
 //!   and must carry `MCP-Protocol-Version`, `Mcp-Method` and (for
 //!   `tools/call`) `Mcp-Name` matching the body (400, `-32020` otherwise).
-//! - `GET /.well-known/oauth-protected-resource[/mcp]`: RFC 9728 metadata,
-//!   whose URLs come from [`HttpConfig::public_url`] or the listening
-//!   address, never from the request.
+//! - `GET /.well-known/oauth-protected-resource/mcp`: RFC 9728 metadata of
+//!   `/mcp`, whose URLs come from [`HttpConfig::public_url`] or the
+//!   listening address, never from the request. Only there: the root
+//!   `/.well-known/oauth-protected-resource` would describe the origin, and
+//!   a client must refuse a document whose `resource` is not the URL it
+//!   derived the location from (RFC 9728 §3.3), so it answers 404.
 //! - Every `/mcp` request needs `Authorization: Bearer <agent token>`,
 //!   checked before the body is read: 401 with
 //!   `WWW-Authenticate: Bearer resource_metadata="…"` otherwise (with
@@ -147,7 +150,8 @@ use crate::sessions::Sessions;
 
 /// Path of the MCP endpoint.
 pub const MCP_PATH: &str = "/mcp";
-/// Path of the protected resource metadata (RFC 9728).
+/// The well-known prefix of the protected resource metadata (RFC 9728);
+/// the metadata of `/mcp` is served at [`PRM_PATH`]`/mcp` only.
 pub const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
 
 /// Settings of the HTTP transport.
@@ -685,9 +689,8 @@ pub fn relay_routes(state: HttpState) -> Router {
     edge_layers(relay_route_set(&state), state)
 }
 
-/// `GET` [`PRM_PATH`] and [`PRM_PATH`]`/mcp`: the RFC 9728 protected
-/// resource metadata of `/mcp` (what OAuth clients discover the
-/// authorization server by), with the Host/Origin check, body limit and
+/// `GET` [`PRM_PATH`]`/mcp`: the RFC 9728 protected resource metadata of
+/// `/mcp` (what OAuth clients discover the authorization server by), with the Host/Origin check, body limit and
 /// timeout, as [`router`] serves them. A server whose
 /// [`Authenticator`] is not OAuth may leave it out. See [`mcp_routes`] for
 /// composing.
@@ -745,11 +748,11 @@ fn relay_route_set(state: &HttpState) -> Router<HttpState> {
         .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
 }
 
-/// The resource metadata routes.
+/// The resource metadata route: at the path-suffixed location only, where
+/// its `resource` (`…/mcp`) is the URL a client derives the location from
+/// (RFC 9728 §3.3).
 fn metadata_route_set() -> Router<HttpState> {
-    Router::new()
-        .route(PRM_PATH, get(resource_metadata))
-        .route(&format!("{PRM_PATH}{MCP_PATH}"), get(resource_metadata))
+    Router::new().route(&format!("{PRM_PATH}{MCP_PATH}"), get(resource_metadata))
 }
 
 /// The layers every route passes: Host/Origin, body limit, timeout.

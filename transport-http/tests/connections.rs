@@ -136,8 +136,9 @@ async fn slow_request_heads_are_dropped_after_the_header_timeout() {
     // Slowloris: a byte every 50 ms, never finishing the head.
     let mut slow = TcpStream::connect(addr).await.unwrap();
     let started = Instant::now();
-    let head =
-        format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {addr}\r\nX-Pad: ");
+    let head = format!(
+        "GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: {addr}\r\nX-Pad: "
+    );
     slow.write_all(head.as_bytes()).await.unwrap();
     let dropped = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
@@ -180,7 +181,8 @@ async fn idle_connections_close_and_streams_are_not_idle() {
     })
     .await;
     let mut stream = TcpStream::connect(addr).await.unwrap();
-    let get = format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let get =
+        format!("GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     let mut quiet = Instant::now();
     for _ in 0..3 {
         stream.write_all(get.as_bytes()).await.unwrap();
@@ -243,7 +245,8 @@ async fn over_the_cap_a_connection_gets_503_with_retry_after() {
         ..ServeConfig::default()
     })
     .await;
-    let get = format!("GET /.well-known/oauth-protected-resource HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let get =
+        format!("GET /.well-known/oauth-protected-resource/mcp HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     let mut held = Vec::new();
     for _ in 0..4 {
         let mut stream = TcpStream::connect(addr).await.unwrap();

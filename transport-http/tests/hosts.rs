@@ -87,7 +87,7 @@ async fn bad_hosts_are_refused() {
     // No Host at all.
     let reply = send(
         &state,
-        Request::get("/.well-known/oauth-protected-resource")
+        Request::get("/.well-known/oauth-protected-resource/mcp")
             .body(Body::empty())
             .unwrap(),
     )

@@ -706,35 +706,42 @@ async fn hosts_and_origins_are_checked() {
     );
 }
 
+/// RFC 9728 §3.3: a client must not use a metadata document whose
+/// `resource` differs from the resource it derived the URL from. The
+/// metadata of `/mcp` is at the `/mcp`-suffixed location only; the root
+/// location, which would describe the origin, is not served.
 #[tokio::test]
-async fn protected_resource_metadata_is_served() {
+async fn protected_resource_metadata_is_served_for_mcp_only() {
     let h = harness().await;
-    for path in [
-        "/.well-known/oauth-protected-resource",
-        "/.well-known/oauth-protected-resource/mcp",
-    ] {
-        let reply = h
-            .send(
-                Request::get(path)
-                    .header("host", "localhost:8787")
-                    .body(Body::empty())
-                    .unwrap(),
-            )
-            .await;
-        assert_eq!(reply.status, StatusCode::OK);
-        // From the listening address, not from the request's Host.
-        assert_eq!(reply.body["resource"], "http://127.0.0.1:8787/mcp");
-        assert_eq!(
-            reply.body["scopes_supported"],
-            json!(["osfoundry:read", "osfoundry:run"])
-        );
-        assert_eq!(reply.body["bearer_methods_supported"], json!(["header"]));
-        assert!(
-            reply.body["authorization_servers"]
-                .as_array()
-                .is_some_and(|a| !a.is_empty())
-        );
-    }
+    let get = |path: &str| {
+        Request::get(path)
+            .header("host", "localhost:8787")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let reply = h
+        .send(get("/.well-known/oauth-protected-resource/mcp"))
+        .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // From the listening address, not from the request's Host.
+    assert_eq!(reply.body["resource"], "http://127.0.0.1:8787/mcp");
+    assert_eq!(
+        reply.body["scopes_supported"],
+        json!(["osfoundry:read", "osfoundry:run"])
+    );
+    assert_eq!(reply.body["bearer_methods_supported"], json!(["header"]));
+    assert!(
+        reply.body["authorization_servers"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty())
+    );
+    let root = h.send(get("/.well-known/oauth-protected-resource")).await;
+    assert_eq!(
+        root.status,
+        StatusCode::NOT_FOUND,
+        "the root location would name a resource other than its own URL: {}",
+        root.body
+    );
 }
 
 /// A minimal HTTP/1.1 exchange over a real socket.

@@ -317,6 +317,47 @@ async fn keys_are_kept_as_long_as_cache_control_allows() {
     drop(auth);
 }
 
+/// `Cache-Control: no-cache` (Keycloak's JWKS) gives the keys no lifetime:
+/// they are kept `jwks_cache_seconds`, not fetched again every second, and
+/// a rotated key still comes in through the rate-limited refetch.
+#[tokio::test]
+async fn a_no_cache_jwks_is_kept_for_the_configured_time() {
+    let key = SigningKey::ed25519("k1");
+    let issuer = TestIssuer::start(&[&key]).await;
+    issuer.cache_control(Some("no-cache"));
+    let mut config = config(&issuer);
+    config.jwks_refetch_min_seconds = 1;
+    let auth = started(&config).await;
+    assert_eq!(issuer.jwks_fetches(), 1);
+    let until = Instant::now() + Duration::from_millis(3500);
+    let mut i = 0;
+    while Instant::now() < until {
+        let token = key.sign(&issuer.claims(AUDIENCE, &format!("agent-{i}"), READ_RUN));
+        auth.authenticate(&token).await.expect("valid token");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        issuer.jwks_fetches(),
+        1,
+        "a no-cache JWKS was fetched again within jwks_cache_seconds ({i} token checks)"
+    );
+    // A rotation: the new key is fetched for its first token, once.
+    let next = SigningKey::ed25519("k2");
+    issuer.publish(&[&key, &next]);
+    let claims = issuer.claims(AUDIENCE, "assistant", READ_RUN);
+    auth.authenticate(&next.sign(&claims))
+        .await
+        .expect("the rotated key is fetched");
+    assert_eq!(issuer.jwks_fetches(), 2);
+    let stranger = SigningKey::ed25519("unknown");
+    assert!(matches!(
+        auth.authenticate(&stranger.sign(&claims)).await,
+        Err(AuthError::Refused(TokenRefusal::UnknownKey))
+    ));
+    assert_eq!(issuer.jwks_fetches(), 2, "refetches stay rate-limited");
+}
+
 async fn oneshot(state: &HttpState, token: Option<&str>) -> (StatusCode, String, Value) {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
         "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}}});

@@ -14,8 +14,9 @@ pub const DEFAULT_ALGORITHMS: [&str; 3] = ["RS256", "ES256", "EdDSA"];
 pub const DEFAULT_CLOCK_SKEW_SECONDS: u64 = 60;
 /// Default of [`OAuthConfig::token_types`]: RFC 9068's `typ`.
 pub const DEFAULT_TOKEN_TYPES: [&str; 2] = ["at+jwt", "application/at+jwt"];
-/// Default of [`OAuthConfig::jwks_cache_seconds`]: keys whose response has
-/// no `Cache-Control: max-age` are kept five minutes.
+/// Default of [`OAuthConfig::jwks_cache_seconds`]: keys whose response
+/// gives them no lifetime (no `Cache-Control: max-age`, `max-age=0`,
+/// `no-cache`, `no-store`) are kept five minutes.
 pub const DEFAULT_JWKS_CACHE_SECONDS: u64 = 300;
 /// Default of [`OAuthConfig::jwks_refetch_min_seconds`].
 pub const DEFAULT_JWKS_REFETCH_MIN_SECONDS: u64 = 10;
@@ -88,8 +89,11 @@ pub struct OAuthConfig {
     /// claim places (default: none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub projects: Vec<String>,
-    /// Seconds keys are kept when the JWKS response has no
-    /// `Cache-Control: max-age` (default 300; at most one day).
+    /// Seconds keys are kept when the JWKS response gives them no
+    /// lifetime: no `Cache-Control: max-age`, `max-age=0`, or `no-cache` /
+    /// `no-store` without a `max-age` (as Keycloak serves it). Default
+    /// 300; at most one day. A token with an unknown `kid` still causes a
+    /// refetch in between, at most once per `jwks_refetch_min_seconds`.
     #[serde(default = "default_jwks_cache")]
     pub jwks_cache_seconds: u64,
     /// Shortest time between two JWKS fetches caused by tokens with an

@@ -147,8 +147,13 @@ pub(crate) async fn read_bounded(
     Ok(body)
 }
 
-/// The freshness a `Cache-Control` value grants: `max-age` (or zero for
-/// `no-store`/`no-cache`); `None` when it says nothing about it.
+/// The lifetime a `Cache-Control` value gives a JWKS: its `max-age`, or
+/// `None` when it gives none, so that the configured
+/// `jwks_cache_seconds` applies. `no-cache` and `no-store` without a
+/// `max-age`, and `max-age=0`, give none: taken literally they would have
+/// the keys fetched again every second, forever (Keycloak serves its JWKS
+/// with `no-cache`), while a rotated key is picked up anyway by the
+/// rate-limited refetch for a token with an unknown `kid`.
 pub(crate) fn cache_max_age(value: &str) -> Option<Duration> {
     let mut age = None;
     for directive in value.split(',').map(str::trim) {
@@ -156,16 +161,13 @@ pub(crate) fn cache_max_age(value: &str) -> Option<Duration> {
             Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
             None => (directive, None),
         };
-        if name.eq_ignore_ascii_case("no-store") || name.eq_ignore_ascii_case("no-cache") {
-            return Some(Duration::ZERO);
-        }
         if name.eq_ignore_ascii_case("max-age")
             && let Some(secs) = arg.and_then(|a| a.parse::<u64>().ok())
         {
             age = Some(Duration::from_secs(secs));
         }
     }
-    age
+    age.filter(|a| !a.is_zero())
 }
 
 /// What discovery found.
@@ -327,7 +329,21 @@ mod tests {
             cache_max_age("public, max-age=600"),
             Some(Duration::from_secs(600))
         );
-        assert_eq!(cache_max_age("no-store"), Some(Duration::ZERO));
+        // No lifetime given: the configured `jwks_cache_seconds` applies.
+        for none in [
+            "no-store",
+            "no-cache",
+            "NO-CACHE",
+            "no-cache, must-revalidate, no-transform, no-store",
+            "max-age=0",
+            "no-cache, no-store, max-age=0, must-revalidate",
+        ] {
+            assert_eq!(cache_max_age(none), None, "{none}");
+        }
+        assert_eq!(
+            cache_max_age("no-cache, max-age=120"),
+            Some(Duration::from_secs(120))
+        );
         assert_eq!(
             cache_max_age("max-age=\"30\""),
             Some(Duration::from_secs(30))

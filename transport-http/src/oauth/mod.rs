@@ -21,8 +21,10 @@
 //! # Keys
 //! The metadata is discovered from the issuer (RFC 8414, then OpenID
 //! discovery) unless `jwks_uri` is configured. Keys are kept as long as the
-//! JWKS response's `Cache-Control: max-age` allows (else
-//! [`OAuthConfig::jwks_cache_seconds`]) and refreshed in the background; a
+//! JWKS response's `Cache-Control: max-age` allows (else, and for
+//! `no-cache`, `no-store` or `max-age=0`, which would mean a fetch every
+//! second, [`OAuthConfig::jwks_cache_seconds`]) and refreshed in the
+//! background; a
 //! failed refresh keeps the keys it has. A token whose `kid` is unknown
 //! causes one refetch, at most once per
 //! [`OAuthConfig::jwks_refetch_min_seconds`], so a rotated key is picked up
