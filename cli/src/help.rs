@@ -56,7 +56,7 @@ Features:
 
 Documentation: docs/operating.md (configuration file, [server] and [oauth]
 settings, metrics, status, leases, Postgres), docs/connecting-clients.md
-(agents, OAuth and authorization servers), docs/console.md (approval on the
+(agents, OAuth and authorization servers), docs/desktop-console.md (approval on the
 desktop), and README.md.";
 
 /// After the options of `graph-relay worker --help`.
@@ -99,5 +99,5 @@ Features:
   output     --quiet, --verbose; GRAPH_RELAY_LOG sets the log filter
 
 Documentation: docs/writing-a-graph.md (graphs.toml, the script contract,
-progress, approval), docs/console.md (the console, approve and deny),
+progress, approval), docs/desktop-console.md (the console, approve and deny),
 docs/operating.md (running a worker, metrics), and README.md.";

@@ -109,7 +109,7 @@ const SERVE: &[(&str, &[&str])] = &[
         &[
             "docs/operating.md",
             "docs/connecting-clients.md",
-            "docs/console.md",
+            "docs/desktop-console.md",
             "README.md",
         ],
     ),
@@ -177,7 +177,7 @@ const WORKER: &[(&str, &[&str])] = &[
         "where it is documented",
         &[
             "docs/writing-a-graph.md",
-            "docs/console.md",
+            "docs/desktop-console.md",
             "docs/operating.md",
             "README.md",
         ],
@@ -202,4 +202,24 @@ fn worker_help_names_every_feature() {
         missing.is_empty(),
         "worker --help does not name: {missing:?}\n{text}"
     );
+}
+
+/// Every `docs/….md` page a help text sends the reader to exists.
+#[test]
+fn the_pages_the_help_names_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for command in ["serve", "worker"] {
+        let text = help(command);
+        let pages: Vec<&str> = text
+            .split(|c: char| c.is_whitespace() || matches!(c, ',' | '(' | ')'))
+            .filter(|word| word.starts_with("docs/") && word.ends_with(".md"))
+            .collect();
+        assert!(!pages.is_empty(), "{command} --help names no docs page");
+        for page in pages {
+            assert!(
+                root.join(page).is_file(),
+                "{command} --help names {page}, which does not exist"
+            );
+        }
+    }
 }
