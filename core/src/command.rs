@@ -380,6 +380,12 @@ impl CommandRecord {
         self.revision = *revision;
     }
 
+    /// The length of the lease the command holds, as granted at its start
+    /// or last renewal; `None` when it holds none (not running).
+    pub fn lease(&self) -> Option<std::time::Duration> {
+        Some(self.lease_expires_at?.since(self.heard_at?))
+    }
+
     /// True when the command is running and its lease has lapsed at `now`:
     /// the run is over, whatever the stored status still says.
     pub fn is_lapsed(&self, now: Timestamp) -> bool {
