@@ -1053,7 +1053,9 @@ impl Queue {
 
     /// A relay uploads the sessions shared to one project and receives the
     /// commands queued there for it. Replaces what `list_graph_sessions`
-    /// shows for this device and records when the device last synced.
+    /// shows for this device and records when the device last synced, and
+    /// whether it long-polls (an unheld sync of a long-polling relay keeps
+    /// that mode; see `long_polls_after`).
     pub async fn sync(
         &self,
         device: &Device,
@@ -1079,23 +1081,18 @@ impl Queue {
             if !request.sessions.is_empty() {
                 self.check_project_bound(device, &request.project).await?;
             }
+            let long_poll = self.long_polls_after(device, request).await?;
             self.store
                 .record_sync(
                     &device.owner,
                     &request.project,
                     &device.id,
                     &request.sessions,
-                    request.long_poll,
+                    long_poll,
                     now,
                 )
                 .await?;
-            self.device_contacted(
-                device,
-                DeviceContact::Sync {
-                    long_poll: request.long_poll,
-                },
-                now,
-            );
+            self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
             self.remember_sync(device, request, now);
         }
         if request.restarted {
@@ -1131,6 +1128,31 @@ impl Queue {
             commands,
             poll_after,
         })
+    }
+
+    /// Whether `device` long-polls once `request` is recorded: the mode
+    /// the ticket's pickup hint, the lease of the next start and the
+    /// desktop's liveness follow. A held sync says it does. A long-polling
+    /// relay also sends syncs that are not held: one per project at the
+    /// start of every pass, before it waits in a held one, and only those
+    /// when the pass finds work (it then runs it and delivers the result
+    /// before its next held sync). Such a sync keeps the mode recorded, so
+    /// a desktop that just delivered a result is not taken for one that
+    /// polls every [`QueueConfig::sync_interval`]. The first sync of a
+    /// restarted relay sets the mode afresh: a relay keeps its mode for
+    /// its whole life, so only a restart can change it.
+    async fn long_polls_after(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+    ) -> Result<bool, StoreError> {
+        if request.long_poll || request.restarted {
+            return Ok(request.long_poll);
+        }
+        Ok(self
+            .device_record(&device.owner, &device.id)
+            .await?
+            .is_some_and(|d| d.long_poll))
     }
 
     /// A relay process started: its device's running commands other than

@@ -4,6 +4,8 @@
 //!
 //! - Its held control requests renew a short lease in time: a run longer
 //!   than the lease stays `running` and ends `completed`.
+//! - A desktop that just delivered a result is still a long-polling one:
+//!   the next ticket's first check is the long-poll one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -184,6 +186,59 @@ fn held_control_requests_renew_a_lease_shorter_than_the_long_poll_hold() {
             desk.complete(&id, &execution).await,
             CommandStatus::Completed
         );
+    });
+}
+
+/// A long-polling desktop runs a run and delivers its result: the next
+/// run's ticket says to look after a second (the desktop takes it up at
+/// once), not after a whole interval-mode pass (about 21 s).
+#[test]
+fn a_long_polling_desktop_that_just_delivered_a_result_gets_the_long_poll_hint() {
+    block_on(async {
+        let desk = Desk::new(QueueConfig::default());
+        // Idle: the pass finds nothing and waits in a held sync.
+        assert!(desk.sync(false).await.is_empty());
+        assert!(desk.sync(true).await.is_empty());
+        let first = desk.run("hint-key-0001").await;
+        assert_eq!(first.poll_after_seconds, 1, "long-poll hint while idle");
+        // The held sync answers on the new work; the relay starts a fresh
+        // pass, whose (unheld) sync hands out the run.
+        desk.clock.advance(Duration::from_millis(5));
+        let id = first.command.id;
+        assert_eq!(desk.sync(false).await.len(), 1);
+        let execution = ExecutionId::parse("exec-first").unwrap();
+        desk.queue
+            .start(&desk.device, &id, &execution)
+            .await
+            .expect("start");
+        let started = desk
+            .queue
+            .get_graph_run(&desk.agent, &id)
+            .await
+            .expect("get");
+        let first_lease = lease(&started.command);
+        desk.clock.advance(Duration::from_millis(300));
+        assert_eq!(
+            desk.complete(&id, &execution).await,
+            CommandStatus::Completed
+        );
+        // The agent reads the result and queues the next run at once.
+        desk.clock.advance(Duration::from_millis(20));
+        let second = desk.run("hint-key-0002").await;
+        assert_eq!(second.poll_after_seconds, 1, "{}", second.message());
+        let view = desk
+            .queue
+            .get_graph_run(&desk.agent, &second.command.id)
+            .await
+            .expect("get");
+        assert_eq!(view.poll_after_seconds, Some(1));
+        assert_eq!(view.device_offline_since, None);
+        // The first run had the lease of a long-polling desktop too.
+        assert_eq!(first_lease, Duration::from_secs(60));
+        // The next pass begins with an unheld sync: still long-polling.
+        assert_eq!(desk.sync(false).await.len(), 1);
+        let third = desk.run("hint-key-0003").await;
+        assert_eq!(third.poll_after_seconds, 1);
     });
 }
 
