@@ -183,10 +183,7 @@ pub(super) async fn listen(
     incoming: &Incoming,
     id: &RequestId,
 ) -> Result<TaskListen, Outgoing> {
-    let requested = incoming
-        .params()
-        .get("notifications")
-        .and_then(|n| n.get("taskIds"));
+    let requested = incoming.notifications().and_then(|n| n.get("taskIds"));
     let asked: Vec<&str> = match requested {
         None => Vec::new(),
         Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_str).collect(),
