@@ -116,7 +116,8 @@ enum Command {
         #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
         lease_seconds: Option<u64>,
         /// The lease of a run on a desktop in interval mode, in control
-        /// intervals of 3 s (default 10, or `[server] lease_interval_controls`).
+        /// intervals of 3 s (default 10, or `[server] lease_interval_controls`;
+        /// fewer than 3 count as 3).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
         lease_controls: Option<u32>,
         /// Offer `wait_seconds` (up to this many seconds) on `get_graph_run`,

@@ -91,6 +91,17 @@ fn demo_once_runs_the_scripted_flow_and_leaves_no_file() {
         .map(|s| stdout.find(s).expect("step"))
         .collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{stdout}");
+    // Runs queued after the long-polling desktop delivered a result: their
+    // tickets say to look after a second (it takes them up at once), not
+    // after an interval-mode pass.
+    for step in ["[5]", "[6]"] {
+        let section = &stdout[stdout.find(step).expect("step")..];
+        let ticket = section
+            .lines()
+            .find(|l| l.trim_start().starts_with("ticket "))
+            .expect("a ticket line");
+        assert!(ticket.contains("(poll after 1 s)"), "{step}: {ticket}");
+    }
     // The worker's lines are shown, prefixed, and it stopped with the demo.
     assert!(stderr.contains("worker | "), "{stderr}");
     assert!(stderr.contains("worker | worker: stopped"), "{stderr}");

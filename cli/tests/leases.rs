@@ -1,7 +1,8 @@
 //! No run stays `running` forever, end to end over real sockets with the
 //! real `serve` and `worker`: a worker killed mid-run leaves a run that
 //! fails when its lease lapses, or at once when the worker restarts; a run
-//! cancelled after its desktop died ends `cancelled`; and `serve` stops
+//! cancelled after its desktop died ends `cancelled`; a live worker's run
+//! outlives a lease shorter than the long-poll hold; and `serve` stops
 //! within a second on SIGTERM even with a worker holding a request.
 
 mod common;
@@ -107,6 +108,39 @@ async fn a_run_cancelled_after_its_desktop_died_ends_cancelled() {
     let run = relay.wait_status(&url, &id, "cancelled").await;
     let error = run["error"].as_str().unwrap_or_default();
     assert!(error.contains(LAPSED), "{run}");
+}
+
+/// A Graph that runs 40 s, then prints its result.
+const FORTY_SECONDS: &str = "sleep 40\necho '{\"slept\": 40}'\n";
+
+/// `serve --lease-seconds 10` and a live long-polling worker: the held
+/// control requests renew the 10 s lease in time, so a 40 s run ends
+/// `completed` (it ended `failed`, "stopped reporting", 10 s in, when a
+/// control request was held for the 25 s long-poll hold). The 40 s run is
+/// the slow part of this test and the point of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_workers_run_outlives_a_lease_shorter_than_the_long_poll_hold() {
+    let relay = Relay::new(
+        &[("assistant", AGENT_TOKEN)],
+        DEVICE_TOKEN,
+        Duration::from_secs(90),
+    );
+    relay.write_graphs(&[(GS, "forty", &["p1"])], "timeout_seconds = 600\n");
+    relay.script("forty", FORTY_SECONDS);
+    let (_server, url) = serve(&relay, &["--lease-seconds", "10"]);
+    let worker = relay.worker(&url, "outbox.db", "1", &[]);
+    worker.wait_line("sync: project p1");
+    let id = relay.run(&url, GS, "lease-key-0004", json!({})).await;
+    worker.wait_line(&format!("started {id}"));
+    let started = Instant::now();
+    // Past two leases into the run: still running.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let run = relay.get(&url, &id).await;
+    assert_eq!(run["status"], "running", "{run}");
+    let run = relay.wait_status(&url, &id, "completed").await;
+    assert!(started.elapsed() >= Duration::from_secs(39), "{run}");
+    assert_eq!(run["result"], json!({"slept": 40}), "{run}");
+    assert!(run.get("error").is_none(), "{run}");
 }
 
 /// SIGTERM with a worker holding a long-poll sync: `serve` answers it and

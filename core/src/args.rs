@@ -35,23 +35,30 @@ impl RunArgs {
     ) -> Result<Self, ArgError> {
         Ok(Self {
             graph_session_id,
-            arguments: checked_arguments(&arguments)?,
+            arguments: checked_arguments(&arguments, None)?,
             idempotency_key,
         })
     }
 }
 
 /// The `arguments` of a run, if they are an object within the size limit.
-fn checked_arguments(value: &Value) -> Result<Map<String, Value>, ArgError> {
+/// `measured`: their size, when an empty object stands for arguments too
+/// large to be kept (see [`ToolArgs::decode_measured`]).
+fn checked_arguments(
+    value: &Value,
+    measured: Option<usize>,
+) -> Result<Map<String, Value>, ArgError> {
     let Value::Object(map) = value else {
         return Err(ArgError::WrongType {
             field: "arguments",
             expected: "an object",
         });
     };
-    let size = serde_json::to_vec(map)
-        .map(|v| v.len())
-        .unwrap_or(usize::MAX);
+    let size = measured.unwrap_or_else(|| {
+        serde_json::to_vec(map)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX)
+    });
     if size > MAX_ARGUMENTS_BYTES {
         return Err(ArgError::TooLarge {
             field: "arguments",
@@ -152,6 +159,7 @@ struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     fn new(value: Option<&'a Value>, allowed: &[&str]) -> Result<Self, ArgError> {
+        debug_assert!(allowed.iter().all(|f| TOOL_FIELDS.contains(f)));
         static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
         let map = match value {
             None | Some(Value::Null) => EMPTY.get_or_init(Map::new),
@@ -204,6 +212,18 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Every field some tool's `arguments` define. A field outside this list
+/// is unknown to every tool.
+pub(crate) const TOOL_FIELDS: &[&str] = &[
+    "graph_session_id",
+    "arguments",
+    "idempotency_key",
+    "project_id",
+    "limit",
+    "command_id",
+    "wait_seconds",
+];
+
 impl ToolArgs {
     /// Decodes the `arguments` of a `tools/call` for the tool performing
     /// `kind`. `max_wait_seconds` is `None` when the server-side wait is off,
@@ -212,6 +232,19 @@ impl ToolArgs {
         kind: ToolKind,
         arguments: Option<&Value>,
         max_wait_seconds: Option<u32>,
+    ) -> Result<Self, ArgError> {
+        Self::decode_measured(kind, arguments, max_wait_seconds, None)
+    }
+
+    /// [`ToolArgs::decode`] of `arguments` in which an empty object stands
+    /// for a run's `arguments` of `too_large` bytes of compact JSON, more
+    /// than a run accepts (the MCP layer does not build what it would
+    /// refuse anyway).
+    pub(crate) fn decode_measured(
+        kind: ToolKind,
+        arguments: Option<&Value>,
+        max_wait_seconds: Option<u32>,
+        too_large: Option<usize>,
     ) -> Result<Self, ArgError> {
         match kind {
             ToolKind::RunGraphSession => {
@@ -223,7 +256,7 @@ impl ToolArgs {
                 let idempotency_key = IdempotencyKey::parse(f.string("idempotency_key")?)?;
                 let arguments = match f.map.get("arguments") {
                     None => Map::new(),
-                    Some(value) => checked_arguments(value)?,
+                    Some(value) => checked_arguments(value, too_large)?,
                 };
                 Ok(Self::Run(RunArgs {
                     graph_session_id,
@@ -304,6 +337,21 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn every_field_a_tool_defines_is_a_tool_field() {
+        // A field outside TOOL_FIELDS is refused as unknown by every tool.
+        for kind in [
+            ToolKind::RunGraphSession,
+            ToolKind::ListGraphSessions,
+            ToolKind::GetGraphRun,
+            ToolKind::CancelGraphRun,
+        ] {
+            // `Fields::new` checks its allowed fields against TOOL_FIELDS.
+            let refused = ToolArgs::decode(kind, Some(&json!({"~other": 1})), Some(30));
+            assert_eq!(refused, Err(ArgError::UnknownField("~other".into())));
+        }
     }
 
     #[test]

@@ -48,6 +48,10 @@ pub const CANCELLED_WHILE_RUNNING: &str = "Cancelled by the agent while it was r
 pub const LEASE_LAPSED: &str = "The owner's desktop stopped reporting on this run";
 /// How the reason of a run closed because its desktop restarted begins.
 pub const DESKTOP_RESTARTED: &str = "The owner's desktop restarted while this run was running";
+/// The progress a run shows while it waits for the owner's approval on the
+/// desktop: the relay reports it, and [`CommandRecord::awaits_approval`]
+/// reads it back (the server never sees the approval settings themselves).
+pub const WAITING_FOR_APPROVAL: &str = "Waiting for the owner's approval on the desktop";
 
 /// Where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -376,10 +380,29 @@ impl CommandRecord {
         self.revision = *revision;
     }
 
+    /// The length of the lease the command holds, as granted at its start
+    /// or last renewal; `None` when it holds none (not running).
+    pub fn lease(&self) -> Option<std::time::Duration> {
+        Some(self.lease_expires_at?.since(self.heard_at?))
+    }
+
     /// True when the command is running and its lease has lapsed at `now`:
     /// the run is over, whatever the stored status still says.
     pub fn is_lapsed(&self, now: Timestamp) -> bool {
         self.status == CommandStatus::Running && self.lease_expires_at.is_some_and(|t| t <= now)
+    }
+
+    /// True while the run is claimed but waits for the owner's approval on
+    /// the desktop: running, with [`WAITING_FOR_APPROVAL`] as its latest
+    /// progress. Its status stays `running`; only what the agent reads
+    /// about it differs (the Graph has not started).
+    pub fn awaits_approval(&self) -> bool {
+        self.status == CommandStatus::Running
+            && self
+                .progress
+                .as_ref()
+                .and_then(|p| p.message.as_deref())
+                .is_some_and(|m| m == WAITING_FOR_APPROVAL)
     }
 
     /// True when the server closed the command after it started without a

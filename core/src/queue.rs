@@ -99,6 +99,13 @@ fn jitter(device: &Device, now: Timestamp, most: Duration) -> Duration {
     most.mul_f64(fraction)
 }
 
+/// A run in interval mode holds a lease of at least this many control
+/// intervals. Renewals are written only when less than half the lease is
+/// left (see [`command`](crate::command) on leases); with three intervals the
+/// second control poll after a renewal renews again with an interval to
+/// spare, where one or two would let a live desktop's run lapse.
+pub const MIN_LEASE_CONTROLS: u32 = 3;
+
 /// How often a held request looks at the store on its own when other
 /// processes' writes reach this process anyway (see
 /// [`Queue::external_writes_fed`]): a safety net, longer than any hold.
@@ -113,7 +120,9 @@ pub struct QueueConfig {
     pub terminal_retention: Option<Duration>,
     /// The relay's pass interval in interval mode (20 s).
     pub sync_interval: Duration,
-    /// How long the server holds a long-poll sync or control request (25 s).
+    /// How long the server holds a long-poll sync or control request (25 s);
+    /// a control request is held for less when its run's lease is short
+    /// (see [`QueueConfig::control_hold`]).
     pub long_poll_hold: Duration,
     /// A held sync ends up to this much (5 s) before `long_poll_hold`, by
     /// an amount that differs from hold to hold. Desktops that connected
@@ -161,7 +170,8 @@ pub struct QueueConfig {
     /// [`command`](crate::command) on leases).
     pub lease_long_poll: Duration,
     /// The lease of a run started by a desktop in interval mode, in control
-    /// intervals (10, i.e. 30 s with the default 3 s control poll).
+    /// intervals (10, i.e. 30 s with the default 3 s control poll; at least
+    /// [`MIN_LEASE_CONTROLS`] whatever is configured).
     pub lease_interval_controls: u32,
     /// A run's progress is written at most this often (1 s) by one queue;
     /// reports in between are coalesced, and the latest one is written by
@@ -200,8 +210,20 @@ impl QueueConfig {
             self.lease_long_poll
         } else {
             self.control_interval
-                .saturating_mul(self.lease_interval_controls.max(1))
+                .saturating_mul(self.lease_interval_controls.max(MIN_LEASE_CONTROLS))
         }
+    }
+
+    /// How long a long-poll control request of a run holding `lease` is
+    /// held: [`QueueConfig::long_poll_hold`], but at most a third of the
+    /// lease. Only a control request's arrival renews the lease, and a
+    /// renewal is written only when less than half of it is left; control
+    /// requests at most a third of a lease apart therefore renew it with
+    /// at least a sixth of it to spare, whatever the lease is configured
+    /// to, and however a progress report's wake-up shifts them. A hold as
+    /// long as the lease would let the run of a live desktop lapse.
+    pub fn control_hold(&self, lease: Duration) -> Duration {
+        self.long_poll_hold.min(lease / 3)
     }
 }
 
@@ -892,13 +914,14 @@ impl Queue {
         }
     }
 
-    /// How a relay's long-poll control request for `id` is held: until the
-    /// command changes ([`Topic::Command`]) or [`QueueConfig::long_poll_hold`]
-    /// passes; a notification answers at once.
-    pub fn control_hold(&self, id: &CommandId) -> Hold {
+    /// How a relay's long-poll control request for `id`, a run holding
+    /// `lease` (as [`Queue::control_renewing`] says), is held: until the
+    /// command changes ([`Topic::Command`]) or [`QueueConfig::control_hold`]
+    /// of the lease passes; a notification answers at once.
+    pub fn control_hold(&self, id: &CommandId, lease: Duration) -> Hold {
         Hold {
             topics: vec![Topic::Command(*id)],
-            until: self.clock.now().plus(self.config.long_poll_hold),
+            until: self.clock.now().plus(self.config.control_hold(lease)),
             recheck: self.recheck(self.config.hold_recheck),
             answer_on_notify: true,
         }
@@ -936,9 +959,9 @@ impl Queue {
 
     /// A relay's control request, held when it asks for long-poll and there
     /// is nothing to say yet: [`Queue::control`] (which renews the lease),
-    /// then the hold of [`Queue::control_hold`] shaped by `limit`, until
-    /// cancellation is requested or the command ended. Each look of the
-    /// hold only reads.
+    /// then the hold of [`Queue::control_hold`] for the run's lease shaped
+    /// by `limit`, until cancellation is requested or the command ended.
+    /// Each look of the hold only reads.
     pub async fn control_held(
         &self,
         device: &Device,
@@ -947,11 +970,11 @@ impl Queue {
         limit: impl FnOnce(Hold) -> Hold,
         sleeper: &dyn Sleeper,
     ) -> Result<ControlAnswer, ControlError> {
-        let answer = self.control(device, id).await?;
+        let (answer, lease) = self.control_renewing(device, id).await?;
         if !long_poll || answer.is_settled() {
             return Ok(answer);
         }
-        let hold = limit(self.control_hold(id));
+        let hold = limit(self.control_hold(id, lease));
         hold.run(&self.signals, &*self.clock, sleeper, || async {
             let answer = self.peek_control(device, id).await?;
             Ok(if answer.is_settled() {
@@ -1033,7 +1056,9 @@ impl Queue {
 
     /// A relay uploads the sessions shared to one project and receives the
     /// commands queued there for it. Replaces what `list_graph_sessions`
-    /// shows for this device and records when the device last synced.
+    /// shows for this device and records when the device last synced, and
+    /// whether it long-polls (an unheld sync of a long-polling relay keeps
+    /// that mode; see `long_polls_after`).
     pub async fn sync(
         &self,
         device: &Device,
@@ -1059,23 +1084,18 @@ impl Queue {
             if !request.sessions.is_empty() {
                 self.check_project_bound(device, &request.project).await?;
             }
+            let long_poll = self.long_polls_after(device, request).await?;
             self.store
                 .record_sync(
                     &device.owner,
                     &request.project,
                     &device.id,
                     &request.sessions,
-                    request.long_poll,
+                    long_poll,
                     now,
                 )
                 .await?;
-            self.device_contacted(
-                device,
-                DeviceContact::Sync {
-                    long_poll: request.long_poll,
-                },
-                now,
-            );
+            self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
             self.remember_sync(device, request, now);
         }
         if request.restarted {
@@ -1111,6 +1131,31 @@ impl Queue {
             commands,
             poll_after,
         })
+    }
+
+    /// Whether `device` long-polls once `request` is recorded: the mode
+    /// the ticket's pickup hint, the lease of the next start and the
+    /// desktop's liveness follow. A held sync says it does. A long-polling
+    /// relay also sends syncs that are not held: one per project at the
+    /// start of every pass, before it waits in a held one, and only those
+    /// when the pass finds work (it then runs it and delivers the result
+    /// before its next held sync). Such a sync keeps the mode recorded, so
+    /// a desktop that just delivered a result is not taken for one that
+    /// polls every [`QueueConfig::sync_interval`]. The first sync of a
+    /// restarted relay sets the mode afresh: a relay keeps its mode for
+    /// its whole life, so only a restart can change it.
+    async fn long_polls_after(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+    ) -> Result<bool, StoreError> {
+        if request.long_poll || request.restarted {
+            return Ok(request.long_poll);
+        }
+        Ok(self
+            .device_record(&device.owner, &device.id)
+            .await?
+            .is_some_and(|d| d.long_poll))
     }
 
     /// A relay process started: its device's running commands other than
@@ -1229,15 +1274,26 @@ impl Queue {
         device: &Device,
         id: &CommandId,
     ) -> Result<ControlAnswer, ControlError> {
+        Ok(self.control_renewing(device, id).await?.0)
+    }
+
+    /// [`Queue::control`], with the lease the run holds (the one it was
+    /// granted, or [`QueueConfig::lease_long_poll`] for a run without
+    /// one): what a held control request's length follows
+    /// ([`Queue::control_hold`]).
+    pub async fn control_renewing(
+        &self,
+        device: &Device,
+        id: &CommandId,
+    ) -> Result<(ControlAnswer, Duration), ControlError> {
         self.touch(device).await?;
         // A control request from the executing desktop renews the lease (of
         // the length it was granted with), or closes a lapsed run.
+        let lease_of =
+            |record: &CommandRecord| record.lease().unwrap_or(self.config.lease_long_poll);
         let command = self
             .transition(Party::Device(device), id, |record, now| {
-                let lease = match (record.lease_expires_at, record.heard_at) {
-                    (Some(expires), Some(heard)) => expires.since(heard),
-                    _ => self.config.lease_long_poll,
-                };
+                let lease = lease_of(record);
                 Ok::<_, std::convert::Infallible>(record.renew_in_place(now, lease))
             })
             .await
@@ -1246,7 +1302,7 @@ impl Queue {
                 TransitionError::Store(s) => ControlError::Store(s),
                 TransitionError::Refused(never) => match never {},
             })?;
-        Ok(ControlAnswer::of(&command))
+        Ok((ControlAnswer::of(&command), lease_of(&command)))
     }
 
     /// What a control request would answer now, without renewing the lease
@@ -1875,6 +1931,38 @@ mod tests {
             sync_hold_length(&exact, &d, Timestamp(5)),
             Duration::from_secs(25)
         );
+    }
+
+    #[test]
+    fn a_control_request_is_held_for_at_most_a_third_of_its_runs_lease() {
+        let c = QueueConfig::default();
+        // The default lease (60 s): the hold is a third of it, 20 s.
+        assert_eq!(c.control_hold(c.lease(true)), Duration::from_secs(20));
+        // `serve --lease-seconds 10`: 3.33 s, not the 25 s long-poll hold.
+        assert_eq!(
+            c.control_hold(Duration::from_secs(10)),
+            Duration::from_nanos(3_333_333_333)
+        );
+        // An interval-mode lease held by a desktop that long-polls control.
+        assert_eq!(c.control_hold(c.lease(false)), Duration::from_secs(10));
+        // A long lease: the long-poll hold.
+        assert_eq!(c.control_hold(Duration::from_secs(600)), c.long_poll_hold);
+        for lease in [1, 2, 9, 10, 30, 60, 74, 75, 76, 3_600] {
+            let lease = Duration::from_secs(lease);
+            let hold = c.control_hold(lease);
+            assert!(hold <= c.long_poll_hold && hold * 3 <= lease, "{lease:?}");
+        }
+    }
+
+    #[test]
+    fn an_interval_lease_spans_at_least_three_control_polls() {
+        for (controls, lease) in [(1, 9), (2, 9), (3, 9), (10, 30)] {
+            let c = QueueConfig {
+                lease_interval_controls: controls,
+                ..QueueConfig::default()
+            };
+            assert_eq!(c.lease(false), Duration::from_secs(lease), "{controls}");
+        }
     }
 
     #[test]

@@ -72,7 +72,10 @@ pub struct DeviceRecord {
     pub last_sync_at: Option<Timestamp>,
     /// The last request of any kind.
     pub last_seen_at: Timestamp,
-    /// Whether the last sync was a long-poll (held by the server).
+    /// Whether the desktop long-polls: it sent a held sync and, since,
+    /// only syncs that keep the mode (see
+    /// [`Queue::sync`](crate::queue::Queue::sync)); what the last sync's
+    /// [`DeviceContact::Sync`] recorded.
     pub long_poll: bool,
 }
 
@@ -93,7 +96,8 @@ impl DeviceRecord {
 pub enum DeviceContact {
     /// A sync request (long-poll or not).
     Sync {
-        /// The relay asked the server to hold the request.
+        /// The desktop long-polls: this sync was held, or it is one of the
+        /// unheld syncs of a long-polling relay's pass.
         long_poll: bool,
     },
     /// Any other request (start, control, complete).

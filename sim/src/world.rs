@@ -814,14 +814,17 @@ impl World {
                 );
             }
             Request::Control { command, long_poll } => {
-                let hold = self.queue.control_hold(&command);
-                let subscriptions = self.subscribe(&hold);
-                let answer = match block_on(self.queue.control(&device, &command)) {
-                    Ok(a) if long_poll && !a.is_settled() => {
+                // Subscribed before the look, as the queue's hold does; how
+                // long it holds follows the lease the look reports.
+                let lease = self.queue.config().lease_long_poll;
+                let subscriptions = self.subscribe(&self.queue.control_hold(&command, lease));
+                let answer = match block_on(self.queue.control_renewing(&device, &command)) {
+                    Ok((a, lease)) if long_poll && !a.is_settled() => {
+                        let hold = self.queue.control_hold(&command, lease);
                         self.hold(epoch, HeldKind::Control(command), subscriptions, &hold);
                         return;
                     }
-                    Ok(a) => Ok(a),
+                    Ok((a, _)) => Ok(a),
                     Err(e) => Err(e.to_string()),
                 };
                 self.schedule(

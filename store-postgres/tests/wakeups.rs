@@ -28,6 +28,8 @@ use graph_relay_store_postgres::{PostgresStore, SignalBridgeHandle, SignalStatus
 /// Longest wait for something that must happen (a reconnection, a
 /// notification crossing the database).
 const DEADLINE: Duration = Duration::from_secs(20);
+/// A run's lease, for the control holds whose re-look pace is checked.
+const LEASE: Duration = Duration::from_secs(60);
 /// Hints a bridge queues before it drops them (`QUEUE` in the bridge).
 const QUEUE: usize = 4096;
 
@@ -228,7 +230,7 @@ async fn holds_wait_on_notifications_only_while_the_listener_listens() {
     assert!(!forwarder.delivers());
     assert!(!queue.external_writes_fed());
     assert_eq!(queue.sync_hold(device).recheck, short);
-    assert_eq!(queue.control_hold(&id).recheck, short);
+    assert_eq!(queue.control_hold(&id, LEASE).recheck, short);
 
     // Listening: held requests rely on notifications.
     let running = tokio::spawn(listener.run());
@@ -236,7 +238,7 @@ async fn holds_wait_on_notifications_only_while_the_listener_listens() {
     assert!(forwarder.delivers());
     assert!(queue.external_writes_fed());
     assert_eq!(queue.sync_hold(device).recheck, FED_RECHECK);
-    assert_eq!(queue.control_hold(&id).recheck, FED_RECHECK);
+    assert_eq!(queue.control_hold(&id, LEASE).recheck, FED_RECHECK);
     // A listener task that ends (here: aborted) no longer delivers.
     running.abort();
     let _ = running.await;
@@ -258,7 +260,7 @@ async fn holds_wait_on_notifications_only_while_the_listener_listens() {
     assert!(!queue.signals().forwarder_delivers());
     assert!(!queue.external_writes_fed());
     assert_eq!(queue.sync_hold(device).recheck, short);
-    assert_eq!(queue.control_hold(&id).recheck, short);
+    assert_eq!(queue.control_hold(&id, LEASE).recheck, short);
 }
 
 /// Servers, desks per server, and the desks' long-poll syncs.

@@ -97,7 +97,7 @@ pub struct ServerSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_seconds: Option<u64>,
     /// The lease of a run on a desktop in interval mode, in control
-    /// intervals of 3 s (default 10).
+    /// intervals of 3 s (default 10, at least 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_interval_controls: Option<u32>,
     /// Serve `GET /metrics` (Prometheus) on this address, a listener of

@@ -51,7 +51,9 @@ use crate::{DevicePrincipal, HttpState, TokioSleeper};
 pub struct RelayApiConfig {
     /// Longest hold of a long-poll sync or control request; `None` uses the
     /// queue's [`long_poll_hold`](graph_relay_core::queue::QueueConfig::long_poll_hold)
-    /// (25 s). Always kept below the request timeout.
+    /// (25 s). Always kept below the request timeout. A control request is
+    /// held for less when its run's lease is short: the queue cuts it to a
+    /// third of the lease ([`QueueConfig::control_hold`](graph_relay_core::queue::QueueConfig::control_hold)).
     pub hold: Option<Duration>,
     /// While holding, how often the store is looked at directly, for work
     /// queued by another process on the same database. `None` (the

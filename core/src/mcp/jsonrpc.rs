@@ -4,6 +4,7 @@
 //! Only single messages are accepted: batch arrays were dropped by MCP in
 //! 2025-06-18 and graph-relay refuses them in every revision.
 
+mod bounded;
 mod fast;
 
 use std::sync::OnceLock;
@@ -11,6 +12,9 @@ use std::sync::OnceLock;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+pub(super) use self::bounded::Limited;
+use self::bounded::Measure;
+use super::limits::MAX_INITIALIZE_FIELD_BYTES;
 use super::version::ProtocolVersion;
 use super::wire::{
     ErrorObject, JSONRPC_VERSION, JsonRpcErrorResponse, JsonRpcResponse, UnsupportedVersionData,
@@ -141,25 +145,46 @@ impl Params {
     }
 }
 
-/// The members of `params` read on every request, each as its last
-/// occurrence (as in a [`Map`]).
+/// The members of `params` the handlers read, each as its last
+/// occurrence (as in a [`Map`]), and kept only as far as they are read
+/// (see [`bounded`]: a long member is not built whole).
 #[derive(Clone, Default, Debug, PartialEq)]
 struct Probe {
     name: Option<Value>,
     uri: Option<Value>,
     task_id: Option<Value>,
     arguments: Option<Value>,
+    /// The size of the run's `arguments` inside `arguments`, when an empty
+    /// object stands for them (too large to be accepted, so not kept).
+    arguments_too_large: Option<usize>,
+    /// `initialize`'s `protocolVersion`.
+    protocol_version: Option<Value>,
+    /// `initialize`'s `clientInfo`.
+    client_info: Option<Limited>,
+    /// `initialize`'s `capabilities`.
+    capabilities: Option<Limited>,
+    /// `subscriptions/listen`'s `notifications`.
+    notifications: Option<Value>,
     meta: MetaProbe,
 }
 
 impl Probe {
     /// The probe of a decoded params object.
     fn of_map(map: &Map<String, Value>) -> Self {
+        let sized = |field: &str| {
+            map.get(field)
+                .map(|v| Limited::of(v, MAX_INITIALIZE_FIELD_BYTES))
+        };
         Self {
             name: map.get("name").cloned(),
             uri: map.get("uri").cloned(),
             task_id: map.get("taskId").cloned(),
             arguments: map.get("arguments").cloned(),
+            arguments_too_large: None,
+            protocol_version: map.get("protocolVersion").cloned(),
+            client_info: sized("clientInfo"),
+            capabilities: sized("capabilities"),
+            notifications: map.get("notifications").cloned(),
             meta: match map.get("_meta") {
                 None => MetaProbe::Absent,
                 Some(Value::Object(meta)) => MetaProbe::Object {
@@ -211,7 +236,9 @@ impl Incoming {
         if let Ok(envelope) = serde_json::from_slice::<Envelope>(bytes) {
             return Self::classify(envelope, Some(bytes)).map_err(Box::new);
         }
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        // Not a message: what it is, read as a `Value` would be (the same
+        // refusals) but without building one.
+        let measure: Measure = serde_json::from_slice(bytes).map_err(|e| {
             Box::new(Outgoing::error(
                 None,
                 ErrorCode::ParseError,
@@ -219,6 +246,13 @@ impl Incoming {
                 None,
             ))
         })?;
+        let value = match measure.kind {
+            // The refusal depends only on the kind.
+            bounded::Kind::Array => Value::Array(Vec::new()),
+            // Not reached: the envelope reader accepts every JSON object.
+            bounded::Kind::Object => serde_json::from_slice(bytes).unwrap_or_default(),
+            _ => Value::Null,
+        };
         Self::from_value(value).map_err(Box::new)
     }
 
@@ -382,6 +416,34 @@ impl Incoming {
         self.params.probe.arguments.as_ref()
     }
 
+    /// The size of the run's `arguments` inside `params.arguments`, when
+    /// they were too large to keep and an empty object stands for them.
+    pub(super) fn arguments_too_large(&self) -> Option<usize> {
+        self.params.probe.arguments_too_large
+    }
+
+    /// `params.protocolVersion` (of `initialize`).
+    pub(super) fn protocol_version_param(&self) -> Option<&Value> {
+        self.params.probe.protocol_version.as_ref()
+    }
+
+    /// `params.clientInfo` (of `initialize`), whole if within
+    /// [`MAX_INITIALIZE_FIELD_BYTES`].
+    pub(super) fn client_info(&self) -> Option<&Limited> {
+        self.params.probe.client_info.as_ref()
+    }
+
+    /// `params.notifications` (of `subscriptions/listen`).
+    pub(super) fn notifications(&self) -> Option<&Value> {
+        self.params.probe.notifications.as_ref()
+    }
+
+    /// `params.capabilities` (of `initialize`), whole if within
+    /// [`MAX_INITIALIZE_FIELD_BYTES`].
+    pub(super) fn capabilities(&self) -> Option<&Limited> {
+        self.params.probe.capabilities.as_ref()
+    }
+
     /// `params.taskId`.
     pub(super) fn task_id(&self) -> Option<&Value> {
         self.params.probe.task_id.as_ref()
@@ -503,6 +565,10 @@ enum ParamsMember {
     TaskId,
     Arguments,
     Meta,
+    ProtocolVersion,
+    ClientInfo,
+    Capabilities,
+    Notifications,
     Other,
 }
 
@@ -544,6 +610,10 @@ member_names!(ParamsMember {
     "taskId" => TaskId,
     "arguments" => Arguments,
     "_meta" => Meta,
+    "protocolVersion" => ProtocolVersion,
+    "clientInfo" => ClientInfo,
+    "capabilities" => Capabilities,
+    "notifications" => Notifications,
 });
 
 member_names!(MetaMember {
@@ -552,11 +622,24 @@ member_names!(MetaMember {
     "progressToken" => ProgressToken,
 });
 
-/// Consumes the elements of an array, each read as a [`Value`] (so that
-/// exactly what the general parse accepts is accepted).
+/// Consumes the elements of an array, each read as a [`Value`] would be
+/// (so that exactly what the general parse accepts is accepted), without
+/// building them.
 fn skip_elements<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<Value>()?.is_some() {}
+    while seq.next_element::<Measure>()?.is_some() {}
     Ok(())
+}
+
+/// The next value of `map` as its raw text, for [`bounded`]'s readers.
+fn raw_value<'de, A: serde::de::MapAccess<'de>>(
+    map: &mut A,
+) -> Result<&'de serde_json::value::RawValue, A::Error> {
+    map.next_value()
+}
+
+/// A [`bounded`] reader's error as the map reader's.
+fn bounded_error<E: serde::de::Error>(e: serde_json::Error) -> E {
+    E::custom(e)
 }
 
 /// Implements the scalar visits of a visitor whose value for any
@@ -603,17 +686,46 @@ impl<'de> serde::Deserialize<'de> for ParamsValue {
             ) -> Result<ParamsValue, A::Error> {
                 let mut probe = Probe::default();
                 while let Some(member) = map.next_key::<ParamsMember>()? {
-                    // Every other value is read as a `Value` too (and
-                    // dropped), so that exactly the messages the general
-                    // parse accepts are accepted.
+                    // Every value is read as a `Value` would be (every
+                    // other one measured and dropped), so that exactly the
+                    // messages the general parse accepts are accepted; what
+                    // is kept is only what the handlers read (`bounded`).
+                    let scalar = |raw| bounded::scalar(raw).map_err(bounded_error::<A::Error>);
+                    let sized = |raw| {
+                        Limited::read(raw, MAX_INITIALIZE_FIELD_BYTES)
+                            .map_err(bounded_error::<A::Error>)
+                    };
                     match member {
-                        ParamsMember::Name => probe.name = Some(map.next_value()?),
-                        ParamsMember::Uri => probe.uri = Some(map.next_value()?),
-                        ParamsMember::TaskId => probe.task_id = Some(map.next_value()?),
-                        ParamsMember::Arguments => probe.arguments = Some(map.next_value()?),
+                        ParamsMember::Name => probe.name = Some(scalar(raw_value(&mut map)?)?),
+                        ParamsMember::Uri => probe.uri = Some(scalar(raw_value(&mut map)?)?),
+                        ParamsMember::TaskId => {
+                            probe.task_id = Some(scalar(raw_value(&mut map)?)?);
+                        }
+                        ParamsMember::Arguments => {
+                            let (arguments, too_large) =
+                                bounded::tool_arguments(raw_value(&mut map)?)
+                                    .map_err(bounded_error::<A::Error>)?;
+                            probe.arguments = Some(arguments);
+                            probe.arguments_too_large = too_large;
+                        }
                         ParamsMember::Meta => probe.meta = map.next_value()?,
+                        ParamsMember::ProtocolVersion => {
+                            probe.protocol_version = Some(scalar(raw_value(&mut map)?)?);
+                        }
+                        ParamsMember::ClientInfo => {
+                            probe.client_info = Some(sized(raw_value(&mut map)?)?);
+                        }
+                        ParamsMember::Capabilities => {
+                            probe.capabilities = Some(sized(raw_value(&mut map)?)?);
+                        }
+                        ParamsMember::Notifications => {
+                            probe.notifications = Some(
+                                bounded::notifications(raw_value(&mut map)?)
+                                    .map_err(bounded_error::<A::Error>)?,
+                            );
+                        }
                         ParamsMember::Other => {
-                            map.next_value::<Value>()?;
+                            map.next_value::<Measure>()?;
                         }
                     }
                 }
@@ -645,14 +757,22 @@ impl<'de> serde::Deserialize<'de> for MetaProbe {
                 let mut client_capabilities = None;
                 let mut progress_token = None;
                 while let Some(member) = map.next_key::<MetaMember>()? {
+                    let scalar = |raw| bounded::scalar(raw).map_err(bounded_error::<A::Error>);
                     match member {
-                        MetaMember::ProtocolVersion => protocol_version = Some(map.next_value()?),
-                        MetaMember::ClientCapabilities => {
-                            client_capabilities = Some(map.next_value()?);
+                        MetaMember::ProtocolVersion => {
+                            protocol_version = Some(scalar(raw_value(&mut map)?)?);
                         }
-                        MetaMember::ProgressToken => progress_token = Some(map.next_value()?),
+                        MetaMember::ClientCapabilities => {
+                            client_capabilities = Some(
+                                bounded::capabilities(raw_value(&mut map)?)
+                                    .map_err(bounded_error::<A::Error>)?,
+                            );
+                        }
+                        MetaMember::ProgressToken => {
+                            progress_token = Some(scalar(raw_value(&mut map)?)?);
+                        }
                         MetaMember::Other => {
-                            map.next_value::<Value>()?;
+                            map.next_value::<Measure>()?;
                         }
                     }
                 }
@@ -714,20 +834,29 @@ impl<'de> serde::Deserialize<'de> for Envelope {
             ) -> Result<Envelope, A::Error> {
                 let mut envelope = Envelope::default();
                 while let Some(member) = map.next_key::<Member>()? {
-                    // Every value is read as a `Value` (or, for `params`,
-                    // with every member read as one), so that exactly the
-                    // messages the general parse accepts are accepted.
-                    if let Member::Params = member {
-                        envelope.params = Some(map.next_value()?);
-                        continue;
-                    }
-                    let value: Value = map.next_value()?;
+                    // Every value is read as a `Value` would be (or, for
+                    // `params`, with every member read as one), so that
+                    // exactly the messages the general parse accepts are
+                    // accepted; only what is read is kept (`bounded`).
+                    let value = match member {
+                        Member::Params => {
+                            envelope.params = Some(map.next_value()?);
+                            continue;
+                        }
+                        Member::Answer | Member::Other => {
+                            map.next_value::<Measure>()?;
+                            envelope.answered |= matches!(member, Member::Answer);
+                            continue;
+                        }
+                        Member::Id | Member::Jsonrpc | Member::Method => {
+                            bounded::scalar(raw_value(&mut map)?)
+                                .map_err(bounded_error::<A::Error>)?
+                        }
+                    };
                     match member {
                         Member::Id => envelope.id = Some(value),
                         Member::Jsonrpc => envelope.jsonrpc_ok = value.as_str() == Some("2.0"),
-                        Member::Method => envelope.method = Some(value),
-                        Member::Answer => envelope.answered = true,
-                        Member::Params | Member::Other => {}
+                        _ => envelope.method = Some(value),
                     }
                 }
                 Ok(envelope)

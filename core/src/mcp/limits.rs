@@ -48,6 +48,19 @@ fn add(value: &Value, total: &mut usize, limit: usize) -> Option<()> {
     }
 }
 
+/// The length of `s` as serde_json writes it: with its quotes and escapes.
+pub(crate) fn escaped_len(s: &str) -> usize {
+    s.len()
+        + 2
+        + s.bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                0x00..=0x1f => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
 /// A string with its quotes and escapes, as serde_json writes it.
 fn add_string(s: &str, total: &mut usize, limit: usize) -> Option<()> {
     // The escaped form is never shorter: refuse before looking inside.

@@ -812,11 +812,7 @@ impl McpServer {
                 None,
             ));
         }
-        let Some(requested) = incoming
-            .params()
-            .get("protocolVersion")
-            .and_then(Value::as_str)
-        else {
+        let Some(requested) = incoming.protocol_version_param().and_then(Value::as_str) else {
             return Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::InvalidParams,
@@ -829,24 +825,30 @@ impl McpServer {
             .filter(|v| !v.is_modern())
             .unwrap_or(ProtocolVersion::LATEST_LEGACY);
         // Bounded before anything is kept: a session holds at most this much.
+        // (Measured as the message was read: a field too large to keep
+        // was not built.)
         let mut client_info = None;
-        for field in ["clientInfo", "capabilities"] {
-            let Some(value) = incoming.params().get(field) else {
-                continue;
+        for (field, member) in [
+            ("clientInfo", incoming.client_info()),
+            ("capabilities", incoming.capabilities()),
+        ] {
+            let value = match member {
+                None => continue,
+                Some(jsonrpc::Limited::Within(value)) => value,
+                Some(jsonrpc::Limited::TooLarge) => {
+                    return Err(Outgoing::error(
+                        Some(id.clone()),
+                        ErrorCode::InvalidParams,
+                        format!(
+                            "Invalid params: `{field}` is larger than {MAX_INITIALIZE_FIELD_BYTES} bytes (16 KiB) as JSON, the most this server accepts in `initialize`"
+                        ),
+                        Some(wire::to_value(&wire::FieldLimitData {
+                            field: field.to_owned(),
+                            limit: MAX_INITIALIZE_FIELD_BYTES,
+                        })),
+                    ));
+                }
             };
-            if compact_json_len_within(value, MAX_INITIALIZE_FIELD_BYTES).is_none() {
-                return Err(Outgoing::error(
-                    Some(id.clone()),
-                    ErrorCode::InvalidParams,
-                    format!(
-                        "Invalid params: `{field}` is larger than {MAX_INITIALIZE_FIELD_BYTES} bytes (16 KiB) as JSON, the most this server accepts in `initialize`"
-                    ),
-                    Some(wire::to_value(&wire::FieldLimitData {
-                        field: field.to_owned(),
-                        limit: MAX_INITIALIZE_FIELD_BYTES,
-                    })),
-                ));
-            }
             if field == "clientInfo" {
                 client_info = Some(value.to_string().into_boxed_str());
             }

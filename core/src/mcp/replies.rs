@@ -655,6 +655,31 @@ fn all_replies() -> Vec<Reply> {
     );
     r.raw("missing_method", br#"{"jsonrpc": "2.0", "id": 1}"#);
 
+    // A claimed run waiting for the owner's approval on the desktop: queued
+    // last, so that the ids of the runs above stay as they were.
+    let awaiting = queue_run(&f, "key-awaiting-approval");
+    set(&f, awaiting, |c| {
+        started(c);
+        c.progress = Some(Progress {
+            message: Some(crate::command::WAITING_FOR_APPROVAL.into()),
+            percent: None,
+            updated_at: at(21),
+        });
+    });
+    r.call_legacy(
+        "get_awaiting_approval",
+        Kind::CallTool,
+        "get_graph_run",
+        json!({"command_id": awaiting}),
+    );
+    r.modern(
+        "tasks_get_awaiting_approval",
+        Kind::GetTask,
+        "tasks/get",
+        json!({"taskId": awaiting}),
+        tasks_meta(),
+    );
+
     // A server with instructions says them in initialize and discover.
     let mut info = ServerInfo::new("graph-relay", "0.1.0");
     info.instructions = Some("Queue Graph runs; read results with get_graph_run.".into());

@@ -15,6 +15,7 @@
 //! | command | task | what `tasks/get` carries |
 //! |---|---|---|
 //! | `queued`, `running` | `working` | `statusMessage`, `pollIntervalMs` |
+//! | `running`, waiting for approval | `working` | `statusMessage` saying the Graph has not started |
 //! | `completed` | `completed` | `result`: the run as a `CallToolResult` |
 //! | `failed` | `completed` | `result` with `isError: true` and the run's error |
 //! | `cancelled` | `cancelled` | `statusMessage` with the reason |
@@ -38,6 +39,14 @@ use crate::queue::{CancelError, GetError, RunView};
 
 /// The extension's identifier in capabilities.
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// What the agent reads about a run that waits for the owner's approval
+/// ([`CommandRecord::awaits_approval`](crate::command::CommandRecord::awaits_approval)):
+/// the task's `statusMessage` and `get_graph_run`'s `status_message`. The
+/// run is `running` on the server, but its Graph has not started, and
+/// "Running on the owner's desktop" would say it had.
+pub(super) const AWAITING_APPROVAL: &str =
+    "Waiting for the owner's approval on the desktop; the Graph has not started yet.";
 
 /// True when the request declares the tasks extension in its per-request
 /// client capabilities (`_meta[...clientCapabilities].extensions[TASKS_EXTENSION]`).
@@ -66,6 +75,7 @@ pub(super) fn task(view: &RunView) -> Task {
         CommandStatus::Running => (
             "working",
             match &c.progress {
+                _ if c.awaits_approval() => AWAITING_APPROVAL.to_owned(),
                 Some(p) => format!("Running on the owner's desktop: {}.", progress_text(p)),
                 None => "Running on the owner's desktop.".to_owned(),
             },
@@ -173,10 +183,7 @@ pub(super) async fn listen(
     incoming: &Incoming,
     id: &RequestId,
 ) -> Result<TaskListen, Outgoing> {
-    let requested = incoming
-        .params()
-        .get("notifications")
-        .and_then(|n| n.get("taskIds"));
+    let requested = incoming.notifications().and_then(|n| n.get("taskIds"));
     let asked: Vec<&str> = match requested {
         None => Vec::new(),
         Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_str).collect(),

@@ -98,10 +98,13 @@ async fn run(
         .find(name)
         .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
     // Scopes were checked against the authorization table before dispatch.
-    let args = ToolArgs::decode(spec.kind, incoming.arguments(), catalog.max_wait_seconds())
-        .map_err(|e: ArgError| {
-            CallError::tool(format!("Invalid arguments for {}: {e}", spec.name))
-        })?;
+    let args = ToolArgs::decode_measured(
+        spec.kind,
+        incoming.arguments(),
+        catalog.max_wait_seconds(),
+        incoming.arguments_too_large(),
+    )
+    .map_err(|e: ArgError| CallError::tool(format!("Invalid arguments for {}: {e}", spec.name)))?;
     let queue = server.queue();
     let agent = &caller.agent;
     match args {

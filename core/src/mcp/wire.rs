@@ -482,6 +482,10 @@ pub struct GraphRun {
     pub started_at: Option<String>,
     /// The command's status.
     pub status: CommandStatus,
+    /// What the run is doing, when its status alone would mislead: only
+    /// while a `running` run waits for the owner's approval on the desktop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_message: Option<String>,
     /// The tokens the desktop reported (`null` when it reported none).
     #[serde(
         default,
@@ -515,6 +519,9 @@ impl From<&RunView> for GraphRun {
             result_truncated: false,
             started_at: c.started_at.map(|t| t.to_rfc3339()),
             status: c.status,
+            status_message: c
+                .awaits_approval()
+                .then(|| super::tasks::AWAITING_APPROVAL.to_owned()),
             total_tokens: None,
         };
         if c.status.is_terminal() {

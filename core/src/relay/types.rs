@@ -14,6 +14,9 @@ use crate::outbox::OutboxItem;
 use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
 use crate::time::Timestamp;
 
+/// The progress a run shows while it waits for the owner's approval.
+pub use crate::command::WAITING_FOR_APPROVAL;
+
 /// How the relay asks for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RelayMode {
@@ -148,8 +151,6 @@ impl SharedSet {
     }
 }
 
-/// The progress a run shows while it waits for the owner's approval.
-pub const WAITING_FOR_APPROVAL: &str = "Waiting for the owner's approval on the desktop";
 /// How the error of a run the owner declined begins (the owner's reason follows).
 pub const DECLINED_ON_THE_DESKTOP: &str = "Declined on the desktop";
 /// The progress a run shows once the owner approved it (until the Graph reports).

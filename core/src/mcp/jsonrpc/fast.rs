@@ -9,12 +9,18 @@
 //! members (a member given twice counts with its last value, as there),
 //! so the result is the same (issue #19: serde_json's reading of the
 //! message was the largest cost of a request in the core).
+//!
+//! A member the handlers do not read is checked and skipped, never built;
+//! one they read is built only when its text is short (the limits of
+//! [`bounded`](super::bounded)), else the reader gives up and serde_json
+//! reads the message, keeping only what is read of the long member.
 
 use serde_json::{Map, Value};
 
+use super::bounded::{Limited, WHOLE, WHOLE_ARGUMENTS};
 use super::{
-    Envelope, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION, MetaProbe, Params, ParamsValue,
-    Probe,
+    Envelope, MAX_INITIALIZE_FIELD_BYTES, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION,
+    MetaProbe, Params, ParamsValue, Probe,
 };
 
 /// The deepest nesting read here (serde_json's limit is 128).
@@ -26,24 +32,22 @@ pub(super) fn envelope(bytes: &[u8]) -> Option<Envelope> {
     let mut envelope = Envelope::default();
     reader.object(|reader, key| {
         match key {
-            b"id" => envelope.id = Some(reader.value(1)?),
+            b"id" => envelope.id = Some(reader.kept(1, WHOLE)?),
             b"jsonrpc" => {
                 envelope.jsonrpc_ok = if reader.peek()? == b'"' {
                     reader.text()? == "2.0"
                 } else {
-                    reader.value(1)?;
+                    reader.skip(1)?;
                     false
                 };
             }
-            b"method" => envelope.method = Some(reader.value(1)?),
+            b"method" => envelope.method = Some(reader.kept(1, WHOLE)?),
             b"params" => envelope.params = Some(reader.params()?),
             b"result" | b"error" => {
-                reader.value(1)?;
+                reader.skip(1)?;
                 envelope.answered = true;
             }
-            _ => {
-                reader.value(1)?;
-            }
+            _ => reader.skip(1)?,
         }
         Some(())
     })?;
@@ -200,6 +204,66 @@ impl<'a> Reader<'a> {
 
     /// A non-negative integer of at most 18 digits, without a fraction or
     /// an exponent (and without a leading zero, which JSON forbids).
+    /// Skips any value at nesting `depth`, accepting exactly what
+    /// [`Reader::value`] accepts, without building it.
+    fn skip(&mut self, depth: u32) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.text().map(drop),
+            b'{' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.object(|reader, key| {
+                    std::str::from_utf8(key).ok()?;
+                    reader.skip(depth + 1)
+                })
+            }
+            b'[' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.at += 1;
+                if self.peek()? == b']' {
+                    self.at += 1;
+                    return Some(());
+                }
+                loop {
+                    self.skip(depth + 1)?;
+                    match self.peek()? {
+                        b',' => self.at += 1,
+                        b']' => {
+                            self.at += 1;
+                            return Some(());
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'0'..=b'9' => self.integer().map(drop),
+            _ => None,
+        }
+    }
+
+    /// A value the handlers read, at nesting `depth`, if its text is at
+    /// most `limit` bytes; a longer one gives up (serde_json then keeps
+    /// only what is read of it).
+    fn kept(&mut self, depth: u32, limit: usize) -> Option<Value> {
+        self.space();
+        let start = self.at;
+        self.skip(depth)?;
+        if self.at - start > limit {
+            return None;
+        }
+        let end = self.at;
+        self.at = start;
+        let value = self.value(depth)?;
+        debug_assert_eq!(self.at, end);
+        Some(value)
+    }
+
     fn integer(&mut self) -> Option<Value> {
         let rest = self.bytes.get(self.at..)?;
         let len = rest
@@ -225,15 +289,27 @@ impl<'a> Reader<'a> {
             b'{' => {
                 let mut probe = Probe::default();
                 self.object(|reader, key| {
+                    let sized = |value: Value| Limited::of(&value, MAX_INITIALIZE_FIELD_BYTES);
                     match key {
-                        b"name" => probe.name = Some(reader.value(2)?),
-                        b"uri" => probe.uri = Some(reader.value(2)?),
-                        b"taskId" => probe.task_id = Some(reader.value(2)?),
-                        b"arguments" => probe.arguments = Some(reader.value(2)?),
-                        b"_meta" => probe.meta = reader.meta()?,
-                        _ => {
-                            reader.value(2)?;
+                        b"name" => probe.name = Some(reader.kept(2, WHOLE)?),
+                        b"uri" => probe.uri = Some(reader.kept(2, WHOLE)?),
+                        b"taskId" => probe.task_id = Some(reader.kept(2, WHOLE)?),
+                        b"arguments" => {
+                            probe.arguments = Some(reader.kept(2, WHOLE_ARGUMENTS)?);
+                            probe.arguments_too_large = None;
                         }
+                        b"_meta" => probe.meta = reader.meta()?,
+                        b"protocolVersion" => probe.protocol_version = Some(reader.kept(2, WHOLE)?),
+                        b"clientInfo" => {
+                            probe.client_info =
+                                Some(sized(reader.kept(2, MAX_INITIALIZE_FIELD_BYTES)?));
+                        }
+                        b"capabilities" => {
+                            probe.capabilities =
+                                Some(sized(reader.kept(2, MAX_INITIALIZE_FIELD_BYTES)?));
+                        }
+                        b"notifications" => probe.notifications = Some(reader.kept(2, WHOLE)?),
+                        _ => reader.skip(2)?,
                     }
                     Some(())
                 })?;
@@ -242,17 +318,15 @@ impl<'a> Reader<'a> {
                     ..Params::default()
                 }))
             }
-            _ => Some(match self.value(1)? {
-                Value::Null => ParamsValue::Null,
-                _ => ParamsValue::Other,
-            }),
+            b'n' => self.literal(b"null").map(|()| ParamsValue::Null),
+            _ => self.skip(1).map(|()| ParamsValue::Other),
         }
     }
 
     /// The `params._meta` member.
     fn meta(&mut self) -> Option<MetaProbe> {
         if self.peek()? != b'{' {
-            self.value(2)?;
+            self.skip(2)?;
             return Some(MetaProbe::NotObject);
         }
         let mut protocol_version = None;
@@ -261,15 +335,13 @@ impl<'a> Reader<'a> {
         self.object(|reader, key| {
             match key {
                 key if key == META_PROTOCOL_VERSION.as_bytes() => {
-                    protocol_version = Some(reader.value(3)?);
+                    protocol_version = Some(reader.kept(3, WHOLE)?);
                 }
                 key if key == META_CLIENT_CAPABILITIES.as_bytes() => {
-                    client_capabilities = Some(reader.value(3)?);
+                    client_capabilities = Some(reader.kept(3, WHOLE)?);
                 }
-                b"progressToken" => progress_token = Some(reader.value(3)?),
-                _ => {
-                    reader.value(3)?;
-                }
+                b"progressToken" => progress_token = Some(reader.kept(3, WHOLE)?),
+                _ => reader.skip(3)?,
             }
             Some(())
         })?;
