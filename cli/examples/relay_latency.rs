@@ -24,13 +24,14 @@ use graph_relay_core::envelope::FinishStatus;
 use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::mcp::{McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
+use graph_relay_core::relay::driver::RelayDriver;
 use graph_relay_core::relay::{ExecutionOutcome, Job, Relay, RelayConfig, SharedSet};
 use graph_relay_core::signals::Topic;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
-use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport, RelayDriver};
+use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport};
 use graph_relay_transport_http::{HttpConfig, HttpState, TokioSleeper, router};
 use tokio::sync::mpsc;
 

@@ -58,6 +58,7 @@ use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_core::envelope::FinishStatus;
 use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::prelude::*;
+use graph_relay_core::relay::driver::{DriverEvent, RelayDriver};
 use graph_relay_core::relay::{
     ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, RelayMode, SharedSet,
 };
@@ -67,7 +68,7 @@ use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
 };
 use graph_relay_transport_http::relay_http::{
-    ClientBuildError, DriverEvent, HttpRelayConfig, HttpRelayTransport, RelayDriver,
+    ClientBuildError, HttpRelayConfig, HttpRelayTransport,
 };
 use graph_relay_transport_http::serve::raise_open_file_limit;
 use serde::Serialize;

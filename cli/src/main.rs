@@ -26,11 +26,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use graph_relay_core::Store;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
 use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
 use graph_relay_core::stats::OperatorStats;
+use graph_relay_core::store::Store;
 use graph_relay_transport_http::auth::{AgentToken, DeviceToken, TokenKind, hash_token, new_token};
 use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 use graph_relay_transport_http::server::{ServerError, maintain, shutdown_signal};

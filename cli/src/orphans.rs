@@ -22,8 +22,8 @@
 
 use std::time::{Duration, Instant};
 
-use graph_relay_core::Clock;
 use graph_relay_core::ids::CommandId;
+use graph_relay_core::time::Clock;
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::{GraphProcess, SqliteOutbox};
 use nix::sys::signal::{Signal, killpg};

@@ -13,10 +13,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use graph_relay_core::Clock;
-use graph_relay_core::stats::{STATUS_WINDOW, StatusReport};
+use graph_relay_core::stats::{QueueStats, STATUS_WINDOW, StatusReport};
+use graph_relay_core::time::Clock;
 use graph_relay_core::time::SystemClock;
-use graph_relay_store_sqlite::stats::{QueueStats, ReadQueueStats, StatsError};
+use graph_relay_store_sqlite::stats::{ReadQueueStats, StatsError};
 use graph_relay_transport_http::metrics::STATUS_PATH;
 
 /// Options of `graph-relay status`.

@@ -16,14 +16,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use graph_relay_core::Clock;
 use graph_relay_core::executor::{Approver, Executor};
+use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
+use graph_relay_core::time::Clock;
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::SqliteOutbox;
 use graph_relay_transport_http::TokioSleeper;
 use graph_relay_transport_http::relay_http::{
-    DriverEvent, FaultyTransport, HttpRelayConfig, HttpRelayTransport, RelayDriver, RelayTransport,
+    FaultyTransport, HttpRelayConfig, HttpRelayTransport,
 };
 use graph_relay_transport_http::relay_metrics::RelayMetrics;
 

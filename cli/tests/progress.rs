@@ -16,8 +16,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Relay;
-use graph_relay_core::Store;
 use graph_relay_core::ids::{CommandId, DeviceId, OwnerId};
+use graph_relay_core::store::Store;
 use graph_relay_store_sqlite::SqliteStore;
 use serde_json::{Value, json};
 

@@ -8,10 +8,7 @@ use serde_json::{Map, Value};
 use crate::catalog::ToolKind;
 use crate::ids::{CommandId, GraphSessionId, IdempotencyKey, InvalidId, ProjectId};
 
-/// `limit` used by `list_graph_sessions` when the agent gives none.
-pub use crate::limits::DEFAULT_LIST_LIMIT;
-/// Largest `arguments` object accepted by `run_graph_session`, in bytes of compact JSON.
-pub use crate::limits::MAX_ARGUMENTS_BYTES;
+use crate::limits::{DEFAULT_LIST_LIMIT, MAX_ARGUMENTS_BYTES};
 
 /// Arguments of `run_graph_session`.
 #[derive(Debug, Clone, PartialEq)]

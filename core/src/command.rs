@@ -166,7 +166,7 @@ pub struct CommandRecord {
     pub revision: u64,
 }
 
-pub use crate::limits::MAX_PROGRESS_MESSAGE;
+use crate::limits::MAX_PROGRESS_MESSAGE;
 
 /// What a running Graph last said about how far it got. Progress never
 /// changes a run's status.

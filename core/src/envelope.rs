@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::ids::ExecutionId;
 
-pub use crate::limits::{ERROR_LIMIT, RESULT_LIMIT};
+use crate::limits::{ERROR_LIMIT, RESULT_LIMIT};
 
 /// How a run ended, as the relay reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

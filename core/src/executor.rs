@@ -98,7 +98,7 @@ impl Approver for NoApprover {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct ProgressReport {
     /// A short text for people, at most
-    /// [`MAX_PROGRESS_MESSAGE`](crate::command::MAX_PROGRESS_MESSAGE) characters.
+    /// [`MAX_PROGRESS_MESSAGE`](crate::limits::MAX_PROGRESS_MESSAGE) characters.
     pub message: Option<String>,
     /// How far, from 0 to 100.
     pub percent: Option<f64>,
@@ -205,7 +205,7 @@ mod tests {
         };
         assert_eq!(ok.check(), Ok(()));
         let long = ProgressReport {
-            message: Some("x".repeat(crate::command::MAX_PROGRESS_MESSAGE + 1)),
+            message: Some("x".repeat(crate::limits::MAX_PROGRESS_MESSAGE + 1)),
             percent: None,
         };
         assert!(matches!(

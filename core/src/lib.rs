@@ -15,21 +15,36 @@
 //!                                Store (memory | sqlite | postgres)
 //! ```
 //!
+//! Every public module, with what it holds:
+//!
 //! - [`ids`]: identifiers as validated types.
+//! - [`principal`]: the agent and the device, each an (owner, name) identity.
+//! - [`limits`]: every bound of the protocol, in one place.
 //! - [`catalog`]: the four tools and their exact `tools/list` wire form.
 //! - [`authz`]: the one table of the scope every MCP method and tool needs.
 //! - [`args`]: tool arguments decoded into typed requests.
+//! - [`session`]: the Graph sessions a desktop shares, as it describes them.
 //! - [`command`]: the command state machine as pure transitions.
 //! - [`envelope`]: the 100,000-character result envelope.
 //! - [`store`]: the persistence trait.
+//! - [`queue`]: the service that applies the rules over a store, and its
+//!   maintenance loop.
+//! - [`hold`]: the one rule of every request that may wait.
+//! - [`signals`]: runtime-free wake-ups for held requests.
+//! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
 //! - [`executor`]: what runs a Graph on the desktop.
 //! - [`outbox`]: the relay's durable outbox trait.
-//! - [`queue`]: the service that applies the rules over a store.
-//! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
-//! - [`relay`]: the desktop relay as a sans-IO state machine.
-//! - [`signals`]: runtime-free wake-ups for held requests.
-//! - [`hold`]: the one rule of every request that may wait.
-//! - [`stats`]: the operator's snapshot of a queue database, as data.
+//! - [`relay`]: the desktop relay as a sans-IO state machine, its
+//!   runtime-free driver ([`relay::driver`]) and in-process transport
+//!   ([`relay::in_process`]).
+//! - [`stats`]: the operator's view of a queue (status document, metrics
+//!   figures) and the trait a store implements to give it.
+//! - [`time`]: the clock, sleepers and id sources, the only doors to the
+//!   system's time and randomness.
+//! - `testkit` (feature `testkit`): the store conformance suite and the
+//!   model every store is checked against.
+//! - [`prelude`]: the names most embedders need, in one import; each is a
+//!   re-export of its home module above.
 //!
 //! # Example
 //! ```
@@ -76,24 +91,31 @@ pub mod testkit;
 /// dependency of its own to match them.
 pub use async_trait::async_trait;
 
-pub use crate::outbox::Outbox;
-pub use crate::store::Store;
-pub use crate::time::Clock;
-
-/// The names most embedders need, in one import.
+/// The names most embedders need, in one import. Each is a re-export: its
+/// one home is the module named in its path.
 pub mod prelude {
+    #[doc(no_inline)]
     pub use crate::args::{CancelArgs, GetArgs, ListArgs, RunArgs, ToolArgs};
+    #[doc(no_inline)]
     pub use crate::catalog::{ToolCatalog, ToolKind};
+    #[doc(no_inline)]
     pub use crate::command::{CommandRecord, CommandStatus};
+    #[doc(no_inline)]
     pub use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
+    #[doc(no_inline)]
     pub use crate::ids::{
         AgentId, CommandId, DeviceId, ExecutionId, GraphSessionId, IdempotencyKey, OwnerId,
         ProjectId,
     };
+    #[doc(no_inline)]
     pub use crate::principal::{Agent, Device};
+    #[doc(no_inline)]
     pub use crate::queue::{Queue, QueueConfig, SyncRequest};
+    #[doc(no_inline)]
     pub use crate::session::SessionMeta;
+    #[doc(no_inline)]
     pub use crate::store::Store;
+    #[doc(no_inline)]
     pub use crate::time::{
         Clock, IdSource, ManualClock, RandomIds, SeededIds, SystemClock, Timestamp,
     };

@@ -46,8 +46,9 @@ use crate::command::{
 use crate::envelope::{EnvelopeError, ResultEnvelope};
 use crate::hold::{Hold, Look};
 use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::principal::{Agent, Device};
-use crate::session::{InvalidSession, MAX_SESSIONS_PER_SYNC, SessionMeta, SharedSession};
+use crate::session::{InvalidSession, SessionMeta, SharedSession};
 use crate::signals::{Signals, Topic};
 use crate::store::{
     DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
@@ -1380,7 +1381,7 @@ impl Queue {
     }
 
     /// The running Graph reports how far it got (`message` at most
-    /// [`MAX_PROGRESS_MESSAGE`](crate::command::MAX_PROGRESS_MESSAGE)
+    /// [`MAX_PROGRESS_MESSAGE`](crate::limits::MAX_PROGRESS_MESSAGE)
     /// characters, `percent` from 0 to 100). Fenced by execution id and
     /// taken only while the command runs; it never changes the status.
     /// Writes are throttled to one per [`QueueConfig::progress_interval`]

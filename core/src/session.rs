@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{DeviceId, GraphSessionId, ProjectId};
 use crate::time::Timestamp;
 
-pub use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::limits::{
     MAX_SESSION_DESCRIPTION_CHARS, MAX_SESSION_LABEL_CHARS, MAX_SESSION_NAME_CHARS,
     MAX_SESSION_SLUG_CHARS,

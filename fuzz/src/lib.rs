@@ -22,18 +22,19 @@ use arbitrary::{Arbitrary, Unstructured};
 use futures::executor::block_on;
 use graph_relay_core::args::ToolArgs;
 use graph_relay_core::catalog::{ToolCatalog, ToolKind};
+use graph_relay_core::command::WAITING_FOR_APPROVAL;
 use graph_relay_core::envelope::{
-    ERROR_LIMIT, EnvelopeBody, FinishStatus, RESULT_LIMIT, ResultEnvelope, js_json_length,
-    utf16_len,
+    EnvelopeBody, FinishStatus, ResultEnvelope, js_json_length, utf16_len,
 };
 use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use graph_relay_core::limits::{ERROR_LIMIT, RESULT_LIMIT};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::RelayReport;
 use graph_relay_core::relay::{
     APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
     ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,
-    SyncFailure, WAITING_FOR_APPROVAL,
+    SyncFailure,
 };
 use graph_relay_core::session::SessionMeta;
 use graph_relay_core::testkit::{World, meta, model, p1, p2};

@@ -1,6 +1,6 @@
 //! # graph-relay-store-postgres
 //!
-//! The queue's [`Store`](graph_relay_core::Store) on PostgreSQL, for the
+//! The queue's [`Store`](graph_relay_core::store::Store) on PostgreSQL, for the
 //! case where one server is not enough: several `graph-relay serve`
 //! processes behind a load balancer share one database, and so one queue.
 //!
@@ -44,7 +44,7 @@
 //! ## A sync is one statement
 //! A long-polling desktop syncs again after every held request, nearly
 //! always with the sessions it shared last time. [`PostgresStore`]'s
-//! [`record_sync`](graph_relay_core::Store::record_sync) compares them with
+//! [`record_sync`](graph_relay_core::store::Store::record_sync) compares them with
 //! the stored rows (not with what this process wrote last: the desktop may
 //! have synced through another server since) and, when they are the same,
 //! moves their stamps and records the device's contact in the same

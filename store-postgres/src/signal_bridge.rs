@@ -38,7 +38,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Notification, Socket};
 
-pub use graph_relay_core::signals::Topic;
+use graph_relay_core::signals::Topic;
 
 use crate::store::describe;
 

@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use graph_relay_core::Store;
 use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use graph_relay_core::ids::{DeviceId, OwnerId};
 use graph_relay_core::principal::Device;
 use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::stats::QueueStats;
+use graph_relay_core::store::Store;
 use graph_relay_core::testkit::{EPOCH, World, completed, exec, meta, p1};
 use graph_relay_core::time::{Clock, Timestamp};
 use graph_relay_store_postgres::testing::{TestSchema, url};

@@ -1,6 +1,6 @@
 //! # graph-relay-store-sqlite
 //!
-//! The durable, embedded [`Store`](graph_relay_core::Store) of graph-relay's
+//! The durable, embedded [`Store`](graph_relay_core::store::Store) of graph-relay's
 //! queue ([`SqliteStore`]) and the relay's durable outbox ([`SqliteOutbox`]),
 //! on SQLite (bundled: no system library needed). In the picture of the
 //! workspace it is one of the thin crates around the no-IO core: it decides
@@ -132,7 +132,7 @@
 //!   fails with an [`OpenError`] and leaves the file untouched: it is
 //!   inspected with plain reads and a read-only connection before anything
 //!   is written.
-//! - **Retention.** [`Store::prune`](graph_relay_core::Store::prune) deletes
+//! - **Retention.** [`Store::prune`](graph_relay_core::store::Store::prune) deletes
 //!   at most `batch` expired keys and at most `batch` terminal commands per
 //!   call, in one short transaction, and never a command that a live
 //!   idempotency key still points at.

@@ -39,10 +39,7 @@ pub enum StatsError {
     Query(#[from] rusqlite::Error),
 }
 
-/// The snapshot's types live in the core, shared with the other stores.
-pub use graph_relay_core::stats::{
-    DesktopStats, FinishedRun, ProjectShares, QueueStats, QueuedRun, online_since,
-};
+use graph_relay_core::stats::{DesktopStats, FinishedRun, ProjectShares, QueueStats, QueuedRun};
 
 /// Reads a [`QueueStats`] from a SQLite file.
 pub trait ReadQueueStats: Sized {

@@ -8,9 +8,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
-use graph_relay_core::mcp::{
-    Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing, ScopeDenied,
-};
+use graph_relay_core::authz::ScopeDenied;
+use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing};
 use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};

@@ -10,9 +10,8 @@
 //! all are retried later. The status code alone never decides.
 //!
 //! The driver itself is the core's runtime-free
-//! [`RelayDriver`], re-exported
-//! here with its [`RelayTransport`] trait: this module supplies only the
-//! HTTP transport.
+//! [`RelayDriver`](graph_relay_core::relay::driver::RelayDriver), with its
+//! [`RelayTransport`] trait: this module supplies only the HTTP transport.
 //!
 //! [`FaultyTransport`] wraps a transport and loses completion POSTs on
 //! purpose, for tests of the outbox.
@@ -26,9 +25,7 @@ use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId};
 use graph_relay_core::outbox::{OutboxItem, RelayReport};
 use graph_relay_core::queue::{ControlAnswer, SyncRequest};
-pub use graph_relay_core::relay::driver::{
-    DriverEvent, LocalCanceller, RelayDriver, RelayTransport, SharedSetSender,
-};
+use graph_relay_core::relay::driver::RelayTransport;
 use graph_relay_core::relay::{ClaimOutcome, PostOutcome, Refusal, RelayCommand, SyncFailure};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -474,7 +474,7 @@ async fn bad_input_gets_a_clear_error_and_writes_nothing() {
     }
     // Nothing was queued by any of it.
     let project = ProjectId::parse("p1").unwrap();
-    let queued = graph_relay_core::Store::queued_commands(
+    let queued = graph_relay_core::store::Store::queued_commands(
         h.store.as_ref(),
         &OwnerId::parse("alice").unwrap(),
         &project,

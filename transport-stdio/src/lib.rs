@@ -26,7 +26,7 @@
 
 use std::io::{BufRead, Write};
 
-use graph_relay_core::mcp::{Caller, ErrorCode, McpServer, McpSession, Outgoing, wire};
+use graph_relay_core::mcp::{Caller, McpServer, McpSession, Outgoing};
 
 /// Default bound on one input line: 1 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 1024 * 1024;
@@ -155,17 +155,7 @@ pub fn serve<R: BufRead, W: Write>(
                     limit = config.max_line_bytes,
                     "refused an over-long line"
                 );
-                let reply = Outgoing::error(
-                    None,
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "Invalid request: the message is {size} bytes long; this server accepts at most {} bytes per line",
-                        config.max_line_bytes
-                    ),
-                    Some(wire::to_value(&wire::LineLimitData {
-                        max_line_bytes: config.max_line_bytes,
-                    })),
-                );
+                let reply = Outgoing::line_too_long(size, config.max_line_bytes);
                 write_reply(&mut output, &reply)?;
                 report.replies += 1;
             }

@@ -954,6 +954,20 @@ impl Outgoing {
         }
     }
 
+    /// The answer of a line-delimited transport (stdio) to a line of `size`
+    /// bytes, over its bound of `max_line_bytes`: an invalid request naming
+    /// both, with the bound as `data.maxLineBytes`.
+    pub fn line_too_long(size: usize, max_line_bytes: usize) -> Self {
+        Self::error(
+            None,
+            ErrorCode::InvalidRequest,
+            format!(
+                "Invalid request: the message is {size} bytes long; this server accepts at most {max_line_bytes} bytes per line"
+            ),
+            Some(to_value(&super::wire::LineLimitData { max_line_bytes })),
+        )
+    }
+
     /// An error response; `id` is `null` when the request's id is unknown.
     /// The HTTP status defaults by code: 400 for parse, invalid-request,
     /// header-mismatch and unsupported-version errors, 403 for

@@ -52,7 +52,7 @@ mod progress;
 mod tasks;
 mod tools;
 mod version;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -69,7 +69,7 @@ pub use self::progress::{NoNotifier, Notifier};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
 use crate::authz::Method;
-pub use crate::authz::ScopeDenied;
+use crate::authz::ScopeDenied;
 use crate::catalog::ToolCatalog;
 use crate::principal::Agent;
 use crate::queue::Queue;

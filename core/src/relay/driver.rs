@@ -23,7 +23,7 @@
 //! use std::sync::Arc;
 //! use graph_relay_core::relay::driver::{RelayDriver, RelayTransport};
 //! use graph_relay_core::relay::{Relay, RelayConfig, SharedSet};
-//! # use graph_relay_core::Clock;
+//! # use graph_relay_core::time::Clock;
 //! # use graph_relay_core::time::{SystemClock, ThreadSleeper};
 //! # use graph_relay_core::executor::{Executor, NoApprover};
 //! # use graph_relay_core::outbox::Outbox;

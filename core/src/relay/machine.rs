@@ -3,7 +3,7 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::Duration;
 
-use crate::command::{CommandStatus, InvalidProgress};
+use crate::command::{CommandStatus, InvalidProgress, WAITING_FOR_APPROVAL};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId, ProjectId};

@@ -149,4 +149,9 @@ mod machine;
 mod types;
 
 pub use machine::Relay;
-pub use types::*;
+pub use types::{
+    APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
+    DECLINED_ON_THE_DESKTOP, ExecutionOutcome, Job, NOT_APPROVED_IN_TIME, PostOutcome, Refusal,
+    RelayCommand, RelayConfig, RelayEvent, RelayMode, SharedSet, SyncFailure,
+    WORKER_STOPPED_BEFORE_APPROVAL, WORKER_STOPPED_BEFORE_START,
+};

@@ -10,12 +10,10 @@ use crate::command::CommandStatus;
 use crate::envelope::FinishStatus;
 use crate::executor::ProgressReport;
 use crate::ids::{AgentId, CommandId, ExecutionId, GraphSessionId, ProjectId};
+use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::outbox::OutboxItem;
-use crate::session::{MAX_SESSIONS_PER_SYNC, SessionMeta};
+use crate::session::SessionMeta;
 use crate::time::Timestamp;
-
-/// The progress a run shows while it waits for the owner's approval.
-pub use crate::command::WAITING_FOR_APPROVAL;
 
 /// How the relay asks for work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

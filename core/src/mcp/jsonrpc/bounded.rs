@@ -29,7 +29,8 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::super::limits::escaped_len;
-use crate::args::{MAX_ARGUMENTS_BYTES, TOOL_FIELDS};
+use crate::args::TOOL_FIELDS;
+use crate::limits::MAX_ARGUMENTS_BYTES;
 
 /// Text up to which a member is built whole, whatever its shape.
 pub(super) const WHOLE: usize = 4 * 1024;
