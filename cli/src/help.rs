@@ -23,7 +23,9 @@ development agent and device when absent; read at start):
              owner, owner_claim, projects, projects_claim,
              jwks_cache_seconds, jwks_refetch_min_seconds,
              http_timeout_seconds, [[oauth.subject]] (per-subject owner and
-             projects), [oauth.introspection] (opaque tokens, RFC 7662)
+             projects), [oauth.introspection] (opaque tokens, RFC 7662:
+             client_id, client_secret, endpoint, active_cache_seconds,
+             inactive_cache_seconds)
   [[agent]]  agent tokens (SHA-256 hashes only), each with owner, scopes
              (osfoundry:read, osfoundry:run) and projects
   [[device]] device tokens of desktops (workers)

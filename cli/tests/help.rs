@@ -71,6 +71,8 @@ const SERVE: &[(&str, &[&str])] = &[
             "http_timeout_seconds",
             "[[oauth.subject]]",
             "[oauth.introspection]",
+            "active_cache_seconds",
+            "inactive_cache_seconds",
             "oauth-protected-resource/mcp",
         ],
     ),

@@ -454,11 +454,7 @@ async fn opaque_tokens_are_introspected_and_cached() {
     let key = SigningKey::ed25519("k1");
     let issuer = TestIssuer::start(&[&key]).await;
     let mut config = config(&issuer);
-    config.introspection = Some(IntrospectionConfig {
-        endpoint: None,
-        client_id: RS_CLIENT.0.into(),
-        client_secret: RS_CLIENT.1.into(),
-    });
+    config.introspection = Some(IntrospectionConfig::new(RS_CLIENT.0, RS_CLIENT.1));
     let auth = started(&config).await;
     let active = |aud: &str| json!({"active": true, "iss": issuer.url, "aud": [aud], "sub": "assistant", "client_id": "c", "scope": READ_RUN, "exp": now() + 600, "iat": now()});
     issuer.opaque("opaque-good", active(AUDIENCE));
@@ -504,6 +500,38 @@ async fn opaque_tokens_are_introspected_and_cached() {
         plain.authenticate("opaque-good").await,
         Err(AuthError::InvalidToken)
     );
+}
+
+/// Both lengths of the introspection cache are settings: an active answer
+/// is asked again after `active_cache_seconds` (so a token revoked at the
+/// authorization server stops working that soon, not at its `exp`), and an
+/// inactive one after `inactive_cache_seconds`.
+#[tokio::test]
+async fn the_introspection_cache_lengths_are_settings() {
+    let key = SigningKey::ed25519("k1");
+    let issuer = TestIssuer::start(&[&key]).await;
+    let mut config = config(&issuer);
+    let mut introspection = IntrospectionConfig::new(RS_CLIENT.0, RS_CLIENT.1);
+    introspection.active_cache_seconds = Some(1);
+    introspection.inactive_cache_seconds = 1;
+    config.introspection = Some(introspection);
+    let auth = started(&config).await;
+    issuer.opaque("opaque-good", json!({"active": true, "iss": issuer.url, "aud": [AUDIENCE], "sub": "assistant", "scope": READ_RUN, "exp": now() + 600}));
+    assert!(auth.authenticate("opaque-good").await.is_ok());
+    assert!(auth.authenticate("opaque-unknown").await.is_err());
+    assert!(auth.authenticate("opaque-good").await.is_ok());
+    assert!(auth.authenticate("opaque-unknown").await.is_err());
+    assert_eq!(issuer.introspections(), 2, "both answered from the cache");
+    // Whole seconds: past the next second boundary both are asked again.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert!(auth.authenticate("opaque-good").await.is_ok());
+    assert!(auth.authenticate("opaque-unknown").await.is_err());
+    assert_eq!(issuer.introspections(), 4, "both asked again");
+
+    // Out of range: refused when the server starts.
+    let mut long = config.clone();
+    long.introspection.as_mut().unwrap().inactive_cache_seconds = 86_401;
+    assert!(long.validate().is_err());
 }
 
 #[tokio::test]

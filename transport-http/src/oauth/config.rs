@@ -137,6 +137,50 @@ pub struct IntrospectionConfig {
     pub client_id: String,
     /// Its secret (HTTP Basic authentication, RFC 6749 §2.3.1).
     pub client_secret: String,
+    /// Longest time an *active* answer is remembered, in seconds. Without
+    /// it an active answer is remembered until the token's `exp` (plus
+    /// `clock_skew_seconds`), so a token revoked at the authorization
+    /// server keeps working here until then; with it, a revocation takes
+    /// effect within this many seconds, at the cost of one introspection
+    /// per token per interval. An answer without `exp` is remembered
+    /// [`DEFAULT_INACTIVE_CACHE_SECONDS`] at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_cache_seconds: Option<u64>,
+    /// How long an *inactive* answer (or a refused token) is remembered, in
+    /// seconds (default 60): a token that becomes valid later, or a mistyped
+    /// one, is asked about again after this.
+    #[serde(
+        default = "default_inactive_cache",
+        skip_serializing_if = "is_default_inactive_cache"
+    )]
+    pub inactive_cache_seconds: u64,
+}
+
+/// Default of [`IntrospectionConfig::inactive_cache_seconds`].
+pub const DEFAULT_INACTIVE_CACHE_SECONDS: u64 = 60;
+/// Most seconds either introspection cache setting may say (one day).
+pub const MAX_INTROSPECTION_CACHE_SECONDS: u64 = 86_400;
+
+fn default_inactive_cache() -> u64 {
+    DEFAULT_INACTIVE_CACHE_SECONDS
+}
+fn is_default_inactive_cache(seconds: &u64) -> bool {
+    *seconds == DEFAULT_INACTIVE_CACHE_SECONDS
+}
+
+impl IntrospectionConfig {
+    /// Introspection as the client `client_id` with `client_secret`, at the
+    /// endpoint the authorization server's metadata names, with the default
+    /// cache lengths.
+    pub fn new(client_id: impl Into<String>, client_secret: impl Into<String>) -> Self {
+        Self {
+            endpoint: None,
+            client_id: client_id.into(),
+            client_secret: client_secret.into(),
+            active_cache_seconds: None,
+            inactive_cache_seconds: DEFAULT_INACTIVE_CACHE_SECONDS,
+        }
+    }
 }
 
 fn default_algorithms() -> Vec<String> {
@@ -227,6 +271,9 @@ pub enum OAuthConfigError {
     /// Two `[[oauth.subject]]` entries for one subject.
     #[error("[oauth] subject `{0}` is listed twice")]
     DuplicateSubject(String),
+    /// An introspection cache length past [`MAX_INTROSPECTION_CACHE_SECONDS`].
+    #[error("[oauth.introspection] {0} must be at most {MAX_INTROSPECTION_CACHE_SECONDS} seconds")]
+    CacheLength(&'static str),
 }
 
 /// Where an agent named by a token belongs, from the subject table.
@@ -287,6 +334,17 @@ impl Settings {
             .and_then(|i| i.endpoint.as_ref())
         {
             check_url("introspection.endpoint", endpoint)?;
+        }
+        if let Some(introspection) = &config.introspection {
+            if introspection
+                .active_cache_seconds
+                .is_some_and(|s| s > MAX_INTROSPECTION_CACHE_SECONDS)
+            {
+                return Err(OAuthConfigError::CacheLength("active_cache_seconds"));
+            }
+            if introspection.inactive_cache_seconds > MAX_INTROSPECTION_CACHE_SECONDS {
+                return Err(OAuthConfigError::CacheLength("inactive_cache_seconds"));
+            }
         }
         let mut algorithms = Vec::new();
         for name in &config.algorithms {

@@ -38,8 +38,10 @@
 //! SHA-256 of the token until the token's `exp`
 //! ([`MAX_CACHED_TOKENS`] entries at most), so a client that reuses its
 //! token pays for the signature check once. A new key set forgets the JWTs
-//! verified with a key it no longer has. An inactive introspection answer is remembered for
-//! [`NEGATIVE_CACHE`].
+//! verified with a key it no longer has. An active introspection answer is
+//! remembered until the token's `exp`, or at most
+//! [`IntrospectionConfig::active_cache_seconds`]; an inactive one for
+//! [`IntrospectionConfig::inactive_cache_seconds`] (60 s by default).
 
 mod config;
 pub mod jwks;
@@ -59,8 +61,9 @@ use serde_json::{Map, Value};
 use self::config::Settings;
 pub use self::config::{
     DEFAULT_ALGORITHMS, DEFAULT_CLOCK_SKEW_SECONDS, DEFAULT_HTTP_TIMEOUT_SECONDS,
-    DEFAULT_JWKS_CACHE_SECONDS, DEFAULT_JWKS_REFETCH_MIN_SECONDS, DEFAULT_TOKEN_TYPES,
-    IntrospectionConfig, MAX_JWKS_CACHE, OAuthConfig, OAuthConfigError, SubjectEntry,
+    DEFAULT_INACTIVE_CACHE_SECONDS, DEFAULT_JWKS_CACHE_SECONDS, DEFAULT_JWKS_REFETCH_MIN_SECONDS,
+    DEFAULT_TOKEN_TYPES, IntrospectionConfig, MAX_INTROSPECTION_CACHE_SECONDS, MAX_JWKS_CACHE,
+    OAuthConfig, OAuthConfigError, SubjectEntry,
 };
 pub use self::jwks::FetchError;
 use self::jwks::{Endpoints, KeySet};
@@ -68,8 +71,8 @@ use crate::auth::{AuthError, Authenticated, Authenticator, Challenge, Principal,
 
 /// Most tokens remembered by each cache (verified JWTs, introspection answers).
 pub const MAX_CACHED_TOKENS: usize = 10_000;
-/// How long an inactive introspection answer is remembered.
-pub const NEGATIVE_CACHE: Duration = Duration::from_secs(60);
+/// How long an active introspection answer without `exp` is remembered.
+pub const NEGATIVE_CACHE: Duration = Duration::from_secs(DEFAULT_INACTIVE_CACHE_SECONDS);
 /// Most projects or scopes taken from one token.
 pub const MAX_CLAIM_VALUES: usize = 256;
 /// First pause of the key loader after a failure; it doubles up to [`MAX_BACKOFF`].
@@ -639,14 +642,20 @@ impl Shared {
             serde_json::from_slice(&body).map_err(|_| unavailable("not a JSON object".into()))?;
         let now = unix_now();
         let verdict = self.judge_introspection(&answer, now);
+        let inactive = now.saturating_add(client.inactive_cache_seconds);
         let until = match &verdict {
-            Ok(_) => answer
-                .get("exp")
-                .and_then(number)
-                .map_or(now + NEGATIVE_CACHE.as_secs(), |exp| {
-                    exp.saturating_add(settings.skew)
-                }),
-            Err(_) => now + NEGATIVE_CACHE.as_secs(),
+            Ok(_) => {
+                let until_exp = answer
+                    .get("exp")
+                    .and_then(number)
+                    .map_or(now + NEGATIVE_CACHE.as_secs(), |exp| {
+                        exp.saturating_add(settings.skew)
+                    });
+                client
+                    .active_cache_seconds
+                    .map_or(until_exp, |most| until_exp.min(now.saturating_add(most)))
+            }
+            Err(_) => inactive,
         };
         self.introspected.put(
             hash,
