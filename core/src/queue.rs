@@ -45,7 +45,7 @@ use crate::command::{
 };
 use crate::envelope::{EnvelopeError, ResultEnvelope};
 use crate::hold::{Hold, Look};
-use crate::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
+use crate::ids::{CommandId, DeviceId, ExecutionId, GraphSessionId, OwnerId, ProjectId};
 use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::principal::{Agent, Device};
 use crate::session::{InvalidSession, SessionMeta, SharedSession};
@@ -377,6 +377,21 @@ pub enum ProgressAck {
     Unchanged,
 }
 
+/// Why [`Queue::ready`] says the queue cannot serve now.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReady {
+    /// [`Queue::shut_down`] was called.
+    #[error("shutting down")]
+    ShuttingDown,
+    /// The store did not answer.
+    #[error("the queue's store cannot be reached: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// The owner and device [`Queue::ready`] looks up: whether such a device
+/// exists does not matter, only that the store answers.
+const READINESS_PROBE: (&str, &str) = (".graph-relay-readiness", ".readiness");
+
 /// What one [`Queue::maintain`] step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MaintenanceReport {
@@ -670,6 +685,24 @@ impl Queue {
     /// True once [`Queue::shut_down`] was called.
     pub fn is_shutting_down(&self) -> bool {
         self.signals.is_closed()
+    }
+
+    /// Whether the store answers now: one read of a device record that
+    /// never exists (an indexed look-up on every store), for a server's
+    /// readiness check. Shutting down counts as not ready.
+    pub async fn ready(&self) -> Result<(), NotReady> {
+        if self.is_shutting_down() {
+            return Err(NotReady::ShuttingDown);
+        }
+        // The probe ids are valid (a test holds them to it); the answer is
+        // not looked at, only whether the store gave one.
+        if let (Ok(owner), Ok(device)) = (
+            OwnerId::parse(READINESS_PROBE.0),
+            DeviceId::parse(READINESS_PROBE.1),
+        ) {
+            self.store.device(&owner, &device).await?;
+        }
+        Ok(())
     }
 
     /// The configuration.
@@ -1862,6 +1895,12 @@ enum TransitionError<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_readiness_probe_ids_are_valid() {
+        assert!(OwnerId::parse(READINESS_PROBE.0).is_ok());
+        assert!(DeviceId::parse(READINESS_PROBE.1).is_ok());
+    }
 
     /// Multi-threaded runtimes need every queue future to be `Send`.
     #[allow(dead_code)]

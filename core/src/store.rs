@@ -24,6 +24,9 @@ use crate::ids::{
 use crate::session::{SessionMeta, SharedSession};
 use crate::time::Timestamp;
 
+mod layer;
+pub use layer::{LayeredStore, StoreLayer};
+
 /// A failure of the storage backend. Nothing about the command is decided by it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

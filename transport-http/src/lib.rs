@@ -110,6 +110,7 @@ pub mod auth;
 pub mod authority;
 pub mod config;
 mod gate;
+pub mod health;
 mod listen;
 mod mcp_endpoint;
 pub mod mcp_headers;
@@ -643,8 +644,9 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 /// ```
 pub fn router(state: HttpState) -> Router {
     let routes = relay_route_set(&state).merge(metadata_route_set());
+    let health = health::health_routes(state.clone());
     mcp_endpoint::Endpoint::mount(
-        edge_layers(routes, state.clone()),
+        edge_layers(routes, state.clone()).merge(health),
         edge_layers(mcp_route_set(&state), state.clone()),
         state,
     )

@@ -27,7 +27,7 @@ fn into_json_reply(reply: Outgoing) -> Response {
 
 fn json_response(status: u16, body: Vec<u8>) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    (
+    let mut response = (
         status,
         [(
             header::CONTENT_TYPE,
@@ -35,7 +35,17 @@ fn json_response(status: u16, body: Vec<u8>) -> Response {
         )],
         body,
     )
-        .into_response()
+        .into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // A 503 is always a passing refusal (the queue's store could not
+        // serve the request, or every session slot is taken): say when to
+        // try again.
+        response.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(graph_relay_core::mcp::STORE_RETRY_AFTER_SECONDS),
+        );
+    }
+    response
 }
 
 /// Who may use the sessions `who` creates: the agent (owner, name) and its token.

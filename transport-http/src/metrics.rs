@@ -65,7 +65,7 @@ use prometheus_client::registry::Registry;
 use graph_relay_core::store::Store;
 
 use crate::HttpState;
-use crate::store_timing::{OperationHistograms, TimedStore, operation_histograms};
+use crate::store_timing::{OperationHistograms, TimedStore, Timing, operation_histograms};
 
 /// The path of the metrics endpoint.
 pub const METRICS_PATH: &str = "/metrics";
@@ -294,7 +294,7 @@ impl Metrics {
     /// `graph_relay_store_operation_seconds`: install it under the queue
     /// whose store these metrics describe.
     pub fn timed_store(&self, store: Arc<dyn Store>) -> TimedStore {
-        TimedStore::new(store, self.store_operations.clone())
+        Timing::store(store, self.store_operations.clone())
     }
 
     /// `router` with every answered request counted by route pattern,

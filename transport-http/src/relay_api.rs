@@ -106,7 +106,7 @@ impl IntoResponse for ApiError {
                 self.status,
                 StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
             );
-        (
+        let mut response = (
             self.status,
             axum::Json(ErrorReply {
                 error: self.code.to_owned(),
@@ -114,7 +114,14 @@ impl IntoResponse for ApiError {
                 retryable,
             }),
         )
-            .into_response()
+            .into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(graph_relay_core::mcp::STORE_RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 

@@ -30,6 +30,15 @@ pub const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 /// `_meta` key under which 2026-07-28 results carry the server implementation.
 pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
+/// What a request the queue's store could not serve is answered
+/// ([`Outgoing::store_unavailable`]).
+pub const STORE_UNAVAILABLE: &str =
+    "Service unavailable: the queue's store cannot be reached right now; retry later";
+/// How long a client is told to wait before retrying such a request: a
+/// restarted or failed-over database is usually back within seconds, and a
+/// held request costs the server little.
+pub const STORE_RETRY_AFTER_SECONDS: u64 = 1;
+
 /// The JSON-RPC and MCP error codes graph-relay emits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
@@ -952,6 +961,27 @@ impl Outgoing {
             error: None,
             http_status: 200,
         }
+    }
+
+    /// The answer to request `id` when the queue's store could not serve
+    /// it (a database outage, a dropped connection): a passing failure, so
+    /// it says so in every protocol revision and on every transport. The
+    /// JSON-RPC error is `-32603` with `data` `{"retryable": true,
+    /// "retryAfterSeconds": 1}` ([`STORE_RETRY_AFTER_SECONDS`]), and the
+    /// suggested HTTP status is 503, which HTTP transports send with
+    /// `Retry-After`. The queue's errors decide which failures these are
+    /// (their `is_retryable()`); nothing else answers with it.
+    pub fn store_unavailable(id: Option<RequestId>) -> Self {
+        Self::error(
+            id,
+            ErrorCode::InternalError,
+            STORE_UNAVAILABLE.to_owned(),
+            Some(to_value(&super::wire::RetryableData {
+                retryable: true,
+                retry_after_seconds: STORE_RETRY_AFTER_SECONDS,
+            })),
+        )
+        .with_status(503)
     }
 
     /// The answer of a line-delimited transport (stdio) to a line of `size`

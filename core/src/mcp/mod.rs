@@ -62,7 +62,8 @@ use serde_json::{Map, Value, json};
 use self::jsonrpc::MetaProbe;
 pub use self::jsonrpc::{
     ErrorCode, Incoming, IncomingKind, META_CLIENT_CAPABILITIES, META_CLIENT_INFO,
-    META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, unsupported_version_data,
+    META_PROTOCOL_VERSION, META_SERVER_INFO, Outgoing, RequestId, STORE_RETRY_AFTER_SECONDS,
+    STORE_UNAVAILABLE, unsupported_version_data,
 };
 pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::progress::{NoNotifier, Notifier};

@@ -268,14 +268,7 @@ pub(super) async fn handle(
             None,
         )
     };
-    let internal = || {
-        Outgoing::error(
-            Some(id.clone()),
-            ErrorCode::InternalError,
-            "Internal error: the queue's store failed".to_owned(),
-            None,
-        )
-    };
+    let internal = || Outgoing::store_unavailable(Some(id.clone()));
     let Some(task_id) = incoming.task_id().and_then(Value::as_str) else {
         return Err(Outgoing::error(
             Some(id.clone()),

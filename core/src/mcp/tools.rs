@@ -21,8 +21,9 @@ pub(super) enum CallError {
     /// The tool ran and failed; the text goes to the model (`isError: true`).
     #[error("{0}")]
     Tool(String),
-    /// The store failed (`-32603`); details stay on the server.
-    #[error("Internal error: the queue's store failed")]
+    /// The store failed: retryable ([`Outgoing::store_unavailable`]);
+    /// details stay on the server.
+    #[error("{}", super::jsonrpc::STORE_UNAVAILABLE)]
     Store(#[source] StoreError),
 }
 
@@ -40,9 +41,7 @@ impl CallError {
             Self::NoName | Self::UnknownTool(_) => {
                 Outgoing::error(Some(id.clone()), ErrorCode::InvalidParams, text, None)
             }
-            Self::Store(_) => {
-                Outgoing::error(Some(id.clone()), ErrorCode::InternalError, text, None)
-            }
+            Self::Store(_) => Outgoing::store_unavailable(Some(id.clone())),
             // Not reached: tool errors are results (see `call`).
             Self::Tool(_) => Outgoing::typed_result(id, &tool_error(&text)),
         }

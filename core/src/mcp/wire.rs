@@ -136,6 +136,17 @@ impl MissingCapabilityData {
     }
 }
 
+/// The `data` of an error that is worth retrying: the queue's store could
+/// not serve the request, and the same request may succeed later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryableData {
+    /// Always true.
+    pub retryable: bool,
+    /// How long to wait before trying again.
+    pub retry_after_seconds: u64,
+}
+
 /// The `data` of an error about a field over its limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FieldLimitData {

@@ -15,7 +15,10 @@
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
 pub mod model;
+mod outage;
 pub mod workload;
+
+pub use outage::Outage;
 
 use std::sync::Arc;
 use std::time::Duration;
