@@ -544,10 +544,10 @@ impl Relay {
         if self.awaiting != Awaiting::Execution(command) {
             return;
         }
-        if !self
+        if self
             .current
             .as_ref()
-            .is_some_and(|c| c.job.command.id == command)
+            .is_none_or(|c| c.job.command.id != command)
         {
             return;
         }
