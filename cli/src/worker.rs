@@ -56,7 +56,8 @@ impl Mode {
 /// How much the worker says on stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verbosity {
-    /// Problems only: failed syncs and deliveries, refusals, warnings.
+    /// Problems only: an unreachable server (and its return), failed
+    /// deliveries, refusals, warnings.
     Quiet,
     /// One line per run event, sync and problem (default).
     Normal,
@@ -66,12 +67,24 @@ pub enum Verbosity {
 
 impl Verbosity {
     /// Whether the line for `event` is shown at this verbosity.
+    ///
+    /// An outage is a problem at every verbosity, its end included: a
+    /// `--quiet` log that said the server was lost must also say when it
+    /// came back. The relay decides when an outage is worth a line
+    /// ([`RelayEvent::ServerLost`], [`RelayEvent::StillUnreachable`],
+    /// [`RelayEvent::ServerBack`]); the failed requests behind them are
+    /// verbose only.
     pub fn shows(self, event: &DriverEvent) -> bool {
         let problem = matches!(
             event,
             DriverEvent::OutboxError(_)
                 | DriverEvent::Relay(
-                    RelayEvent::SyncFailed { .. }
+                    RelayEvent::SyncFailed {
+                        unreachable: false,
+                        ..
+                    } | RelayEvent::ServerLost { .. }
+                        | RelayEvent::StillUnreachable { .. }
+                        | RelayEvent::ServerBack { .. }
                         | RelayEvent::ClaimRefused { .. }
                         | RelayEvent::ClaimUnconfirmed { .. }
                         | RelayEvent::ProgressRefused { .. }
@@ -80,9 +93,9 @@ impl Verbosity {
                         | RelayEvent::ClosedByServer { .. }
                 )
         );
-        // Passes, accepted progress and failed control polls come often
-        // (a control poll fails every few seconds while the server is
-        // away): verbose only.
+        // Passes, accepted progress and unanswered requests come often (a
+        // request goes unanswered every few seconds while the server is
+        // away; the outage lines above speak for them): verbose only.
         let pass = matches!(
             event,
             DriverEvent::Relay(
@@ -90,6 +103,10 @@ impl Verbosity {
                     | RelayEvent::PassFinished { .. }
                     | RelayEvent::ProgressPosted { .. }
                     | RelayEvent::ControlFailed { .. }
+                    | RelayEvent::SyncFailed {
+                        unreachable: true,
+                        ..
+                    }
             )
         );
         match self {
@@ -120,7 +137,8 @@ pub struct WorkerArgs {
     /// (e.g. ~/.local/share/graph-relay/ on Linux), printed at start.
     #[arg(long, value_name = "FILE")]
     pub outbox: Option<PathBuf>,
-    /// Print only problems (failed syncs and deliveries, refusals, warnings).
+    /// Print only problems (an unreachable server and its return, failed
+    /// deliveries, refusals, warnings).
     #[arg(long, short, conflicts_with = "verbose")]
     pub quiet: bool,
     /// Also print every pass and the log of the HTTP client.
@@ -364,7 +382,6 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
                 move |line| status(line),
             ));
         }
-        let mut reach = Reachability::default();
         driver
             .run(stop, |event| {
                 if let Some(metrics) = &metrics {
@@ -373,10 +390,8 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
                 if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
                     console.observe(event);
                 }
-                // Every event goes through `reach` (it tracks the outage);
-                // the server's return is said even when quiet.
-                if let Some(line) = reach.filter(&event)
-                    && (verbosity.shows(&event) || line.starts_with("server reachable again"))
+                if verbosity.shows(&event)
+                    && let Some(line) = describe(&event)
                 {
                     print_status(&line);
                 }
@@ -412,54 +427,14 @@ async fn serve_metrics(
 }
 
 /// One human status line, through tracing (target
-/// [`STATUS_TARGET`](crate::STATUS_TARGET), printed bare on stderr).
+/// [`STATUS_TARGET`](crate::STATUS_TARGET), printed bare on stderr): at
+/// warn level when it begins with `warning:` (a lost server among them),
+/// else at info.
 fn print_status(line: &str) {
     if line.starts_with("warning:") {
         tracing::warn!(target: crate::STATUS_TARGET, "{line}");
     } else {
         tracing::info!(target: crate::STATUS_TARGET, "{line}");
-    }
-}
-
-/// Keeps an unreachable server (stopped, restarting, a network outage)
-/// from filling the log: the first failed sync says so once, the passes
-/// that keep failing meanwhile are silent, and the first sync that works
-/// again says so.
-#[derive(Debug, Default)]
-pub struct Reachability {
-    unreachable: bool,
-}
-
-impl Reachability {
-    /// The status line for `event`, if one is worth showing now.
-    pub fn filter(&mut self, event: &DriverEvent) -> Option<String> {
-        match event {
-            DriverEvent::Relay(RelayEvent::SyncFailed {
-                reason,
-                unreachable: true,
-                ..
-            }) => {
-                if self.unreachable {
-                    return None;
-                }
-                self.unreachable = true;
-                return Some(format!(
-                    "server unreachable ({reason}); retrying with backoff, quietly until it answers"
-                ));
-            }
-            DriverEvent::Relay(RelayEvent::PassStarted | RelayEvent::PassFinished { .. })
-                if self.unreachable =>
-            {
-                return None;
-            }
-            DriverEvent::Relay(RelayEvent::Synced { .. }) if self.unreachable => {
-                self.unreachable = false;
-                let line = describe(event)?;
-                return Some(format!("server reachable again; {line}"));
-            }
-            _ => {}
-        }
-        describe(event)
     }
 }
 
@@ -519,6 +494,24 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
                 format!("stopped {command}: the server had closed the run; nothing reported")
             }
             RelayEvent::ProgressPosted { command } => format!("progress of {command} posted"),
+            RelayEvent::ServerLost { reason } => format!(
+                "warning: server unreachable ({reason}); retrying every few seconds, and saying so now and then"
+            ),
+            RelayEvent::StillUnreachable {
+                attempts,
+                unreachable_for,
+                reason,
+            } => format!(
+                "warning: server still unreachable: {attempts} attempts without an answer over {} ({reason}); retrying",
+                span(*unreachable_for)
+            ),
+            RelayEvent::ServerBack {
+                unreachable_for,
+                attempts,
+            } => format!(
+                "server reachable again after {} unreachable ({attempts} attempts without an answer)",
+                span(*unreachable_for)
+            ),
             RelayEvent::ControlFailed { command, reason } => {
                 format!("control poll for {command} failed (retrying): {reason}")
             }
@@ -562,6 +555,17 @@ pub fn describe(event: &DriverEvent) -> Option<String> {
     })
 }
 
+/// A length of time for a status line: `800 ms`, `14 s`, `3 min 20 s`, `2 h 5 min`.
+fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{} ms", d.as_millis()),
+        1..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -572,49 +576,55 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_server_is_said_once_and_its_return_once() {
+    fn an_outage_is_shown_at_every_verbosity_and_its_unanswered_requests_only_when_verbose() {
         let p1 = ProjectId::parse("p1").expect("id");
-        let down = || {
-            relay(RelayEvent::SyncFailed {
-                project: ProjectId::parse("p1").expect("id"),
-                reason: "network error: connection refused".into(),
-                unreachable: true,
-            })
-        };
-        let mut reach = Reachability::default();
-        let mut lines = Vec::new();
-        for event in [
-            relay(RelayEvent::PassStarted),
-            down(),
-            relay(RelayEvent::PassFinished { next: None }),
-            relay(RelayEvent::PassStarted),
-            down(),
-            relay(RelayEvent::PassFinished { next: None }),
-            relay(RelayEvent::PassStarted),
-            relay(RelayEvent::Synced {
-                project: p1.clone(),
-                commands: 0,
-            }),
-            relay(RelayEvent::PassFinished { next: None }),
-        ] {
-            lines.extend(reach.filter(&event));
-        }
-        assert_eq!(
-            lines,
-            vec![
-                "pass: started".to_owned(),
-                "server unreachable (network error: connection refused); retrying with backoff, quietly until it answers".to_owned(),
-                "server reachable again; sync: project p1: 0 command(s) queued".to_owned(),
-                "pass: finished".to_owned(),
-            ]
-        );
+        let lost = relay(RelayEvent::ServerLost {
+            reason: "network error: connection refused".into(),
+        });
+        let still = relay(RelayEvent::StillUnreachable {
+            attempts: 4,
+            unreachable_for: Duration::from_secs(200),
+            reason: "network error: connection refused".into(),
+        });
+        let back = relay(RelayEvent::ServerBack {
+            unreachable_for: Duration::from_millis(14_200),
+            attempts: 5,
+        });
+        let unanswered = relay(RelayEvent::SyncFailed {
+            project: p1.clone(),
+            reason: "network error: connection refused".into(),
+            unreachable: true,
+        });
         // A refusal is not an outage: it is always said.
         let refused = relay(RelayEvent::SyncFailed {
             project: p1,
             reason: "422 too_many_projects".into(),
             unreachable: false,
         });
-        assert!(reach.filter(&refused).is_some());
-        assert!(reach.filter(&refused).is_some());
+        for verbosity in [Verbosity::Quiet, Verbosity::Normal, Verbosity::Verbose] {
+            for event in [&lost, &still, &back, &refused] {
+                assert!(verbosity.shows(event), "{verbosity:?} {event:?}");
+            }
+            assert_eq!(
+                verbosity.shows(&unanswered),
+                verbosity == Verbosity::Verbose
+            );
+        }
+        assert_eq!(
+            describe(&lost).as_deref(),
+            Some(
+                "warning: server unreachable (network error: connection refused); retrying every few seconds, and saying so now and then"
+            )
+        );
+        assert_eq!(
+            describe(&still).as_deref(),
+            Some(
+                "warning: server still unreachable: 4 attempts without an answer over 3 min 20 s (network error: connection refused); retrying"
+            )
+        );
+        assert_eq!(
+            describe(&back).as_deref(),
+            Some("server reachable again after 14 s unreachable (5 attempts without an answer)")
+        );
     }
 }

@@ -246,6 +246,70 @@ async fn queued_work_survives_a_server_restart_on_its_sqlite_file() {
     assert_eq!(run["result"]["got"], json!({"r": 1}));
 }
 
+/// Waits for a line containing `needle` among `proc`'s lines from `from`
+/// on; returns its index. `within` is a deadline for the wait, not a
+/// measure of speed.
+fn wait_line_after(proc: &Proc, from: usize, needle: &str, within: Duration) -> usize {
+    let deadline = Instant::now() + within;
+    loop {
+        let lines = proc.lines();
+        if let Some(i) = lines.iter().skip(from).position(|l| l.contains(needle)) {
+            return from + i;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with `{needle}` after line {from} within {within:?}:\n{}",
+            lines.join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_server_is_reported_lost_then_back_and_work_queued_after_its_restart_runs() {
+    let env = Env::new();
+    env.script("a", ECHO);
+    let (server, url) = env.serve("127.0.0.1:0");
+    env.share_once(&url);
+    // Quiet: an outage is a problem, said even then.
+    let worker = env.worker(&url, &["--quiet"]);
+    let first = env.run(&url, GS_A, "e2e-key-outage-1", json!({})).await;
+    env.wait_status(&url, &first, "completed").await;
+    assert_eq!(worker.count("unreachable"), 0, "{:?}", worker.lines());
+
+    // The server holding the worker's held sync dies.
+    server.sigkill();
+    let within = Duration::from_secs(15);
+    let lost = wait_line_after(&worker, 0, "warning: server unreachable (", within);
+    // A few attempts are reported one by one, with their count.
+    let still = wait_line_after(
+        &worker,
+        lost,
+        "server still unreachable: 3 attempts",
+        within,
+    );
+
+    // A server again, on the same port and database.
+    let listen = url.trim_start_matches("http://").to_owned();
+    let (_server, url) = env.serve(&listen);
+    let back = wait_line_after(&worker, still, "server reachable again after ", within);
+    let lines = worker.lines();
+    assert!(lost < still && still < back, "{lines:?}");
+    assert_eq!(
+        worker.count("warning: server unreachable ("),
+        1,
+        "the loss is said once: {lines:?}"
+    );
+    assert_eq!(worker.count("server reachable again"), 1, "{lines:?}");
+
+    // Work queued after the restart runs.
+    let second = env
+        .run(&url, GS_A, "e2e-key-outage-2", json!({"after": "restart"}))
+        .await;
+    let run = env.wait_status(&url, &second, "completed").await;
+    assert_eq!(run["result"]["got"], json!({"after": "restart"}));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn five_runs_queued_at_once_run_one_after_another() {
     let env = Env::new();

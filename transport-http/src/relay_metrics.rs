@@ -255,7 +255,11 @@ impl RelayMetrics {
             | RelayEvent::CancelledOnTheDesktop { .. }
             | RelayEvent::ClosedByServer { .. }
             | RelayEvent::Stopping { .. }
-            | RelayEvent::GaveUpWaiting { .. } => {}
+            | RelayEvent::GaveUpWaiting { .. }
+            // The requests behind these are counted one by one above.
+            | RelayEvent::ServerLost { .. }
+            | RelayEvent::StillUnreachable { .. }
+            | RelayEvent::ServerBack { .. } => {}
         }
     }
 

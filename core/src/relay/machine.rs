@@ -11,6 +11,7 @@ use crate::outbox::{OutboxItem, RelayReport};
 use crate::queue::ControlAnswer;
 use crate::time::{Timestamp, splitmix64};
 
+use super::reachability::Reachability;
 use super::*;
 
 /// What the pass is waiting for.
@@ -136,6 +137,8 @@ pub struct Relay {
     /// before their first sync; forgotten after an empty sync succeeded).
     synced: BTreeSet<ProjectId>,
     rng: u64,
+    /// Whether the server answers, and when that is worth saying.
+    reach: Reachability,
     /// Set by [`Relay::handle_shutdown`].
     stop: Option<Stop>,
     actions: VecDeque<Action>,
@@ -179,6 +182,7 @@ impl Relay {
             outbox_clear: false,
             synced: BTreeSet::new(),
             rng,
+            reach: Reachability::default(),
             stop: None,
             actions: VecDeque::new(),
             events: VecDeque::new(),
@@ -381,6 +385,11 @@ impl Relay {
         if held {
             self.held_done = true;
         }
+        match &result {
+            Ok(_) | Err(SyncFailure::Refused(_)) => self.server_answered(now),
+            Err(SyncFailure::Network(reason)) => self.server_silent(reason, now),
+            Err(SyncFailure::Aborted) => {}
+        }
         match result {
             Ok(commands) => {
                 self.failures = 0;
@@ -417,6 +426,16 @@ impl Relay {
         self.drive(now);
     }
 
+    /// A sync, claim or control request got an answer.
+    fn server_answered(&mut self, now: Timestamp) {
+        self.events.extend(self.reach.answered(now));
+    }
+
+    /// A sync, claim or control request got no usable answer.
+    fn server_silent(&mut self, reason: &str, now: Timestamp) {
+        self.events.extend(self.reach.no_answer(reason, now));
+    }
+
     /// A sync brought nothing: the pass ends here, and the next one retries.
     fn sync_failed(&mut self, project: ProjectId, reason: String, unreachable: bool) {
         self.events.push_back(RelayEvent::SyncFailed {
@@ -440,6 +459,10 @@ impl Relay {
             return;
         }
         self.awaiting = Awaiting::Nothing;
+        match &outcome {
+            ClaimOutcome::Granted | ClaimOutcome::Refused(_) => self.server_answered(now),
+            ClaimOutcome::Network(reason) => self.server_silent(reason, now),
+        }
         match outcome {
             ClaimOutcome::Granted if self.stopping() => {
                 // The server gave us the command as we stop: it never starts.
@@ -520,6 +543,17 @@ impl Relay {
         // claim that got no answer) must not cancel a run that has not started.
         if self.awaiting != Awaiting::Execution(command) {
             return;
+        }
+        if self
+            .current
+            .as_ref()
+            .is_none_or(|c| c.job.command.id != command)
+        {
+            return;
+        }
+        match &result {
+            Ok(_) => self.server_answered(now),
+            Err(reason) => self.server_silent(reason, now),
         }
         let Some(current) = self
             .current
@@ -1126,7 +1160,9 @@ impl Relay {
             .backoff_min
             .saturating_mul(1u32 << exp)
             .min(self.config.backoff_max);
-        // Full jitter between half and the whole back-off.
+        // Equal jitter: between half and the whole back-off, so that
+        // desktops that lost the same server come back spread over half of
+        // it, and none of them retries sooner than half of it.
         let half = base / 2;
         let span = u64::try_from(half.as_millis()).unwrap_or(u64::MAX).max(1);
         half + Duration::from_millis(self.next_random() % span)

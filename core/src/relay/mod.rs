@@ -66,7 +66,17 @@
 //!   pass found nothing to do, it ends with one *held* sync that the server
 //!   answers as soon as work is queued for this device (or after its hold
 //!   bound); control requests are held likewise and answered at once when
-//!   the agent cancels. Network failures back off with jitter.
+//!   the agent cancels. Network failures back off with jitter, between
+//!   half and the whole of a back-off that doubles from 1 s to 5 s
+//!   ([`RelayConfig::backoff_max`] says why 5 s).
+//!
+//! # Outages
+//! The relay says when the server stops answering
+//! ([`RelayEvent::ServerLost`]), how many attempts went unanswered and for
+//! how long, at a bounded rate ([`RelayEvent::StillUnreachable`]), and
+//! when it answers again, with the outage's length
+//! ([`RelayEvent::ServerBack`]). The rule is in [`reachability`]; drivers
+//! only print what it says.
 //!
 //! # Restarts and withdrawn projects
 //! - A relay made by [`Relay::new`] announces that it restarted
@@ -146,6 +156,7 @@
 pub mod driver;
 pub mod in_process;
 mod machine;
+pub mod reachability;
 mod types;
 
 pub use machine::Relay;

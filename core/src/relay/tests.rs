@@ -410,9 +410,228 @@ fn long_poll_backs_off_with_jitter_after_failures() {
         now = next;
     }
     assert!(
-        last <= Duration::from_secs(30) && last >= Duration::from_secs(15),
+        last <= Duration::from_secs(5) && last >= Duration::from_millis(2_500),
         "{last:?}"
     );
+}
+
+/// A long-poll relay whose syncs all go unanswered: the pauses between
+/// its attempts, from the first failure on.
+fn pauses_while_down(seed: u64, attempts: usize) -> Vec<Duration> {
+    let config = RelayConfig {
+        seed,
+        ..RelayConfig::default()
+    };
+    let mut r = Relay::new(config, shared(&[(1, "a")]), secs(0));
+    let mut now = secs(0);
+    let mut pauses = Vec::new();
+    for _ in 0..attempts {
+        r.handle_timeout(now);
+        assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
+        r.handle_outbox_loaded(vec![], now);
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Sync { .. }]));
+        r.handle_sync_response(Err(SyncFailure::Network("refused".into())), now);
+        let next = r.poll_timeout().expect("a retry is due");
+        pauses.push(next.since(now));
+        now = next;
+    }
+    pauses
+}
+
+#[test]
+fn the_backoff_is_capped_at_5_s_and_jittered_between_half_and_all_of_it() {
+    assert_eq!(RelayConfig::default().backoff_max, Duration::from_secs(5));
+    let mut at_cap = Vec::new();
+    for seed in 0..200 {
+        let pauses = pauses_while_down(seed, 12);
+        // 1 s, 2 s, 4 s, then the 5 s cap, each between half and all of it.
+        for (n, pause) in pauses.iter().enumerate() {
+            let base = Duration::from_secs([1, 2, 4].get(n).copied().unwrap_or(5));
+            assert!(
+                *pause >= base / 2 && *pause <= base,
+                "seed {seed}, attempt {n}: {pause:?} outside [{:?}, {base:?}]",
+                base / 2
+            );
+        }
+        at_cap.extend_from_slice(&pauses[3..]);
+        assert_eq!(pauses, pauses_while_down(seed, 12), "the seed decides");
+    }
+    // The jitter spreads the retries over the whole interval, so desktops
+    // that lost one server do not come back in step.
+    let (low, high) = (Duration::from_millis(2_750), Duration::from_millis(4_750));
+    assert!(at_cap.iter().any(|p| *p < low), "{at_cap:?}");
+    assert!(at_cap.iter().any(|p| *p > high), "{at_cap:?}");
+    let mut distinct = at_cap.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(distinct.len() > at_cap.len() / 2, "{distinct:?}");
+    let firsts: BTreeSet<Duration> = (0..50).map(|s| pauses_while_down(s, 1)[0]).collect();
+    assert!(firsts.len() > 40, "seeds draw apart: {firsts:?}");
+}
+
+/// The outage lines among the pending events.
+fn outage_events(r: &mut Relay) -> Vec<RelayEvent> {
+    std::iter::from_fn(|| r.poll_event())
+        .filter(|e| {
+            matches!(
+                e,
+                RelayEvent::ServerLost { .. }
+                    | RelayEvent::StillUnreachable { .. }
+                    | RelayEvent::ServerBack { .. }
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_lost_server_is_said_once_retries_at_a_bounded_rate_and_its_return_once() {
+    let mut r = Relay::new(RelayConfig::default(), shared(&[(1, "a")]), secs(0));
+    r.handle_timeout(secs(0));
+    assert!(pass_with(&mut r, secs(0), vec![]).iter().any(|a| matches!(
+        a,
+        Action::Sync {
+            long_poll: true,
+            ..
+        }
+    )));
+    assert!(outage_events(&mut r).is_empty(), "an answer is not news");
+    // The server holding the held sync dies at 10 s.
+    r.handle_sync_response(
+        Err(SyncFailure::Network("connection reset".into())),
+        secs(10),
+    );
+    assert_eq!(
+        outage_events(&mut r),
+        vec![RelayEvent::ServerLost {
+            reason: "connection reset".into()
+        }]
+    );
+    // It stays away for ten minutes; the relay keeps trying.
+    let mut now = r.poll_timeout().expect("a retry");
+    let mut lines = Vec::new();
+    let mut attempts = 1;
+    while now < secs(610) {
+        r.handle_timeout(now);
+        drain(&mut r);
+        r.handle_outbox_loaded(vec![], now);
+        drain(&mut r);
+        r.handle_sync_response(Err(SyncFailure::Network("refused".into())), now);
+        attempts += 1;
+        lines.extend(outage_events(&mut r));
+        now = r.poll_timeout().expect("a retry");
+        assert!(now.since(secs(0)) < Duration::from_secs(700));
+    }
+    assert!(attempts > 100, "{attempts} attempts in ten minutes");
+    assert!(
+        lines.len() <= 12,
+        "{} lines for {attempts} attempts: {lines:?}",
+        lines.len()
+    );
+    // Attempts 2 and 3, then each line names the attempts and the time.
+    let counted: Vec<(u32, Duration)> = lines
+        .iter()
+        .map(|e| match e {
+            RelayEvent::StillUnreachable {
+                attempts,
+                unreachable_for,
+                reason,
+            } => {
+                assert_eq!(reason, "refused");
+                (*attempts, *unreachable_for)
+            }
+            other => panic!("only reports while down: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        counted.iter().take(2).map(|c| c.0).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert!(
+        counted
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1),
+        "{counted:?}"
+    );
+    assert!(counted.last().unwrap().1 > Duration::from_secs(300));
+    // The server is back: the next sync gets an answer.
+    r.handle_timeout(now);
+    drain(&mut r);
+    r.handle_outbox_loaded(vec![], now);
+    drain(&mut r);
+    r.handle_sync_response(Ok(vec![]), now);
+    assert_eq!(
+        outage_events(&mut r),
+        vec![RelayEvent::ServerBack {
+            unreachable_for: now.since(secs(10)),
+            attempts,
+        }]
+    );
+    assert_eq!(r.poll_timeout(), None, "no back-off once it answers");
+    assert!(
+        matches!(
+            drain(&mut r).as_slice(),
+            [Action::Sync {
+                long_poll: true,
+                ..
+            }]
+        ),
+        "held again at once"
+    );
+    r.handle_sync_response(Ok(vec![]), now.plus(Duration::from_secs(25)));
+    assert!(outage_events(&mut r).is_empty(), "the return is said once");
+}
+
+#[test]
+fn a_lost_server_is_said_while_a_run_executes_through_its_control_requests() {
+    let (mut r, c) = executing_relay();
+    let mut now = secs(3);
+    r.handle_timeout(now);
+    assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+    r.handle_control_response(c.id, Err("connection reset".into()), now);
+    assert_eq!(
+        outage_events(&mut r),
+        vec![RelayEvent::ServerLost {
+            reason: "connection reset".into()
+        }]
+    );
+    for _ in 0..4 {
+        now = r.poll_timeout().expect("the next control poll");
+        r.handle_timeout(now);
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
+        r.handle_control_response(c.id, Err("refused".into()), now);
+    }
+    let lines = outage_events(&mut r);
+    assert_eq!(lines.len(), 2, "attempts 2 and 3 only: {lines:?}");
+    now = r.poll_timeout().expect("the next control poll");
+    r.handle_timeout(now);
+    drain(&mut r);
+    r.handle_control_response(c.id, Ok(go_on()), now);
+    assert_eq!(
+        outage_events(&mut r),
+        vec![RelayEvent::ServerBack {
+            unreachable_for: now.since(secs(3)),
+            attempts: 5,
+        }]
+    );
+}
+
+#[test]
+fn a_refusal_is_an_answer_not_an_outage() {
+    let mut r = Relay::new(RelayConfig::default(), shared(&[(1, "a")]), secs(0));
+    r.handle_timeout(secs(0));
+    drain(&mut r);
+    r.handle_outbox_loaded(vec![], secs(0));
+    drain(&mut r);
+    r.handle_sync_response(Err(SyncFailure::Refused("401 bad token".into())), secs(0));
+    assert!(outage_events(&mut r).is_empty());
+    // A held sync the relay aborts itself says nothing either.
+    let mut r = Relay::new(RelayConfig::default(), shared(&[(1, "a")]), secs(0));
+    r.handle_timeout(secs(0));
+    pass_with(&mut r, secs(0), vec![]);
+    r.handle_shared_set(shared(&[(1, "a"), (2, "b")]), secs(1));
+    assert_eq!(drain(&mut r), vec![Action::AbortHeldSync]);
+    r.handle_sync_response(Err(SyncFailure::Aborted), secs(1));
+    assert!(outage_events(&mut r).is_empty());
 }
 
 #[test]

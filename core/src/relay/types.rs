@@ -35,9 +35,26 @@ pub struct RelayConfig {
     /// Interval mode: time between control polls while a command runs (3 s);
     /// long-poll mode: the pause before retrying a failed control request.
     pub control_interval: Duration,
-    /// Long-poll mode: first back-off after a failed request (1 s).
+    /// Long-poll mode: first back-off after a failed request (1 s). It
+    /// doubles with each failure in a row, up to [`RelayConfig::backoff_max`].
     pub backoff_min: Duration,
-    /// Long-poll mode: largest back-off (30 s).
+    /// Long-poll mode: largest back-off (5 s). Each pause is drawn between
+    /// half the back-off and the whole of it (equal jitter, from
+    /// [`RelayConfig::seed`]), so desktops that lost the same server do not
+    /// come back in step.
+    ///
+    /// Why 5 s: the outages a relay meets are short (a server restarted or
+    /// replaced behind its load balancer, a database failing over: a few
+    /// seconds), and a cap of C brings the desktop back at most C after the
+    /// server is, so work queued meanwhile is picked up within seconds
+    /// rather than half a minute later. The price is paid while the server
+    /// is down: one request per 2.5 to 5 s per desktop, i.e. about 2,700
+    /// connection attempts a second for 10,000 desktops. That is acceptable:
+    /// against a dead server they are refused by the operating system or the
+    /// load balancer without reaching any graph-relay code, and a live server
+    /// at its connection cap answers them with a cheap 503 before reading a
+    /// body. A much lower cap would buy little (a restart is rarely shorter
+    /// than a second or two) and multiply that load.
     pub backoff_max: Duration,
     /// Seed of the jitter and of execution ids, for reproducible runs.
     pub seed: u64,
@@ -56,7 +73,7 @@ impl Default for RelayConfig {
             pass_interval: Duration::from_secs(20),
             control_interval: Duration::from_secs(3),
             backoff_min: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(30),
+            backoff_max: Duration::from_secs(5),
             seed: 0x6772_6170_6872_656c,
             progress_interval: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
@@ -470,6 +487,34 @@ pub enum RelayEvent {
     ProgressPosted {
         /// The command.
         command: CommandId,
+    },
+    /// The server stopped answering: a sync, claim or control request got
+    /// no usable answer (none at all, or a refusal to be retried), after the
+    /// last one got an answer (or as the first request of the relay). The
+    /// relay retries on its own; see [`RelayEvent::StillUnreachable`] and
+    /// [`RelayEvent::ServerBack`].
+    ServerLost {
+        /// Why the request got no answer.
+        reason: String,
+    },
+    /// The server still does not answer. Said after each of the first few
+    /// attempts of an outage, then at most once per gap that doubles from
+    /// 10 s to 5 minutes (see [`reachability`](super::reachability)), never
+    /// once per retry.
+    StillUnreachable {
+        /// Requests without an answer since the outage began, this one included.
+        attempts: u32,
+        /// Since the first of them.
+        unreachable_for: Duration,
+        /// Why this one got no answer.
+        reason: String,
+    },
+    /// The server answers again after [`RelayEvent::ServerLost`]; said once.
+    ServerBack {
+        /// From the first request without an answer to this answer.
+        unreachable_for: Duration,
+        /// Requests that got no answer meanwhile.
+        attempts: u32,
     },
     /// A control request (is the run still wanted?) got no usable answer;
     /// the next one goes after the control interval.
