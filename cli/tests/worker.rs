@@ -281,13 +281,8 @@ async fn a_killed_server_is_reported_lost_then_back_and_work_queued_after_its_re
     server.sigkill();
     let within = Duration::from_secs(15);
     let lost = wait_line_after(&worker, 0, "warning: server unreachable (", within);
-    // A few attempts are reported one by one, with their count.
-    let still = wait_line_after(
-        &worker,
-        lost,
-        "server still unreachable: 3 attempts",
-        within,
-    );
+    // Ten seconds later it says so again, with the attempts so far.
+    let still = wait_line_after(&worker, lost, "server still unreachable: ", within);
 
     // A server again, on the same port and database.
     let listen = url.trim_start_matches("http://").to_owned();

@@ -13,11 +13,11 @@
 //! tells the same story, and a fault injected into them says nothing about
 //! the server.
 //!
-//! An outage is said once when it begins, then after each of the first
-//! [`REPORTED_ATTEMPTS`] attempts, then at most once per gap that starts at
-//! [`FIRST_REPORT_GAP`] and doubles up to [`LONGEST_REPORT_GAP`]: a worker
-//! whose server is away for a day writes a few hundred lines, not one per
-//! retry. Its end is said once, with how long it lasted. The lines come
+//! An outage is said once when it begins, then at most once per gap that
+//! starts at [`FIRST_REPORT_GAP`] and doubles up to [`LONGEST_REPORT_GAP`]:
+//! a server restarted in a few seconds costs one line and its return, and a
+//! worker whose server is away for a day writes a few hundred lines, not
+//! one per retry. Its end is said once, with how long it lasted. The lines come
 //! with the attempts themselves, so no timer of its own is needed.
 
 use std::time::Duration;
@@ -25,11 +25,8 @@ use std::time::Duration;
 use super::RelayEvent;
 use crate::time::Timestamp;
 
-/// Attempts without an answer reported one by one at the start of an
-/// outage (the first one is [`RelayEvent::ServerLost`]).
-pub const REPORTED_ATTEMPTS: u32 = 3;
-/// After the first attempts, the shortest time between two
-/// [`RelayEvent::StillUnreachable`] lines; it doubles after each.
+/// The time from [`RelayEvent::ServerLost`] to the first
+/// [`RelayEvent::StillUnreachable`] line; the gap doubles after each.
 pub const FIRST_REPORT_GAP: Duration = Duration::from_secs(10);
 /// The longest time between two [`RelayEvent::StillUnreachable`] lines.
 pub const LONGEST_REPORT_GAP: Duration = Duration::from_secs(300);
@@ -75,7 +72,7 @@ impl Reachability {
                 *self = Reachability::Unreachable {
                     since: now,
                     attempts: 1,
-                    quiet_until: now,
+                    quiet_until: now.plus(FIRST_REPORT_GAP),
                     gap: FIRST_REPORT_GAP,
                 };
                 Some(RelayEvent::ServerLost {
@@ -89,14 +86,11 @@ impl Reachability {
                 gap,
             } => {
                 *attempts = attempts.saturating_add(1);
-                if *attempts <= REPORTED_ATTEMPTS {
-                    *quiet_until = now.plus(*gap);
-                } else if now >= *quiet_until {
-                    *gap = (*gap * 2).min(LONGEST_REPORT_GAP);
-                    *quiet_until = now.plus(*gap);
-                } else {
+                if now < *quiet_until {
                     return None;
                 }
+                *gap = (*gap * 2).min(LONGEST_REPORT_GAP);
+                *quiet_until = now.plus(*gap);
                 Some(RelayEvent::StillUnreachable {
                     attempts: *attempts,
                     unreachable_for: now.since(*since),
@@ -127,18 +121,15 @@ mod tests {
                 reason: "connection refused".into()
             })
         );
-        for n in 2..=REPORTED_ATTEMPTS {
-            let line = r.no_answer("connection refused", at(1_000 * u64::from(n)));
-            assert!(
-                matches!(line, Some(RelayEvent::StillUnreachable { attempts, .. }) if attempts == n),
-                "{line:?}"
-            );
+        // A quick restart: the next attempts are not news.
+        for n in 2..=4u64 {
+            assert_eq!(r.no_answer("connection refused", at(1_000 * n)), None);
         }
         assert_eq!(
             r.answered(at(7_500)),
             Some(RelayEvent::ServerBack {
                 unreachable_for: Duration::from_millis(6_500),
-                attempts: REPORTED_ATTEMPTS,
+                attempts: 4,
             })
         );
         assert_eq!(r.answered(at(8_000)), None, "the return is said once");
@@ -169,15 +160,15 @@ mod tests {
             }
         }
         let secs: Vec<u64> = said.iter().map(|(_, d)| d.as_secs()).collect();
-        // The first three attempts, then 10 s after the third and doubling
-        // gaps (20, 40, ...) up to 300 s, then every 300 s.
+        // The loss, then 10 s after it and doubling gaps (20, 40, ...) up
+        // to 300 s, then every 300 s.
         assert_eq!(
             &secs[..9],
-            &[0, 1, 2, 12, 32, 72, 152, 312, 612],
+            &[0, 10, 30, 70, 150, 310, 610, 910, 1210],
             "{secs:?}"
         );
         assert!(
-            secs.windows(2).skip(8).all(|w| w[1] - w[0] == 300),
+            secs.windows(2).skip(5).all(|w| w[1] - w[0] == 300),
             "{secs:?}"
         );
         assert!(said.len() < 25, "{} lines for an hour", said.len());

@@ -527,7 +527,8 @@ fn a_lost_server_is_said_once_retries_at_a_bounded_rate_and_its_return_once() {
         "{} lines for {attempts} attempts: {lines:?}",
         lines.len()
     );
-    // Attempts 2 and 3, then each line names the attempts and the time.
+    // Each line names the attempts and the time; the first comes after
+    // ten seconds, not with the next attempts.
     let counted: Vec<(u32, Duration)> = lines
         .iter()
         .map(|e| match e {
@@ -542,9 +543,9 @@ fn a_lost_server_is_said_once_retries_at_a_bounded_rate_and_its_return_once() {
             other => panic!("only reports while down: {other:?}"),
         })
         .collect();
-    assert_eq!(
-        counted.iter().take(2).map(|c| c.0).collect::<Vec<_>>(),
-        vec![2, 3]
+    assert!(
+        counted[0].1 >= Duration::from_secs(10) && counted[0].0 > 2,
+        "{counted:?}"
     );
     assert!(
         counted
