@@ -62,7 +62,12 @@
 //!   result and must send it (and, after 2025-03-26, `MCP-Protocol-Version`)
 //!   afterwards: missing 400, unknown 404. A session belongs to the agent
 //!   (owner, name) and the token that created it; sessions are bounded per
-//!   agent and in all ([`SessionLimits`]). 2026-07-28 requests are stateless
+//!   agent and in all ([`SessionLimits`]). Sessions live in an
+//!   [`McpSessionStore`](graph_relay_core::mcp::McpSessionStore): this
+//!   process's memory by default ([`MemoryMcpSessionStore`]), or a store
+//!   shared by every server of a cluster
+//!   ([`ServerBuilder::mcp_session_store`], e.g. the Postgres store's), so
+//!   that a load balancer needs no affinity. 2026-07-28 requests are stateless
 //!   and must carry `MCP-Protocol-Version`, `Mcp-Method` and (for
 //!   `tools/call`) `Mcp-Name` matching the body (400, `-32020` otherwise).
 //! - `GET /.well-known/oauth-protected-resource/mcp`: RFC 9728 metadata of
