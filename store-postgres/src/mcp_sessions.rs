@@ -140,10 +140,10 @@ impl PostgresStore {
     }
 }
 
-/// Deletes up to [`SWEEP_BATCH`] rows idle since `$1`.
+/// Deletes up to `$2` ([`SWEEP_BATCH`]) rows idle since `$1`.
 const SWEEP: &str = "DELETE FROM mcp_sessions WHERE id IN (
         SELECT id FROM mcp_sessions WHERE used_at <= $1
-        ORDER BY used_at LIMIT 1000 FOR UPDATE SKIP LOCKED)";
+        ORDER BY used_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
 #[async_trait]
 impl McpSessionStore for PostgresMcpSessionStore {
@@ -175,7 +175,7 @@ impl McpSessionStore for PostgresMcpSessionStore {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
             .await
             .map_err(backend)?;
-        tx.execute(SWEEP, &[&cutoff]).await.map_err(backend)?;
+        tx.execute(SWEEP, &[&cutoff, &SWEEP_BATCH]).await.map_err(backend)?;
         let counts = tx
             .query_one(
                 "SELECT count(*) FILTER (WHERE owner = $1 AND agent = $2), count(*)
@@ -400,7 +400,8 @@ impl McpSessionStore for PostgresMcpSessionStore {
         let cutoff = cutoff(now, limits)?;
         let client = self.store.client().await?;
         self.store.sent(1);
-        let n = client.execute(SWEEP, &[&cutoff]).await.map_err(backend)?;
+        let n = client
+            .execute(SWEEP, &[&cutoff, &SWEEP_BATCH]).await.map_err(backend)?;
         drop(client);
         self.count(cutoff).await?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))

@@ -403,10 +403,13 @@ async fn post_message(
             if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
                 let sessions = state.clone();
                 let session_id = session_id.to_owned();
+                let before = session.clone();
                 return stream_core(&state, who, caller, session, incoming, move |session| {
-                    tokio::spawn(async move {
-                        put_session(&sessions, &session_id, &owner, session).await;
-                    });
+                    if changed_by(&before, &session) {
+                        tokio::spawn(async move {
+                            put_session(&sessions, &session_id, &owner, session).await;
+                        });
+                    }
                 });
             }
             let before = session.clone();
