@@ -81,7 +81,10 @@ fn haproxy(dir: &Path, port: u16, servers: &[String]) -> Haproxy {
     let haproxy = Haproxy(child);
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < DEADLINE, "HAProxy never listened on {port}");
+        assert!(
+            start.elapsed() < DEADLINE,
+            "HAProxy never listened on {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     haproxy
@@ -193,7 +196,12 @@ async fn an_initialize_era_session_works_on_every_server() {
         format!("[server]\nallowed_ports = [{port}]\n\n{config}"),
     )
     .expect("config");
-    let store = ["--postgres", database.as_str(), "--postgres-schema", schema.name()];
+    let store = [
+        "--postgres",
+        database.as_str(),
+        "--postgres-schema",
+        schema.name(),
+    ];
     let mut servers: Vec<(Proc, String)> = Vec::new();
     for _ in 0..3 {
         let mut args = store.to_vec();
@@ -219,7 +227,11 @@ async fn an_initialize_era_session_works_on_every_server() {
         assert_eq!(tools, Some(4), "{}", answer.body);
     }
     assert_eq!(statuses, [200; 6], "every call through round robin");
-    assert_eq!(served_by.len(), 3, "the calls reached every server: {served_by:?}");
+    assert_eq!(
+        served_by.len(),
+        3,
+        "the calls reached every server: {served_by:?}"
+    );
     // Each server, asked directly, serves the session.
     for url in &urls {
         let answer = client.tools_list(url, &session).await;

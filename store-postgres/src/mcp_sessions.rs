@@ -175,7 +175,9 @@ impl McpSessionStore for PostgresMcpSessionStore {
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
             .await
             .map_err(backend)?;
-        tx.execute(SWEEP, &[&cutoff, &SWEEP_BATCH]).await.map_err(backend)?;
+        tx.execute(SWEEP, &[&cutoff, &SWEEP_BATCH])
+            .await
+            .map_err(backend)?;
         let counts = tx
             .query_one(
                 "SELECT count(*) FILTER (WHERE owner = $1 AND agent = $2), count(*)
@@ -401,7 +403,9 @@ impl McpSessionStore for PostgresMcpSessionStore {
         let client = self.store.client().await?;
         self.store.sent(1);
         let n = client
-            .execute(SWEEP, &[&cutoff, &SWEEP_BATCH]).await.map_err(backend)?;
+            .execute(SWEEP, &[&cutoff, &SWEEP_BATCH])
+            .await
+            .map_err(backend)?;
         drop(client);
         self.count(cutoff).await?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))

@@ -69,7 +69,9 @@ fn servers_on_one_schema_share_sessions() {
             b.get(&id, &alice, &l, at(1)).await.expect("get on b"),
             Some(initialized("c"))
         );
-        b.put(&id, &alice, &initialized("d")).await.expect("put on b");
+        b.put(&id, &alice, &initialized("d"))
+            .await
+            .expect("put on b");
         assert_eq!(
             a.get(&id, &alice, &l, at(2)).await.expect("get on a"),
             Some(initialized("d"))
@@ -111,16 +113,32 @@ fn last_use_is_written_at_most_once_per_precision() {
         };
         // Uses within 10 s of the stored last use write nothing.
         for ms in [1_000, 5_000, 9_999] {
-            assert!(table.get(&id, &alice, &l, at(ms)).await.expect("get").is_some());
+            assert!(
+                table
+                    .get(&id, &alice, &l, at(ms))
+                    .await
+                    .expect("get")
+                    .is_some()
+            );
             assert_eq!(used_at().await, 0, "after a use at {ms} ms");
         }
         // The first use 10 s or more after it moves it.
-        assert!(table.get(&id, &alice, &l, at(10_000)).await.expect("get").is_some());
+        assert!(
+            table
+                .get(&id, &alice, &l, at(10_000))
+                .await
+                .expect("get")
+                .is_some()
+        );
         assert_eq!(used_at().await, 10_000);
         // Used every 9 s, it lives past the idle timeout of its creation.
         for ms in (19_000..=200_000).step_by(9_000) {
             assert!(
-                table.get(&id, &alice, &l, at(ms)).await.expect("get").is_some(),
+                table
+                    .get(&id, &alice, &l, at(ms))
+                    .await
+                    .expect("get")
+                    .is_some(),
                 "a session in use at {ms} ms"
             );
         }

@@ -51,9 +51,7 @@ use std::time::Duration;
 
 use axum::Router;
 use graph_relay_core::catalog::{CatalogError, ToolCatalog};
-use graph_relay_core::mcp::{
-    Caller, DEFAULT_INSTRUCTIONS, McpServer, McpSessionStore, ServerInfo,
-};
+use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, McpSessionStore, ServerInfo};
 use graph_relay_core::queue::{Queue, QueueConfig};
 use graph_relay_core::stats::OperatorStats;
 use graph_relay_core::store::Store;

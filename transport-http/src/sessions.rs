@@ -155,8 +155,7 @@ impl McpSessionStore for MemoryMcpSessionStore {
         let mut table = self.table.lock().map_err(|_| poisoned())?;
         let max_total = limits.max_sessions.max(1);
         let max_own = limits.max_sessions_per_agent.max(1);
-        if table.by_id.len() >= max_total
-            || table.swept.is_none_or(|t| now.since(t) >= SWEEP_EVERY)
+        if table.by_id.len() >= max_total || table.swept.is_none_or(|t| now.since(t) >= SWEEP_EVERY)
         {
             table.sweep_expired(now, limits.idle_timeout);
         }
@@ -239,7 +238,11 @@ impl McpSessionStore for MemoryMcpSessionStore {
 
     async fn delete(&self, id: &str, owner: &McpSessionOwner) -> Result<bool, StoreError> {
         let mut table = self.table.lock().map_err(|_| poisoned())?;
-        if table.by_id.get(id).is_some_and(|e| e.owner.same_holder(owner)) {
+        if table
+            .by_id
+            .get(id)
+            .is_some_and(|e| e.owner.same_holder(owner))
+        {
             table.remove(id);
             Ok(true)
         } else {

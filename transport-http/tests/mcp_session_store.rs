@@ -3,7 +3,6 @@
 
 use graph_relay_transport_http::MemoryMcpSessionStore;
 
-graph_relay_core::mcp_session_store_suite!(
-    futures::executor::block_on,
-    async { MemoryMcpSessionStore::new() }
-);
+graph_relay_core::mcp_session_store_suite!(futures::executor::block_on, async {
+    MemoryMcpSessionStore::new()
+});

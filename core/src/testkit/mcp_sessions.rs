@@ -155,7 +155,10 @@ pub async fn mcp_session_holder_isolation(store: Arc<dyn McpSessionStore>) {
         holder("alice", "assistant", "b"),
     ];
     for other in &strangers {
-        assert!(!found(&store, 1, other, &l, at(1)).await, "{other:?} found it");
+        assert!(
+            !found(&store, 1, other, &l, at(1)).await,
+            "{other:?} found it"
+        );
         assert!(!found(&store, 99, other, &l, at(1)).await);
         store
             .put(&sid(1), other, &McpSession::new())
@@ -187,7 +190,10 @@ pub async fn mcp_session_per_agent_bound(store: Arc<dyn McpSessionStore>) {
     for n in [1, 3, 4] {
         assert!(found(&store, n, &alice, &l, at(602)).await, "session {n}");
     }
-    assert!(found(&store, 100, &bob, &l, at(602)).await, "bob's untouched");
+    assert!(
+        found(&store, 100, &bob, &l, at(602)).await,
+        "bob's untouched"
+    );
 }
 
 /// At `max_sessions` an agent without sessions is refused and evicts no
@@ -209,7 +215,10 @@ pub async fn mcp_session_global_bound(store: Arc<dyn McpSessionStore>) {
     assert!(found(&store, 2, &alice, &l, at(3)).await);
     assert!(!found(&store, 3, &bob, &l, at(3)).await);
     create(&store, 4, &alice, &l, at(4)).await;
-    assert!(!found(&store, 1, &alice, &l, at(5)).await, "her oldest went");
+    assert!(
+        !found(&store, 1, &alice, &l, at(5)).await,
+        "her oldest went"
+    );
     assert!(found(&store, 2, &alice, &l, at(5)).await);
     assert!(found(&store, 4, &alice, &l, at(5)).await);
 }
