@@ -487,7 +487,7 @@ fn open_any_store(
             let _enter = runtime.enter();
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
-            tracing::info!(schema = ?pg.schema(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
+            tracing::info!(schema = ?pg.schema(), "queue and MCP sessions on Postgres; wake-ups over LISTEN/NOTIFY");
             Ok(server)
         }
     }
@@ -590,13 +590,18 @@ fn serve(
     if let Some(name) = anonymous {
         builder = builder.anonymous_agent(find_agent(&file, &name)?);
     }
+    if let Some(pg) = &postgres {
+        // Sessions in the queue's database: any server of the cluster
+        // serves any MCP-Session-Id, so the load balancer needs no affinity.
+        builder = builder.mcp_session_store(Arc::new(pg.mcp_session_store()));
+    }
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let server = builder.build(listener).await?;
         if let Some(pg) = postgres {
             // The listener runs (and reconnects) for the life of the runtime.
             let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
-            tracing::info!(schema = ?pg.schema(), "queue on Postgres; wake-ups over LISTEN/NOTIFY");
+            tracing::info!(schema = ?pg.schema(), "queue and MCP sessions on Postgres; wake-ups over LISTEN/NOTIFY");
         }
         server.serve(shutdown_signal()).await?;
         Ok(())

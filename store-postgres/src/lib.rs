@@ -17,6 +17,12 @@
 //!   that writes the key and the command together or neither; pruning claims
 //!   its batches with `FOR UPDATE SKIP LOCKED`, so two servers pruning at
 //!   once take different rows and never wait on each other.
+//! * [`PostgresMcpSessionStore`] keeps the initialize-era MCP sessions
+//!   (`MCP-Session-Id`) in the same database, so any server of a cluster
+//!   serves any session and a load balancer needs no affinity: bounded per
+//!   agent and in all under one advisory lock, keyed by id, agent and
+//!   token, with the last use written at most every tenth of the idle
+//!   timeout (see its module docs).
 //! * The schema lives in one Postgres schema (default: the connection's
 //!   `search_path`, or [`PostgresOptions::schema`]). Migrations are numbered,
 //!   recorded in `schema_migrations`, and applied under an advisory lock, so
@@ -66,12 +72,14 @@
 //! idempotency keys and every other write keep the database's setting.
 
 pub mod figures;
+mod mcp_sessions;
 mod schema;
 mod signal_bridge;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use crate::mcp_sessions::{PostgresMcpSessionStore, SWEEP_BATCH};
 pub use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use crate::signal_bridge::{
     CHANNEL, SignalBridge, SignalBridgeHandle, SignalForwarder, SignalListener, SignalStats,

@@ -108,10 +108,34 @@ pub const MIGRATIONS: &[Migration] = &[
     CREATE INDEX commands_running_by_device ON commands (owner, device) WHERE status = 'running';
     ",
     },
+    Migration {
+        version: 4,
+        name: "initialize-era MCP sessions shared by every server",
+        // One row per `MCP-Session-Id`. Look-ups match the id, the agent
+        // (owner, agent) and the token's hash together; `granted` keeps
+        // the projects and scopes the token had, for the revocation check.
+        sql: r"
+    CREATE TABLE mcp_sessions (
+        id           TEXT    NOT NULL PRIMARY KEY,
+        owner        TEXT    NOT NULL,
+        agent        TEXT    NOT NULL,
+        token_sha256 TEXT,
+        granted      TEXT    NOT NULL,
+        state        TEXT    NOT NULL,
+        client_bytes INTEGER NOT NULL,
+        created_at   BIGINT  NOT NULL,
+        used_at      BIGINT  NOT NULL
+    );
+    CREATE INDEX mcp_sessions_by_agent ON mcp_sessions (owner, agent, used_at);
+    CREATE INDEX mcp_sessions_by_use ON mcp_sessions (used_at);
+    CREATE INDEX mcp_sessions_by_token ON mcp_sessions (token_sha256)
+        WHERE token_sha256 IS NOT NULL;
+    ",
+    },
 ];
 
 /// The schema version this build writes: the last migration's number.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Key of the advisory lock held while migrating ("GRly" and 1).
 const MIGRATION_LOCK: i64 = 0x4752_6c79_0000_0001;

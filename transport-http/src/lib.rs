@@ -62,7 +62,12 @@
 //!   result and must send it (and, after 2025-03-26, `MCP-Protocol-Version`)
 //!   afterwards: missing 400, unknown 404. A session belongs to the agent
 //!   (owner, name) and the token that created it; sessions are bounded per
-//!   agent and in all ([`SessionLimits`]). 2026-07-28 requests are stateless
+//!   agent and in all ([`SessionLimits`]). Sessions live in an
+//!   [`McpSessionStore`](graph_relay_core::mcp::McpSessionStore): this
+//!   process's memory by default ([`MemoryMcpSessionStore`]), or a store
+//!   shared by every server of a cluster
+//!   ([`ServerBuilder::mcp_session_store`], e.g. the Postgres store's), so
+//!   that a load balancer needs no affinity. 2026-07-28 requests are stateless
 //!   and must carry `MCP-Protocol-Version`, `Mcp-Method` and (for
 //!   `tools/call`) `Mcp-Name` matching the body (400, `-32020` otherwise).
 //! - `GET /.well-known/oauth-protected-resource/mcp`: RFC 9728 metadata of
@@ -122,7 +127,7 @@ pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
 pub mod server;
-mod sessions;
+pub mod sessions;
 pub mod store_timing;
 
 use std::net::{IpAddr, SocketAddr};
@@ -146,8 +151,8 @@ pub use crate::listen::ListenLimits;
 pub use crate::relay_api::RelayApiConfig;
 pub use crate::serve::{ServeConfig, serve};
 pub use crate::server::{Server, ServerBuilder};
-pub use crate::sessions::SessionLimits;
-use crate::sessions::Sessions;
+pub use crate::sessions::{MemoryMcpSessionStore, SessionLimits};
+use graph_relay_core::mcp::{McpSessionOwner, McpSessionStore};
 
 /// Path of the MCP endpoint.
 pub const MCP_PATH: &str = "/mcp";
@@ -250,7 +255,7 @@ struct StateInner {
     mcp: McpServer,
     auth: Arc<dyn Authenticator>,
     config: HttpConfig,
-    sessions: Sessions,
+    sessions: Arc<dyn McpSessionStore>,
     listens: listen::Streams,
     hosts: HostRules,
     /// Set once the task that ends sessions of revoked tokens runs.
@@ -343,7 +348,19 @@ pub enum HostRefusal {
 impl HttpState {
     /// State for an MCP server behind `auth`, configured by `config`.
     pub fn new(mcp: McpServer, auth: Arc<dyn Authenticator>, config: HttpConfig) -> Self {
-        let sessions = Sessions::new(config.sessions.clone());
+        Self::with_mcp_session_store(mcp, auth, config, Arc::new(MemoryMcpSessionStore::new()))
+    }
+
+    /// [`new`](Self::new), keeping initialize-era sessions in `sessions`
+    /// instead of this process's memory: a store shared by several servers
+    /// (e.g. the Postgres store's) lets any of them serve any session, so a
+    /// load balancer needs no affinity.
+    pub fn with_mcp_session_store(
+        mcp: McpServer,
+        auth: Arc<dyn Authenticator>,
+        config: HttpConfig,
+        sessions: Arc<dyn McpSessionStore>,
+    ) -> Self {
         let listens = listen::Streams::new(config.listen.clone());
         let hosts = HostRules::new(&config);
         Self {
@@ -374,15 +391,21 @@ impl HttpState {
         &self.inner.config
     }
 
-    /// Number of live initialize-era sessions.
+    /// Number of live initialize-era sessions (as far as the session store
+    /// knows without a query: a shared store counts at its last sweep).
     pub fn session_count(&self) -> usize {
-        self.inner.sessions.len()
+        self.inner.sessions.figures().sessions
+    }
+
+    /// Where initialize-era sessions are kept.
+    pub fn mcp_session_store(&self) -> &Arc<dyn McpSessionStore> {
+        &self.inner.sessions
     }
 
     /// Bytes of client data the live sessions keep (their `clientInfo`),
     /// at most `max_sessions` × `MAX_INITIALIZE_FIELD_BYTES`.
     pub fn session_bytes(&self) -> usize {
-        self.inner.sessions.retained_bytes()
+        self.inner.sessions.figures().bytes
     }
 
     /// Number of open `subscriptions/listen` streams.
@@ -590,13 +613,51 @@ impl HttpState {
                 let Some(inner) = weak.upgrade() else {
                     return;
                 };
-                let ended = inner.sessions.end_revoked(inner.auth.as_ref()).await;
+                let ended = end_revoked(
+                    inner.sessions.as_ref(),
+                    inner.auth.as_ref(),
+                    inner.config.sessions.max_sessions,
+                )
+                .await;
                 if ended > 0 {
                     tracing::info!(ended, "ended the sessions of revoked tokens");
                 }
             }
         });
     }
+}
+
+/// Ends every session (in `sessions`, shared or not) whose token `auth` no
+/// longer accepts as the same principal; returns how many ended. At most
+/// `limit` distinct holders are checked per call (a store holds no more
+/// than `max_sessions` sessions).
+async fn end_revoked(
+    sessions: &dyn McpSessionStore,
+    auth: &dyn Authenticator,
+    limit: usize,
+) -> usize {
+    let holders: Vec<McpSessionOwner> = match sessions.holders(limit.max(1)).await {
+        Ok(holders) => holders,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list the sessions' tokens for the revocation check");
+            return 0;
+        }
+    };
+    let mut ended = 0;
+    for holder in holders {
+        let Some(hash) = &holder.token_sha256 else {
+            continue;
+        };
+        let principal = Principal::Agent(holder.caller.clone());
+        if auth.still_valid(hash, &principal).await {
+            continue;
+        }
+        match sessions.end_holder(&holder).await {
+            Ok(n) => ended += n,
+            Err(e) => tracing::warn!(error = %e, "cannot end the sessions of a revoked token"),
+        }
+    }
+    ended
 }
 
 fn forbidden(code: &str, description: &str) -> Response {

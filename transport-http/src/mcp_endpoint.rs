@@ -9,11 +9,13 @@ use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use graph_relay_core::authz::ScopeDenied;
-use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, McpSession, Notifier, Outgoing};
+use graph_relay_core::mcp::{
+    Caller, ErrorCode, Incoming, McpSession, McpSessionCreateError, McpSessionOwner, Notifier,
+    Outgoing,
+};
 use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
-use crate::sessions::{Lookup, SessionOwner};
 use crate::{AgentPrincipal, Authenticated, HttpState, gate};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
@@ -49,11 +51,44 @@ fn json_response(status: u16, body: Vec<u8>) -> Response {
 }
 
 /// Who may use the sessions `who` creates: the agent (owner, name) and its token.
-fn session_owner(who: &Authenticated, caller: &Caller) -> SessionOwner {
-    SessionOwner {
-        agent: (caller.agent.owner.clone(), caller.agent.id.clone()),
+fn session_owner(who: &Authenticated, caller: &Caller) -> McpSessionOwner {
+    McpSessionOwner {
+        caller: caller.clone(),
         token_sha256: who.token_sha256.clone(),
     }
+}
+
+/// A new, unguessable `MCP-Session-Id`: 256 random bits as hex.
+fn new_session_id() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The answer to a request whose session store failed: the same retryable
+/// 503 (with `Retry-After`) as a failure of the queue's store; the client
+/// may retry, its session is not lost.
+fn session_store_failed(id: Option<serde_json::Value>, error: &dyn std::fmt::Display) -> Response {
+    tracing::warn!(error = %error, "the MCP session store failed");
+    json_reply(&Outgoing::store_unavailable(id))
+}
+
+/// Writes a session's state back after a request; a failure is logged (the
+/// session keeps its previous state, which differs only before
+/// `notifications/initialized`).
+async fn put_session(state: &HttpState, id: &str, owner: &McpSessionOwner, session: McpSession) {
+    if let Err(e) = state.inner.sessions.put(id, owner, &session).await {
+        tracing::warn!(error = %e, "cannot write an MCP session's state");
+    }
+}
+
+/// True when handling a request changed the session (only `initialize`
+/// and `notifications/initialized` do): an unchanged one is not written
+/// back, so a shared store pays no write for most requests.
+fn changed_by(before: &McpSession, after: &McpSession) -> bool {
+    before != after
 }
 
 /// The one `insufficient_scope` answer of HTTP: 403 with a `WWW-Authenticate`
@@ -298,7 +333,6 @@ async fn post_message(
     match route {
         // A new initialize-era session.
         McpRoute::Initialize => {
-            let principal = who.principal.clone();
             let Ok((session, reply)) =
                 run_core(&state, &who, caller, McpSession::new(), incoming).await
             else {
@@ -310,15 +344,22 @@ async fn post_message(
             if session.negotiated_version().is_none() || reply.error_code().is_some() {
                 return json_reply(&reply);
             }
-            match state.inner.sessions.create(owner, principal, session) {
-                Ok(id) => {
+            let id = new_session_id();
+            let now = state.mcp().queue().now();
+            let created = state
+                .inner
+                .sessions
+                .create(&id, &owner, &session, &state.config().sessions, now)
+                .await;
+            match created {
+                Ok(()) => {
                     let mut response = json_reply(&reply);
                     if let Some((name, value)) = mcp_headers::session_id_value(&id) {
                         response.headers_mut().insert(name, value);
                     }
                     response
                 }
-                Err(full) => {
+                Err(McpSessionCreateError::Full(full)) => {
                     let refusal = Outgoing::error(
                         reply.message().get("id").cloned(),
                         ErrorCode::LimitExceeded,
@@ -332,17 +373,27 @@ async fn post_message(
                         .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
                     response
                 }
+                Err(e) => session_store_failed(reply.message().get("id").cloned(), &e),
             }
         }
         // Inside an initialize-era session.
         McpRoute::Session(session_id) => {
-            let session = match state.inner.sessions.get(session_id, &owner) {
-                Lookup::Found(s) => s,
-                Lookup::NotFound => {
+            let now = state.mcp().queue().now();
+            let found = state
+                .inner
+                .sessions
+                .get(session_id, &owner, &state.config().sessions, now)
+                .await;
+            let session = match found {
+                Ok(Some(s)) => s,
+                Ok(None) => {
                     return McpHeaderError::SessionNotFound {
                         id: incoming.id().cloned(),
                     }
                     .into_response();
+                }
+                Err(e) => {
+                    return session_store_failed(incoming.id().cloned(), &e);
                 }
             };
             if let Err(refused) =
@@ -353,15 +404,23 @@ async fn post_message(
             if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
                 let sessions = state.clone();
                 let session_id = session_id.to_owned();
+                let before = session.clone();
                 return stream_core(&state, who, caller, session, incoming, move |session| {
-                    sessions.inner.sessions.put(&session_id, &owner, session);
+                    if changed_by(&before, &session) {
+                        tokio::spawn(async move {
+                            put_session(&sessions, &session_id, &owner, session).await;
+                        });
+                    }
                 });
             }
+            let before = session.clone();
             let Ok((session, reply)) = run_core(&state, &who, caller, session, incoming).await
             else {
                 return revoked_while_held(&state);
             };
-            state.inner.sessions.put(session_id, &owner, session);
+            if changed_by(&before, &session) {
+                put_session(&state, session_id, &owner, session).await;
+            }
             match reply {
                 Some(reply) => into_json_reply(reply),
                 None => StatusCode::ACCEPTED.into_response(),
@@ -413,15 +472,14 @@ pub(crate) async fn delete(
     let who = principal.authenticated();
     match mcp_headers::session_id(&headers) {
         None => McpHeaderError::DeleteWithoutSession.into_response(),
-        Some(id)
-            if state
-                .inner
-                .sessions
-                .remove(id, &session_owner(&who, &principal.caller)) =>
-        {
-            StatusCode::NO_CONTENT.into_response()
+        Some(id) => {
+            let owner = session_owner(&who, &principal.caller);
+            match state.inner.sessions.delete(id, &owner).await {
+                Ok(true) => StatusCode::NO_CONTENT.into_response(),
+                Ok(false) => McpHeaderError::DeleteUnknownSession.into_response(),
+                Err(e) => session_store_failed(None, &e),
+            }
         }
-        Some(_) => McpHeaderError::DeleteUnknownSession.into_response(),
     }
 }
 

@@ -14,6 +14,11 @@
 //!   never written and nothing is pruned;
 //! - the revocation watch: a revoked token's sessions, streams and waits
 //!   end within a second;
+//! - the initialize-era session table ([`ServerBuilder::mcp_session_store`]):
+//!   this process's memory by default, or a store shared by every server of
+//!   a cluster (the Postgres store's), so that any server serves any
+//!   `MCP-Session-Id` and a load balancer needs no affinity; expired
+//!   sessions are swept every ten seconds;
 //! - graceful shutdown: held requests answer at once, then requests in
 //!   flight finish;
 //! - when asked, the metrics listener with the operator's `/admin/status`
@@ -46,7 +51,7 @@ use std::time::Duration;
 
 use axum::Router;
 use graph_relay_core::catalog::{CatalogError, ToolCatalog};
-use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, ServerInfo};
+use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, McpSessionStore, ServerInfo};
 use graph_relay_core::queue::{Queue, QueueConfig};
 use graph_relay_core::stats::OperatorStats;
 use graph_relay_core::store::Store;
@@ -124,6 +129,7 @@ pub struct ServerBuilder {
     metrics: MetricsSettings,
     stats: Option<Arc<dyn OperatorStats>>,
     routes: Option<Router<HttpState>>,
+    mcp_sessions: Option<Arc<dyn McpSessionStore>>,
 }
 
 impl std::fmt::Debug for ServerBuilder {
@@ -268,6 +274,19 @@ impl ServerBuilder {
         self
     }
 
+    /// Where initialize-era MCP sessions (`MCP-Session-Id`) are kept
+    /// (default: [`MemoryMcpSessionStore`](crate::MemoryMcpSessionStore),
+    /// this process's memory). Servers that share a queue behind a load
+    /// balancer should share this too (e.g. `PostgresMcpSessionStore` on
+    /// the queue's database): then any of them serves any session and no
+    /// affinity is needed. The bounds are the configuration's `[server]`
+    /// session settings ([`HttpConfig::sessions`]).
+    #[must_use]
+    pub fn mcp_session_store(mut self, sessions: Arc<dyn McpSessionStore>) -> Self {
+        self.mcp_sessions = Some(sessions);
+        self
+    }
+
     /// Routes of the integrator's own, served behind the same edge as the
     /// MCP endpoint (Host/Origin check, body limit, request timeout); their
     /// handlers take the caller with [`AgentPrincipal`](crate::AgentPrincipal)
@@ -349,7 +368,10 @@ impl ServerBuilder {
             }
             None => auth,
         };
-        let state = HttpState::new(mcp, auth, http);
+        let state = match self.mcp_sessions {
+            Some(sessions) => HttpState::with_mcp_session_store(mcp, auth, http, sessions),
+            None => HttpState::new(mcp, auth, http),
+        };
         state.watch_revocations();
         let mut app = crate::router(state.clone());
         if let Some(routes) = self.routes {
@@ -477,6 +499,7 @@ impl Server {
             metrics: MetricsSettings::default(),
             stats: None,
             routes: None,
+            mcp_sessions: None,
         }
     }
 
@@ -524,6 +547,10 @@ impl Server {
             let _ = rx.wait_for(|s| *s).await;
         };
         let maintenance = tokio::spawn(maintain(queue.clone(), stopped(stopped_rx.clone())));
+        let sweeping = tokio::spawn(sweep_mcp_sessions(
+            self.state.clone(),
+            stopped(stopped_rx.clone()),
+        ));
         let metrics = self.metrics.map(|(listener, router)| {
             tokio::spawn(crate::serve(
                 listener,
@@ -542,6 +569,7 @@ impl Server {
         };
         let served = crate::serve(self.listener, self.app, self.serve, shutdown).await;
         let _ = maintenance.await;
+        let _ = sweeping.await;
         if let Some(metrics) = metrics {
             let _ = metrics.await;
         }
@@ -578,6 +606,34 @@ pub async fn maintain(queue: Queue, stopped: impl Future<Output = ()>) {
             }
         })
         .await;
+}
+
+/// How often [`Server`] deletes expired initialize-era sessions.
+pub const MCP_SESSION_SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Deletes expired initialize-era sessions from the state's session store
+/// every [`MCP_SESSION_SWEEP_EVERY`] (a bounded batch each time) until
+/// `stopped` resolves: what [`Server`] runs. Expired sessions are never
+/// served even unswept; the sweep frees their room (and rows).
+pub async fn sweep_mcp_sessions(state: HttpState, stopped: impl Future<Output = ()>) {
+    let sweep = async {
+        let mut last_warning: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::time::sleep(MCP_SESSION_SWEEP_EVERY).await;
+            let now = state.mcp().queue().now();
+            let limits = &state.config().sessions;
+            if let Err(e) = state.mcp_session_store().sweep(limits, now).await
+                && last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
+            {
+                tracing::warn!(error = %e, "sweeping expired MCP sessions failed; trying again");
+                last_warning = Some(tokio::time::Instant::now());
+            }
+        }
+    };
+    tokio::select! {
+        () = sweep => {},
+        () = stopped => {},
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM (Ctrl-C elsewhere): the usual shutdown

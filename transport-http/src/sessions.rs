@@ -1,8 +1,15 @@
-//! Initialize-era sessions: `MCP-Session-Id` → the connection's MCP state.
+//! Initialize-era sessions in this process: [`MemoryMcpSessionStore`], the
+//! default [`McpSessionStore`] (`MCP-Session-Id` → the connection's MCP
+//! state). For several servers behind a load balancer, give the
+//! [`Server`](crate::Server) a shared store instead
+//! ([`ServerBuilder::mcp_session_store`](crate::ServerBuilder::mcp_session_store),
+//! e.g. the Postgres store's): a session kept here is known to this process
+//! only.
 //!
 //! A session belongs to one agent, identified by (owner, agent name), and to
 //! the token that created it: a request with another agent's id, or with
-//! another token of the same agent, finds nothing (404). Bounds:
+//! another token of the same agent, finds nothing (404). Bounds (the
+//! trait's contract, [`graph_relay_core::mcp::McpSessionStore`]):
 //!
 //! - at most [`SessionLimits::max_sessions_per_agent`] per agent; a new one
 //!   beyond evicts that agent's least recently used session, never another
@@ -15,79 +22,38 @@
 //!   (the core refuses larger `initialize`s);
 //! - an idle session is forgotten after [`SessionLimits::idle_timeout`], and
 //!   the sessions of a revoked token end as soon as the authenticator says so.
+//!
+//! The last use is recorded exactly, on every look-up (it costs nothing here).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use async_trait::async_trait;
 use graph_relay_core::ids::{AgentId, OwnerId};
-use graph_relay_core::mcp::McpSession;
+use graph_relay_core::mcp::{
+    MAX_MCP_SESSION_STATE_BYTES, McpSession, McpSessionCreateError, McpSessionFigures,
+    McpSessionLimits, McpSessionOwner, McpSessionStore, McpSessionsFull,
+};
+use graph_relay_core::store::StoreError;
+use graph_relay_core::time::Timestamp;
 
-use crate::auth::{Authenticator, Principal};
-
-/// Default of [`SessionLimits::max_sessions`].
-pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
-/// Default of [`SessionLimits::max_sessions_per_agent`].
-pub const DEFAULT_MAX_SESSIONS_PER_AGENT: usize = 100;
-/// Default of [`SessionLimits::idle_timeout`]: one hour.
-pub const DEFAULT_SESSION_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// Bounds on live initialize-era sessions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionLimits {
-    /// Most live sessions in all (default 10,000). At the bound an agent
-    /// without sessions is refused; no agent evicts another's.
-    pub max_sessions: usize,
-    /// Most live sessions of one agent (default 100); its least recently
-    /// used one is evicted beyond.
-    pub max_sessions_per_agent: usize,
-    /// A session unused this long is forgotten (its client gets 404 and re-initializes).
-    pub idle_timeout: Duration,
-}
-
-impl Default for SessionLimits {
-    fn default() -> Self {
-        Self {
-            max_sessions: DEFAULT_MAX_SESSIONS,
-            max_sessions_per_agent: DEFAULT_MAX_SESSIONS_PER_AGENT,
-            idle_timeout: DEFAULT_SESSION_IDLE_TIMEOUT,
-        }
-    }
-}
+/// Bounds on live initialize-era sessions (the core's [`McpSessionLimits`]).
+pub type SessionLimits = McpSessionLimits;
 
 /// An agent's identity: owner and name. A name alone is never an identity.
 pub(crate) type AgentKey = (OwnerId, AgentId);
 
-/// Who may use a session: the agent and the token that created it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SessionOwner {
-    pub(crate) agent: AgentKey,
-    pub(crate) token_sha256: Option<String>,
+fn agent_key(owner: &McpSessionOwner) -> AgentKey {
+    (owner.owner().clone(), owner.agent().clone())
 }
 
 struct Entry {
-    owner: SessionOwner,
-    /// The principal as authenticated, for the revocation check.
-    principal: Principal,
+    owner: McpSessionOwner,
     mcp: McpSession,
-    used: Instant,
-}
-
-/// What looking up a session found.
-pub(crate) enum Lookup {
-    /// The session's state, copied out.
-    Found(McpSession),
-    /// Unknown, expired, another agent's or another token's.
-    NotFound,
-}
-
-/// The global bound is reached and the agent has no session to give up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "the server holds its maximum of {limit} sessions; retry later or use protocol 2026-07-28, which needs none"
-)]
-pub(crate) struct SessionsFull {
-    pub(crate) limit: usize,
+    used: Timestamp,
+    /// Order of last use, to tell uses within one millisecond apart.
+    used_seq: u64,
 }
 
 #[derive(Default)]
@@ -95,17 +61,19 @@ struct Table {
     by_id: HashMap<String, Entry>,
     by_agent: HashMap<AgentKey, Vec<String>>,
     bytes: usize,
-    swept: Option<Instant>,
+    swept: Option<Timestamp>,
+    uses: u64,
 }
 
 impl Table {
     fn remove(&mut self, id: &str) -> Option<Entry> {
         let entry = self.by_id.remove(id)?;
         self.bytes -= entry.mcp.retained_bytes();
-        if let Some(ids) = self.by_agent.get_mut(&entry.owner.agent) {
+        let key = agent_key(&entry.owner);
+        if let Some(ids) = self.by_agent.get_mut(&key) {
             ids.retain(|i| i != id);
             if ids.is_empty() {
-                self.by_agent.remove(&entry.owner.agent);
+                self.by_agent.remove(&key);
             }
         }
         Some(entry)
@@ -116,174 +84,216 @@ impl Table {
         self.by_agent
             .get(agent)?
             .iter()
-            .filter_map(|id| Some((id, self.by_id.get(id)?.used)))
+            .filter_map(|id| {
+                let e = self.by_id.get(id)?;
+                Some((id, (e.used, e.used_seq)))
+            })
             .min_by_key(|(_, used)| *used)
             .map(|(id, _)| id.clone())
     }
 
-    fn sweep_expired(&mut self, now: Instant, idle: Duration) {
+    fn sweep_expired(&mut self, now: Timestamp, idle: Duration) -> usize {
         let expired: Vec<String> = self
             .by_id
             .iter()
-            .filter(|(_, e)| now.duration_since(e.used) >= idle)
+            .filter(|(_, e)| now.since(e.used) >= idle)
             .map(|(id, _)| id.clone())
             .collect();
-        for id in expired {
-            self.remove(&id);
+        for id in &expired {
+            self.remove(id);
         }
         self.swept = Some(now);
+        expired.len()
     }
 }
 
-pub(crate) struct Sessions {
-    limits: SessionLimits,
+/// The in-memory [`McpSessionStore`] of one process (the default).
+#[derive(Default)]
+pub struct MemoryMcpSessionStore {
     table: Mutex<Table>,
+}
+
+impl std::fmt::Debug for MemoryMcpSessionStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryMcpSessionStore")
+            .field("figures", &self.figures())
+            .finish()
+    }
 }
 
 /// How often expired sessions are looked for when nothing forces it.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-impl Sessions {
-    pub(crate) fn new(limits: SessionLimits) -> Self {
-        Self {
-            limits,
-            table: Mutex::new(Table::default()),
-        }
-    }
+fn poisoned() -> StoreError {
+    StoreError::Backend("the session table's lock is poisoned".into())
+}
 
-    pub(crate) fn len(&self) -> usize {
-        self.table.lock().map(|t| t.by_id.len()).unwrap_or(0)
+impl MemoryMcpSessionStore {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
     }
+}
 
-    pub(crate) fn retained_bytes(&self) -> usize {
-        self.table.lock().map(|t| t.bytes).unwrap_or(0)
-    }
-
-    /// Stores a new session for `owner`; returns its id.
-    pub(crate) fn create(
+#[async_trait]
+impl McpSessionStore for MemoryMcpSessionStore {
+    async fn create(
         &self,
-        owner: SessionOwner,
-        principal: Principal,
-        mcp: McpSession,
-    ) -> Result<String, SessionsFull> {
-        let id = format!(
-            "{}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
-        let full = SessionsFull {
-            limit: self.limits.max_sessions,
-        };
-        let Ok(mut table) = self.table.lock() else {
-            return Err(full);
-        };
-        let now = Instant::now();
-        let max_total = self.limits.max_sessions.max(1);
-        let max_own = self.limits.max_sessions_per_agent.max(1);
-        if table.by_id.len() >= max_total
-            || table
-                .swept
-                .is_none_or(|t| now.duration_since(t) >= SWEEP_EVERY)
-        {
-            table.sweep_expired(now, self.limits.idle_timeout);
+        id: &str,
+        owner: &McpSessionOwner,
+        session: &McpSession,
+        limits: &McpSessionLimits,
+        now: Timestamp,
+    ) -> Result<(), McpSessionCreateError> {
+        let bytes = session.to_state().len();
+        if bytes > MAX_MCP_SESSION_STATE_BYTES {
+            return Err(McpSessionCreateError::TooLarge {
+                bytes,
+                limit: MAX_MCP_SESSION_STATE_BYTES,
+            });
         }
-        let own = table.by_agent.get(&owner.agent).map_or(0, Vec::len);
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
+        let max_total = limits.max_sessions.max(1);
+        let max_own = limits.max_sessions_per_agent.max(1);
+        if table.by_id.len() >= max_total || table.swept.is_none_or(|t| now.since(t) >= SWEEP_EVERY)
+        {
+            table.sweep_expired(now, limits.idle_timeout);
+        }
+        let key = agent_key(owner);
+        let own = table.by_agent.get(&key).map_or(0, Vec::len);
         if own >= max_own || table.by_id.len() >= max_total {
             // Only ever the agent's own least recently used session.
-            match table.oldest_of(&owner.agent) {
+            match table.oldest_of(&key) {
                 Some(oldest) => {
                     table.remove(&oldest);
                 }
-                None => return Err(full),
+                None => {
+                    return Err(McpSessionsFull {
+                        limit: limits.max_sessions,
+                    }
+                    .into());
+                }
             }
         }
-        table.bytes += mcp.retained_bytes();
-        table
-            .by_agent
-            .entry(owner.agent.clone())
-            .or_default()
-            .push(id.clone());
+        table.remove(id);
+        table.uses += 1;
+        let used_seq = table.uses;
+        table.bytes += session.retained_bytes();
+        table.by_agent.entry(key).or_default().push(id.to_owned());
         table.by_id.insert(
-            id.clone(),
+            id.to_owned(),
             Entry {
-                owner,
-                principal,
-                mcp,
+                owner: owner.clone(),
+                mcp: session.clone(),
                 used: now,
+                used_seq,
             },
         );
-        Ok(id)
+        Ok(())
     }
 
-    pub(crate) fn get(&self, id: &str, owner: &SessionOwner) -> Lookup {
-        let Ok(mut table) = self.table.lock() else {
-            return Lookup::NotFound;
-        };
+    async fn get(
+        &self,
+        id: &str,
+        owner: &McpSessionOwner,
+        limits: &McpSessionLimits,
+        now: Timestamp,
+    ) -> Result<Option<McpSession>, StoreError> {
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
+        let table = &mut *table;
+        table.uses += 1;
         match table.by_id.get_mut(id) {
-            Some(e) if &e.owner == owner && e.used.elapsed() < self.limits.idle_timeout => {
-                e.used = Instant::now();
-                Lookup::Found(e.mcp.clone())
+            Some(e) if e.owner.same_holder(owner) && now.since(e.used) < limits.idle_timeout => {
+                e.used = e.used.max(now);
+                e.used_seq = table.uses;
+                Ok(Some(e.mcp.clone()))
             }
-            Some(e) if &e.owner == owner => {
+            Some(e) if e.owner.same_holder(owner) => {
                 table.remove(id);
-                Lookup::NotFound
+                Ok(None)
             }
-            _ => Lookup::NotFound,
+            _ => Ok(None),
         }
     }
 
-    pub(crate) fn put(&self, id: &str, owner: &SessionOwner, mcp: McpSession) {
-        let Ok(mut table) = self.table.lock() else {
-            return;
-        };
+    async fn put(
+        &self,
+        id: &str,
+        owner: &McpSessionOwner,
+        session: &McpSession,
+    ) -> Result<(), StoreError> {
+        if session.to_state().len() > MAX_MCP_SESSION_STATE_BYTES {
+            return Ok(());
+        }
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
         let table = &mut *table;
         if let Some(e) = table.by_id.get_mut(id)
-            && &e.owner == owner
+            && e.owner.same_holder(owner)
         {
-            table.bytes = table.bytes - e.mcp.retained_bytes() + mcp.retained_bytes();
-            e.mcp = mcp;
+            table.bytes = table.bytes - e.mcp.retained_bytes() + session.retained_bytes();
+            e.mcp = session.clone();
         }
+        Ok(())
     }
 
-    /// Ends a session of `owner`; false when there was none.
-    pub(crate) fn remove(&self, id: &str, owner: &SessionOwner) -> bool {
-        let Ok(mut table) = self.table.lock() else {
-            return false;
-        };
-        if table.by_id.get(id).is_some_and(|e| &e.owner == owner) {
+    async fn delete(&self, id: &str, owner: &McpSessionOwner) -> Result<bool, StoreError> {
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
+        if table
+            .by_id
+            .get(id)
+            .is_some_and(|e| e.owner.same_holder(owner))
+        {
             table.remove(id);
-            true
+            Ok(true)
         } else {
-            false
+            Ok(false)
         }
     }
 
-    /// Ends every session whose token `auth` no longer accepts as the same
-    /// principal; returns how many ended.
-    pub(crate) async fn end_revoked(&self, auth: &dyn Authenticator) -> usize {
-        let held: Vec<(String, String, Principal)> = match self.table.lock() {
-            Ok(table) => table
-                .by_id
-                .iter()
-                .filter_map(|(id, e)| {
-                    let hash = e.owner.token_sha256.clone()?;
-                    Some((id.clone(), hash, e.principal.clone()))
-                })
-                .collect(),
-            Err(_) => return 0,
-        };
-        let mut revoked = Vec::new();
-        for (id, hash, principal) in held {
-            if !auth.still_valid(&hash, &principal).await {
-                revoked.push(id);
+    async fn holders(&self, limit: usize) -> Result<Vec<McpSessionOwner>, StoreError> {
+        let table = self.table.lock().map_err(|_| poisoned())?;
+        let mut holders: Vec<McpSessionOwner> = Vec::new();
+        for e in table.by_id.values() {
+            if holders.len() >= limit {
+                break;
+            }
+            if e.owner.token_sha256.is_some() && !holders.contains(&e.owner) {
+                holders.push(e.owner.clone());
             }
         }
-        let Ok(mut table) = self.table.lock() else {
-            return 0;
-        };
-        revoked
-            .iter()
-            .filter(|id| table.remove(id).is_some())
-            .count()
+        Ok(holders)
+    }
+
+    async fn end_holder(&self, holder: &McpSessionOwner) -> Result<usize, StoreError> {
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
+        let ids: Vec<String> = table
+            .by_agent
+            .get(&agent_key(holder))
+            .map(|ids| {
+                ids.iter()
+                    .filter(|id| table.by_id.get(*id).is_some_and(|e| &e.owner == holder))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in &ids {
+            table.remove(id);
+        }
+        Ok(ids.len())
+    }
+
+    async fn sweep(&self, limits: &McpSessionLimits, now: Timestamp) -> Result<usize, StoreError> {
+        let mut table = self.table.lock().map_err(|_| poisoned())?;
+        Ok(table.sweep_expired(now, limits.idle_timeout))
+    }
+
+    fn figures(&self) -> McpSessionFigures {
+        self.table
+            .lock()
+            .map(|t| McpSessionFigures {
+                sessions: t.by_id.len(),
+                bytes: t.bytes,
+            })
+            .unwrap_or_default()
     }
 }

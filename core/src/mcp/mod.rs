@@ -49,6 +49,7 @@
 mod jsonrpc;
 mod limits;
 mod progress;
+mod session_store;
 mod tasks;
 mod tools;
 mod version;
@@ -67,6 +68,11 @@ pub use self::jsonrpc::{
 };
 pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::progress::{NoNotifier, Notifier};
+pub use self::session_store::{
+    DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_SESSION_IDLE_TIMEOUT,
+    MAX_MCP_SESSION_STATE_BYTES, McpSessionCreateError, McpSessionFigures, McpSessionLimits,
+    McpSessionOwner, McpSessionStore, McpSessionsFull,
+};
 pub use self::tasks::{MAX_LISTEN_TASKS, TASKS_EXTENSION, TaskListen};
 pub use self::version::ProtocolVersion;
 use crate::authz::Method;
@@ -141,7 +147,13 @@ impl Caller {
 
 /// Per-connection state of the initialize era. A 2026-07-28 client needs
 /// none: transports may use a fresh default session for each of its requests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Serializable, so that an [`McpSessionStore`] shared by several servers
+/// can keep it: [`McpSession::to_state`] writes at most
+/// [`MAX_MCP_SESSION_STATE_BYTES`], since `clientInfo` is bounded by
+/// [`MAX_INITIALIZE_FIELD_BYTES`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct McpSession {
     version: Option<ProtocolVersion>,
     initialized: bool,
@@ -174,6 +186,21 @@ impl McpSession {
     /// JSON), at most [`MAX_INITIALIZE_FIELD_BYTES`].
     pub fn retained_bytes(&self) -> usize {
         self.client_info.as_deref().map_or(0, str::len)
+    }
+
+    /// The session as stored text (JSON), at most
+    /// [`MAX_MCP_SESSION_STATE_BYTES`] for any session the core made.
+    pub fn to_state(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// A session read back from [`to_state`](Self::to_state)'s text; `None`
+    /// when it is not one, or longer than [`MAX_MCP_SESSION_STATE_BYTES`].
+    pub fn from_state(text: &str) -> Option<Self> {
+        if text.len() > MAX_MCP_SESSION_STATE_BYTES {
+            return None;
+        }
+        serde_json::from_str(text).ok()
     }
 }
 

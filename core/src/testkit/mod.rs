@@ -14,6 +14,7 @@
 //! `block_on` if the store needs one); the second is an expression whose
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
+pub mod mcp_sessions;
 pub mod model;
 mod outage;
 pub mod workload;

@@ -1,0 +1,8 @@
+//! The core's `McpSessionStore` conformance functions, run unchanged
+//! against the in-memory table (the default of every server).
+
+use graph_relay_transport_http::MemoryMcpSessionStore;
+
+graph_relay_core::mcp_session_store_suite!(futures::executor::block_on, async {
+    MemoryMcpSessionStore::new()
+});
