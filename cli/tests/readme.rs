@@ -247,6 +247,8 @@ fn every_readme_block_is_run_or_says_why_not() {
         "embed-example",
         "in-process-example",
         "console-script",
+        "haproxy-config",
+        "nginx-config",
     ] {
         assert!(
             blocks.contains_key(name),
@@ -255,7 +257,7 @@ fn every_readme_block_is_run_or_says_why_not() {
     }
     assert_eq!(
         blocks.len(),
-        14,
+        16,
         "a block is marked but not run: {:?}",
         blocks
             .iter()
@@ -662,4 +664,39 @@ async fn the_console_script_lists_and_declines_a_waiting_run() {
     listed(&format!(
         "finished {id} g failed Declined on the desktop: declined by script"
     ));
+}
+
+/// The load balancer configurations of the operating guide are valid for
+/// the real HAProxy and nginx (Debian's packages; `.ci/run` installs them):
+/// each is checked by the program itself, as written.
+#[test]
+fn the_load_balancer_configs_are_valid() {
+    let blocks = readme_blocks();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let checks: [(&str, &str, &str, Vec<String>); 2] = [
+        ("haproxy-config", "haproxy", "/usr/sbin/haproxy", vec!["-c".into(), "-f".into()]),
+        ("nginx-config", "nginx", "/usr/sbin/nginx", vec!["-t".into(), "-p".into(), dir.path().display().to_string(), "-e".into(), dir.path().join("error.log").display().to_string(), "-c".into()]),
+    ];
+    for (name, language, program, args) in checks {
+        let block = block(&blocks, name, language);
+        assert!(
+            Path::new(program).is_file(),
+            "{}: checking it needs {program}: `apt-get install -y {language}` (.ci/run does)",
+            block.at()
+        );
+        let file = dir.path().join(format!("{name}.conf"));
+        std::fs::write(&file, &block.text).expect("write the config");
+        let out = Command::new(program)
+            .args(&args)
+            .arg(&file)
+            .output()
+            .expect("run the load balancer's check");
+        assert!(
+            out.status.success(),
+            "{}: {program} refuses it:\n{}{}",
+            block.at(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
