@@ -8,7 +8,7 @@
 //! server [`DEFAULT_URL`] when that is unset. A test that cannot reach it
 //! fails and says how to provide one; a machine without Postgres opts out
 //! with `GRAPH_RELAY_SKIP=postgres`, which compiles the Postgres tests as
-//! ignored (see `tests/skip_build.rs` at the repository root).
+//! ignored (see `skip_build.rs` in this crate).
 
 use std::time::Duration;
 
