@@ -674,8 +674,25 @@ fn the_load_balancer_configs_are_valid() {
     let blocks = readme_blocks();
     let dir = tempfile::tempdir().expect("temp dir");
     let checks: [(&str, &str, &str, Vec<String>); 2] = [
-        ("haproxy-config", "haproxy", "/usr/sbin/haproxy", vec!["-c".into(), "-f".into()]),
-        ("nginx-config", "nginx", "/usr/sbin/nginx", vec!["-t".into(), "-p".into(), dir.path().display().to_string(), "-e".into(), dir.path().join("error.log").display().to_string(), "-c".into()]),
+        (
+            "haproxy-config",
+            "haproxy",
+            "/usr/sbin/haproxy",
+            vec!["-c".into(), "-f".into()],
+        ),
+        (
+            "nginx-config",
+            "nginx",
+            "/usr/sbin/nginx",
+            vec![
+                "-t".into(),
+                "-p".into(),
+                dir.path().display().to_string(),
+                "-e".into(),
+                dir.path().join("error.log").display().to_string(),
+                "-c".into(),
+            ],
+        ),
     ];
     for (name, language, program, args) in checks {
         let block = block(&blocks, name, language);
