@@ -39,7 +39,7 @@
 //!         match action {
 //!             // A real driver reads its outbox, then syncs over its transport.
 //!             Action::LoadOutbox => relay.handle_outbox_loaded(vec![], now),
-//!             Action::Sync { .. } => relay.handle_sync_response(Ok(vec![]), now),
+//!             Action::Sync(_) => relay.handle_sync_response(Ok(vec![]), now),
 //!             Action::RememberProject(_) | Action::ForgetProject(_) => {}
 //!             other => unreachable!("nothing was queued: {other:?}"),
 //!         }
@@ -156,7 +156,9 @@
 pub mod driver;
 pub mod in_process;
 mod machine;
+mod pass;
 pub mod reachability;
+mod run;
 mod types;
 
 pub use machine::Relay;
