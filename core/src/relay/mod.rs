@@ -153,10 +153,12 @@
 //! [`ClaimOutcome`] and [`SyncFailure`] in one place. Every driver (HTTP, the
 //! simulator) goes through it.
 
+mod control;
 pub mod driver;
 pub mod in_process;
 mod machine;
 mod pass;
+mod progress;
 pub mod reachability;
 mod run;
 mod types;

@@ -4,16 +4,17 @@
 
 use std::time::Duration;
 
-use crate::command::{CommandStatus, InvalidProgress, NO_LONGER_SHARED, WAITING_FOR_APPROVAL};
+use crate::command::{CommandStatus, NO_LONGER_SHARED, WAITING_FOR_APPROVAL};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
 use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId};
 use crate::outbox::{OutboxItem, RelayReport};
-use crate::queue::ControlAnswer;
 use crate::time::Timestamp;
 
+use super::control::{ControlPoll, first_control};
 use super::machine::Awaiting;
 use super::pass::UnconfirmedClaim;
+use super::progress::ProgressState;
 use super::*;
 
 /// The command being handled, from claim to acknowledged report.
@@ -55,15 +56,6 @@ pub(super) enum Phase {
     Posting,
 }
 
-/// The control requests of a claimed run (which also renew its lease).
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(super) struct ControlPoll {
-    /// The next request is due then (none while one is in flight, or once
-    /// polling stopped).
-    pub(super) next_at: Option<Timestamp>,
-    pub(super) in_flight: bool,
-}
-
 /// Why an executing run's engine was asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Cancel {
@@ -74,18 +66,6 @@ pub(super) enum Cancel {
     /// A control answer said the server closed the run (with this status):
     /// nothing is reported when it ends.
     ClosedByServer(CommandStatus),
-}
-
-/// The progress of the current run on its way to the server.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub(super) struct ProgressState {
-    /// The latest report not posted yet.
-    pub(super) pending: Option<ProgressReport>,
-    /// When the last post was sent.
-    pub(super) last_post: Option<Timestamp>,
-    pub(super) in_flight: bool,
-    /// The server refused a report for good: send no more.
-    pub(super) refused: bool,
 }
 
 impl Run {
@@ -136,7 +116,7 @@ impl Run {
         }
     }
 
-    fn control_mut(&mut self) -> Option<&mut ControlPoll> {
+    pub(super) fn control_mut(&mut self) -> Option<&mut ControlPoll> {
         match &mut self.phase {
             Phase::AwaitingApproval { control, .. } | Phase::Executing { control, .. } => {
                 Some(control)
@@ -149,17 +129,6 @@ impl Run {
     fn still_shared(&self, shared: &SharedSet) -> bool {
         let c = &self.job.command;
         shared.still_shared(&c.project, &c.graph_session_id, &c.slug)
-    }
-}
-
-/// When the first control request of a run that starts now is due.
-fn first_control(config: &RelayConfig, now: Timestamp) -> ControlPoll {
-    ControlPoll {
-        next_at: Some(match config.mode {
-            RelayMode::Interval => now.plus(config.control_interval),
-            RelayMode::LongPoll => now,
-        }),
-        in_flight: false,
     }
 }
 
@@ -180,7 +149,7 @@ impl Awaiting {
     }
 
     /// The current run if it is `command`'s and waits for approval or executes.
-    fn open_run(&mut self, command: CommandId) -> Option<&mut Run> {
+    pub(super) fn open_run(&mut self, command: CommandId) -> Option<&mut Run> {
         self.run_mut()
             .filter(|r| r.id() == command && r.claimed_and_open())
     }
@@ -226,30 +195,9 @@ impl Relay {
                 return;
             }
             ClaimOutcome::Granted => {
-                // The re-check again, now that the command is ours: the owner may
-                // have withdrawn consent while the claim was in flight.
-                if self
-                    .awaiting
-                    .run()
-                    .is_some_and(|r| !r.still_shared(&self.shared))
-                {
-                    if let Some(run) = self.awaiting.take_run() {
-                        self.close_withdrawn(run, now);
-                    }
-                    self.drive(now);
+                if self.claim_granted(command, approved, now) {
                     return;
                 }
-                let approval = self
-                    .awaiting
-                    .run()
-                    .filter(|_| !approved)
-                    .and_then(|r| self.shared.approval(&r.job.command.graph_session_id));
-                match approval {
-                    Some(wait) => self.ask_approval(command, wait, now),
-                    None => self.start_execution(command, now),
-                }
-                self.maybe_send_control(now);
-                self.maybe_send_progress(now);
             }
             ClaimOutcome::Refused(reason) => {
                 self.events
@@ -280,117 +228,35 @@ impl Relay {
         self.drive(now);
     }
 
-    /// The answer to [`Action::Control`]: the server's [`ControlAnswer`], or
-    /// why there is none. A terminal status means the server closed the run:
-    /// the execution is stopped and nothing is reported.
-    pub fn handle_control_response(
-        &mut self,
-        command: CommandId,
-        result: Result<ControlAnswer, String>,
-        now: Timestamp,
-    ) {
-        // Only the execution running now listens to control answers: a late
-        // answer from an earlier attempt at the same command (say, before a
-        // claim that got no answer) must not cancel a run that has not started.
-        if self.awaiting.open_run(command).is_none() {
-            return;
+    /// The claim was granted while the relay runs: the consent re-check
+    /// again, then the owner's approval if the run needs it, else the start.
+    /// True when the run was closed (and the pass driven) already.
+    fn claim_granted(&mut self, command: CommandId, approved: bool, now: Timestamp) -> bool {
+        // The re-check again, now that the command is ours: the owner may
+        // have withdrawn consent while the claim was in flight.
+        if self
+            .awaiting
+            .run()
+            .is_some_and(|r| !r.still_shared(&self.shared))
+        {
+            if let Some(run) = self.awaiting.take_run() {
+                self.close_withdrawn(run, now);
+            }
+            self.drive(now);
+            return true;
         }
-        match &result {
-            Ok(_) => self.server_answered(now),
-            Err(reason) => self.server_silent(reason, now),
-        }
-        let (mode, interval) = (self.config.mode, self.config.control_interval);
-        let Some(run) = self.awaiting.open_run(command) else {
-            return;
-        };
-        let waiting = matches!(run.phase, Phase::AwaitingApproval { .. });
-        let control = run
-            .control_mut()
-            .unwrap_or_else(|| unreachable!("an open run polls control"));
-        control.in_flight = false;
-        match result {
-            Ok(answer) if answer.status.is_terminal() || answer.cancel_requested => {
-                if !waiting {
-                    self.control_stops_execution(command, answer);
-                } else if self.control_ends_approval(command, answer, now) {
-                    return;
-                }
-            }
-            Ok(_) => {
-                control.next_at = Some(match mode {
-                    RelayMode::Interval => now.plus(interval),
-                    RelayMode::LongPoll => now,
-                });
-            }
-            Err(reason) => {
-                control.next_at = Some(now.plus(interval));
-                self.events
-                    .push_back(RelayEvent::ControlFailed { command, reason });
-            }
+        let approval = self
+            .awaiting
+            .run()
+            .filter(|_| !approved)
+            .and_then(|r| self.shared.approval(&r.job.command.graph_session_id));
+        match approval {
+            Some(wait) => self.ask_approval(command, wait, now),
+            None => self.start_execution(command, now),
         }
         self.maybe_send_control(now);
-        self.drive(now);
-    }
-
-    /// A control answer closed or cancelled a run that waits for approval:
-    /// the prompt is withdrawn and nothing runs. True when the run was
-    /// recorded (and the pass driven) already.
-    fn control_ends_approval(
-        &mut self,
-        command: CommandId,
-        answer: ControlAnswer,
-        now: Timestamp,
-    ) -> bool {
-        self.actions.push_back(Action::WithdrawApproval { command });
-        if answer.status.is_terminal() {
-            // Closed while it waited for approval: nothing ran, nothing to report.
-            self.events.push_back(RelayEvent::ClosedByServer {
-                command,
-                status: answer.status,
-            });
-            self.awaiting = Awaiting::Nothing;
-            return false;
-        }
-        self.events.push_back(RelayEvent::CancelSent { command });
-        self.finish_unstarted(
-            FinishStatus::Cancelled,
-            "Cancelled by the agent while the run waited for the owner's approval; the Graph did not run.".to_owned(),
-            now,
-        );
-        true
-    }
-
-    /// A control answer closed or cancelled an executing run: the engine is
-    /// asked to stop once, and control is polled no more.
-    fn control_stops_execution(&mut self, command: CommandId, answer: ControlAnswer) {
-        let Some(Run {
-            progress,
-            phase: Phase::Executing { control, cancel },
-            ..
-        }) = self.awaiting.run_mut()
-        else {
-            return;
-        };
-        control.next_at = None;
-        let already_closed = matches!(cancel, Some(Cancel::ClosedByServer(_)));
-        if answer.status.is_terminal() {
-            if !already_closed {
-                let cancel_sent = cancel.is_some();
-                *cancel = Some(Cancel::ClosedByServer(answer.status));
-                progress.pending = None;
-                self.events.push_back(RelayEvent::ClosedByServer {
-                    command,
-                    status: answer.status,
-                });
-                if !cancel_sent {
-                    self.actions.push_back(Action::CancelExecution { command });
-                }
-            }
-        } else if cancel.is_none() {
-            *cancel = Some(Cancel::ByAgent);
-            self.actions.push_back(Action::CancelExecution { command });
-            self.events.push_back(RelayEvent::CancelSent { command });
-        }
+        self.maybe_send_progress(now);
+        false
     }
 
     /// The executor finished the job (whatever the reason).
@@ -547,67 +413,9 @@ impl Relay {
         }
     }
 
-    /// The executor reports the progress of `command`'s execution
-    /// `execution`. Kept as the run's latest report and posted at once, or
-    /// when [`RelayConfig::progress_interval`] has passed since the last post
-    /// and that post was answered. A report of an execution that is not
-    /// running (it ended, or the server closed it) is dropped. An invalid
-    /// report is refused and changes nothing.
-    pub fn handle_progress(
-        &mut self,
-        command: CommandId,
-        execution: &ExecutionId,
-        report: ProgressReport,
-        now: Timestamp,
-    ) -> Result<(), InvalidProgress> {
-        report.check()?;
-        if let Some(run) = self
-            .awaiting
-            .run_mut()
-            .filter(|r| r.id() == command && r.job.execution == *execution && r.takes_progress())
-        {
-            run.progress.pending = Some(report);
-            self.maybe_send_progress(now);
-        }
-        Ok(())
-    }
-
-    /// The answer to [`Action::PostProgress`]. A final refusal (the run is
-    /// no longer running under this execution) stops progress for the run;
-    /// any other failure only loses that report.
-    pub fn handle_progress_posted(
-        &mut self,
-        command: CommandId,
-        outcome: PostOutcome,
-        now: Timestamp,
-    ) {
-        let Some(run) = self
-            .awaiting
-            .run_mut()
-            .filter(|r| r.id() == command && r.progress.in_flight)
-        else {
-            return;
-        };
-        run.progress.in_flight = false;
-        match outcome {
-            PostOutcome::Acknowledged => {
-                self.events
-                    .push_back(RelayEvent::ProgressPosted { command });
-            }
-            PostOutcome::Rejected(reason) => {
-                run.progress.refused = true;
-                run.progress.pending = None;
-                self.events
-                    .push_back(RelayEvent::ProgressRefused { command, reason });
-            }
-            PostOutcome::Retry(_) => {}
-        }
-        self.maybe_send_progress(now);
-    }
-
     /// Starts the claimed command's execution (its approval, if it needed
     /// one, was given, and the re-check holds).
-    fn start_execution(&mut self, command: CommandId, now: Timestamp) {
+    pub(super) fn start_execution(&mut self, command: CommandId, now: Timestamp) {
         let control = first_control(&self.config, now);
         let Some(run) = self.awaiting.run_mut() else {
             return;
@@ -626,7 +434,7 @@ impl Relay {
 
     /// Asks the owner to approve the claimed command, for at most `wait`;
     /// meanwhile its progress says so and control is polled as for a run.
-    fn ask_approval(&mut self, command: CommandId, wait: Duration, now: Timestamp) {
+    pub(super) fn ask_approval(&mut self, command: CommandId, wait: Duration, now: Timestamp) {
         let control = first_control(&self.config, now);
         let Some(run) = self.awaiting.run_mut() else {
             return;
@@ -705,67 +513,5 @@ impl Relay {
         run.phase = Phase::Storing(item.clone());
         self.awaiting = Awaiting::Run(Box::new(run));
         self.actions.push_back(Action::StoreReport(item));
-    }
-
-    /// Posts the current run's pending progress if its interval has passed
-    /// and no post is in flight.
-    pub(super) fn maybe_send_progress(&mut self, now: Timestamp) {
-        if self.stopping() {
-            return;
-        }
-        let interval = self.config.progress_interval;
-        let Some(run) = self.awaiting.run_mut() else {
-            return;
-        };
-        if !run.takes_progress()
-            || run.progress.in_flight
-            || run
-                .progress
-                .last_post
-                .is_some_and(|t| now < t.plus(interval))
-        {
-            return;
-        }
-        let Some(report) = run.progress.pending.take() else {
-            return;
-        };
-        run.progress.in_flight = true;
-        run.progress.last_post = Some(now);
-        let (command, execution) = (run.id(), run.job.execution.clone());
-        self.actions.push_back(Action::PostProgress {
-            command,
-            execution,
-            report,
-        });
-    }
-
-    /// Sends the control request of a run that waits for approval or
-    /// executes, when it is due and none is in flight.
-    pub(super) fn maybe_send_control(&mut self, now: Timestamp) {
-        if self.stopping() {
-            return;
-        }
-        let long_poll = self.config.mode == RelayMode::LongPoll;
-        let Some(run) = self.awaiting.run_mut() else {
-            return;
-        };
-        let command = run.id();
-        let control = match &mut run.phase {
-            Phase::AwaitingApproval { control, .. } => control,
-            Phase::Executing {
-                control,
-                cancel: None,
-            } => control,
-            _ => return,
-        };
-        if control.in_flight {
-            return;
-        }
-        if control.next_at.is_some_and(|t| t <= now) {
-            control.in_flight = true;
-            control.next_at = None;
-            self.actions
-                .push_back(Action::Control { command, long_poll });
-        }
     }
 }
