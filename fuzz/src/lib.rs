@@ -31,6 +31,7 @@ use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::limits::{ERROR_LIMIT, RESULT_LIMIT};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::RelayReport;
+use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::relay::{
     APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
     ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,
@@ -493,13 +494,13 @@ pub fn relay_events(data: &[u8]) {
         while let Some(action) = relay.poll_action() {
             match action {
                 Action::LoadOutbox => flight.load = true,
-                Action::Sync {
+                Action::Sync(SyncRequest {
                     project,
                     sessions,
                     restarted,
                     running,
                     ..
-                } => {
+                }) => {
                     assert!(flight.sync.is_none(), "one sync at a time");
                     assert!(sessions.len() <= 100);
                     assert!(

@@ -527,27 +527,9 @@ impl World {
                     };
                     self.relay.handle_outbox_loaded(items, now);
                 }
-                Action::Sync {
-                    project,
-                    sessions,
-                    long_poll,
-                    restarted,
-                    running,
-                } => {
+                Action::Sync(request) => {
                     let at = self.after_latency();
-                    self.schedule(
-                        at,
-                        Event::Arrive(
-                            self.epoch,
-                            Request::Sync(SyncRequest {
-                                project,
-                                sessions,
-                                long_poll,
-                                restarted,
-                                running,
-                            }),
-                        ),
-                    );
+                    self.schedule(at, Event::Arrive(self.epoch, Request::Sync(request)));
                 }
                 Action::RememberProject(project) => {
                     if let Some(o) = &self.outbox {

@@ -419,20 +419,7 @@ impl RelayDriver {
                     });
                     self.relay.handle_outbox_loaded(items, now);
                 }
-                Action::Sync {
-                    project,
-                    sessions,
-                    long_poll,
-                    restarted,
-                    running,
-                } => {
-                    let request = SyncRequest {
-                        project,
-                        sessions,
-                        long_poll,
-                        restarted,
-                        running,
-                    };
+                Action::Sync(request) => {
                     let transport = self.transport.clone();
                     let task =
                         self.start(async move { Input::Synced(transport.sync(&request).await) });

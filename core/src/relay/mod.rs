@@ -39,7 +39,7 @@
 //!         match action {
 //!             // A real driver reads its outbox, then syncs over its transport.
 //!             Action::LoadOutbox => relay.handle_outbox_loaded(vec![], now),
-//!             Action::Sync { .. } => relay.handle_sync_response(Ok(vec![]), now),
+//!             Action::Sync(_) => relay.handle_sync_response(Ok(vec![]), now),
 //!             Action::RememberProject(_) | Action::ForgetProject(_) => {}
 //!             other => unreachable!("nothing was queued: {other:?}"),
 //!         }
@@ -153,10 +153,14 @@
 //! [`ClaimOutcome`] and [`SyncFailure`] in one place. Every driver (HTTP, the
 //! simulator) goes through it.
 
+mod control;
 pub mod driver;
 pub mod in_process;
 mod machine;
+mod pass;
+mod progress;
 pub mod reachability;
+mod run;
 mod types;
 
 pub use machine::Relay;

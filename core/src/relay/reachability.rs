@@ -52,6 +52,7 @@ pub(super) enum Reachability {
 
 impl Reachability {
     /// A request got an answer at `now`: the end of an outage, if one was on.
+    #[must_use]
     pub(super) fn answered(&mut self, now: Timestamp) -> Option<RelayEvent> {
         match std::mem::take(self) {
             Reachability::Answering => None,
@@ -66,6 +67,7 @@ impl Reachability {
 
     /// A request got no usable answer at `now`, for `reason`: the line to
     /// show, if this attempt is one to report.
+    #[must_use]
     pub(super) fn no_answer(&mut self, reason: &str, now: Timestamp) -> Option<RelayEvent> {
         match self {
             Reachability::Answering => {

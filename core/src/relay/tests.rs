@@ -1,7 +1,14 @@
 //! Unit tests of the state machine.
 
+use std::time::Duration;
+
 use super::*;
-use crate::ids::GraphSessionId;
+use crate::command::{CommandStatus, InvalidProgress, WAITING_FOR_APPROVAL};
+use crate::envelope::ResultEnvelope;
+use crate::executor::ProgressReport;
+use crate::ids::{ExecutionId, GraphSessionId};
+use crate::outbox::RelayReport;
+use crate::queue::{ControlAnswer, SyncRequest};
 use crate::session::SessionMeta;
 use serde_json::Map;
 use serde_json::json;
@@ -91,10 +98,10 @@ fn pass_with(r: &mut Relay, now: Timestamp, commands: Vec<RelayCommand>) -> Vec<
     assert!(
         matches!(
             a.as_slice(),
-            [Action::Sync {
+            [Action::Sync(SyncRequest {
                 long_poll: false,
                 ..
-            }]
+            })]
         ),
         "{a:?}"
     );
@@ -305,7 +312,7 @@ fn outbox_items_are_resent_first_and_kept_on_failure() {
         Action::RecordAttempt(old.command),
         "kept, not removed"
     );
-    assert!(matches!(a[1], Action::Sync { .. }));
+    assert!(matches!(a[1], Action::Sync(_)));
     assert!(!a.iter().any(|x| matches!(x, Action::RemoveReport(_))));
 }
 
@@ -330,10 +337,10 @@ fn long_poll_holds_one_sync_when_idle_and_control_is_held_too() {
     r.handle_timeout(secs(0));
     assert!(pass_with(&mut r, secs(0), vec![]).iter().any(|a| matches!(
         a,
-        Action::Sync {
+        Action::Sync(SyncRequest {
             long_poll: true,
             ..
-        }
+        })
     )));
     // The held sync returns when work arrives.
     let c = command(1, 1, "a");
@@ -429,7 +436,7 @@ fn pauses_while_down(seed: u64, attempts: usize) -> Vec<Duration> {
         r.handle_timeout(now);
         assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
         r.handle_outbox_loaded(vec![], now);
-        assert!(matches!(drain(&mut r).as_slice(), [Action::Sync { .. }]));
+        assert!(matches!(drain(&mut r).as_slice(), [Action::Sync(_)]));
         r.handle_sync_response(Err(SyncFailure::Network("refused".into())), now);
         let next = r.poll_timeout().expect("a retry is due");
         pauses.push(next.since(now));
@@ -489,10 +496,10 @@ fn a_lost_server_is_said_once_retries_at_a_bounded_rate_and_its_return_once() {
     r.handle_timeout(secs(0));
     assert!(pass_with(&mut r, secs(0), vec![]).iter().any(|a| matches!(
         a,
-        Action::Sync {
+        Action::Sync(SyncRequest {
             long_poll: true,
             ..
-        }
+        })
     )));
     assert!(outage_events(&mut r).is_empty(), "an answer is not news");
     // The server holding the held sync dies at 10 s.
@@ -571,10 +578,10 @@ fn a_lost_server_is_said_once_retries_at_a_bounded_rate_and_its_return_once() {
     assert!(
         matches!(
             drain(&mut r).as_slice(),
-            [Action::Sync {
+            [Action::Sync(SyncRequest {
                 long_poll: true,
                 ..
-            }]
+            })]
         ),
         "held again at once"
     );
@@ -776,13 +783,13 @@ fn the_first_syncs_announce_the_restart_after_the_outbox_and_until_one_succeeds(
         vec![
             Action::RemoveReport(old.command),
             Action::RememberProject(project()),
-            Action::Sync {
+            Action::Sync(SyncRequest {
                 project: project(),
                 sessions: vec![session(1, "a")],
                 long_poll: false,
                 restarted: true,
                 running: None,
-            },
+            }),
         ]
     );
     // That sync got no answer: the next pass announces the restart again.
@@ -794,11 +801,11 @@ fn the_first_syncs_announce_the_restart_after_the_outbox_and_until_one_succeeds(
     assert!(
         matches!(
             a.as_slice(),
-            [Action::Sync {
+            [Action::Sync(SyncRequest {
                 restarted: true,
                 running: None,
                 ..
-            }]
+            })]
         ),
         "{a:?}"
     );
@@ -812,10 +819,10 @@ fn the_first_syncs_announce_the_restart_after_the_outbox_and_until_one_succeeds(
     assert!(
         matches!(
             a.as_slice(),
-            [Action::Sync {
+            [Action::Sync(SyncRequest {
                 restarted: false,
                 ..
-            }]
+            })]
         ),
         "{a:?}"
     );
@@ -835,13 +842,13 @@ fn a_project_no_longer_enabled_is_synced_empty_until_that_succeeds_then_forgotte
     r.handle_shared_set(SharedSet::new(), secs(5));
     assert_eq!(drain_all(&mut r), vec![Action::LoadOutbox]);
     r.handle_outbox_loaded(vec![], secs(5));
-    let empty_sync = Action::Sync {
+    let empty_sync = Action::Sync(SyncRequest {
         project: project(),
         sessions: vec![],
         long_poll: false,
         restarted: false,
         running: None,
-    };
+    });
     assert_eq!(drain_all(&mut r), vec![empty_sync.clone()]);
     // Not acknowledged: still remembered, synced empty again next pass.
     r.handle_sync_response(Err(SyncFailure::Network("down".into())), secs(5));
@@ -892,7 +899,7 @@ fn a_project_withdrawn_while_a_sync_sharing_into_it_is_in_flight_is_emptied_befo
     r.handle_outbox_loaded(vec![], secs(0));
     assert!(matches!(
         drain_all(&mut r).as_slice(),
-        [Action::RememberProject(_), Action::Sync { sessions, .. }] if !sessions.is_empty()
+        [Action::RememberProject(_), Action::Sync(SyncRequest { sessions, .. })] if !sessions.is_empty()
     ));
     // The owner withdraws the project while that sync is in flight; the
     // server takes the sync, so it holds the session's share.
@@ -911,7 +918,7 @@ fn a_project_withdrawn_while_a_sync_sharing_into_it_is_in_flight_is_emptied_befo
     r.handle_outbox_loaded(vec![], secs(20));
     assert!(matches!(
         drain_all(&mut r).as_slice(),
-        [Action::Sync { sessions, .. }] if sessions.is_empty()
+        [Action::Sync(SyncRequest { sessions, .. })] if sessions.is_empty()
     ));
     r.handle_sync_response(Ok(vec![]), secs(20));
     assert_eq!(drain_all(&mut r), vec![Action::ForgetProject(project())]);
@@ -926,7 +933,7 @@ fn a_project_enabled_again_while_its_empty_sync_is_in_flight_stays_remembered() 
     r.handle_outbox_loaded(vec![], secs(0));
     assert!(matches!(
         drain_all(&mut r).as_slice(),
-        [Action::Sync { sessions, .. }] if sessions.is_empty()
+        [Action::Sync(SyncRequest { sessions, .. })] if sessions.is_empty()
     ));
     r.handle_shared_set(shared(&[(1, "a")]), secs(1));
     r.handle_sync_response(Ok(vec![]), secs(1));
@@ -947,13 +954,13 @@ fn projects_remembered_by_an_earlier_run_are_emptied_after_a_restart() {
     r.handle_outbox_loaded(vec![], secs(0));
     assert_eq!(
         drain_all(&mut r),
-        vec![Action::Sync {
+        vec![Action::Sync(SyncRequest {
             project: project(),
             sessions: vec![],
             long_poll: false,
             restarted: true,
             running: None,
-        }]
+        })]
     );
     r.handle_sync_response(Ok(vec![]), secs(0));
     assert_eq!(drain_all(&mut r), vec![Action::ForgetProject(project())]);
@@ -1011,7 +1018,7 @@ fn executing_relay() -> (Relay, RelayCommand) {
 }
 
 fn execution_of(r: &Relay) -> ExecutionId {
-    r.current.as_ref().expect("executing").job.execution.clone()
+    r.awaiting.run().expect("executing").job.execution.clone()
 }
 
 fn report(message: &str, percent: f64) -> ProgressReport {
@@ -1047,10 +1054,10 @@ fn a_restart_is_announced_only_once_the_outbox_is_empty() {
             a.as_slice(),
             [
                 Action::RecordAttempt(_),
-                Action::Sync {
+                Action::Sync(SyncRequest {
                     restarted: false,
                     ..
-                }
+                })
             ]
         ),
         "{a:?}"
@@ -1072,7 +1079,7 @@ fn a_restart_is_announced_only_once_the_outbox_is_empty() {
     assert!(
         matches!(
             a.as_slice(),
-            [Action::RemoveReport(c), Action::Sync { restarted: true, running: None, .. }]
+            [Action::RemoveReport(c), Action::Sync(SyncRequest { restarted: true, running: None, .. })]
                 if *c == old.command
         ),
         "{a:?}"
@@ -1085,10 +1092,10 @@ fn a_restart_is_announced_only_once_the_outbox_is_empty() {
     r.handle_outbox_loaded(vec![], secs(40));
     assert!(matches!(
         drain(&mut r).as_slice(),
-        [Action::Sync {
+        [Action::Sync(SyncRequest {
             restarted: false,
             ..
-        }]
+        })]
     ));
 }
 
@@ -1768,7 +1775,7 @@ fn shutdown_aborts_a_held_sync_and_syncs_nothing_more() {
     assert_eq!(drain(&mut r), vec![Action::LoadOutbox]);
     r.handle_outbox_loaded(vec![], secs(0));
     let a = drain(&mut r);
-    assert!(matches!(a.as_slice(), [Action::Sync { .. }]), "{a:?}");
+    assert!(matches!(a.as_slice(), [Action::Sync(_)]), "{a:?}");
     r.handle_shutdown(secs(1));
     assert_eq!(drain(&mut r), vec![Action::AbortHeldSync]);
     r.handle_sync_response(Err(SyncFailure::Aborted), secs(1));

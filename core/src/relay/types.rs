@@ -12,6 +12,7 @@ use crate::executor::ProgressReport;
 use crate::ids::{AgentId, CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::outbox::OutboxItem;
+use crate::queue::SyncRequest;
 use crate::session::SessionMeta;
 use crate::time::Timestamp;
 
@@ -289,21 +290,16 @@ impl ExecutionOutcome {
 pub enum Action {
     /// Read every pending outbox item; answer with [`Relay::handle_outbox_loaded`](super::Relay::handle_outbox_loaded).
     LoadOutbox,
-    /// Sync one project; answer with [`Relay::handle_sync_response`](super::Relay::handle_sync_response).
-    Sync {
-        /// The project.
-        project: ProjectId,
-        /// Its shared sessions (at most 100; none for a project no longer enabled).
-        sessions: Vec<SessionMeta>,
-        /// Ask the server to hold the request until work arrives.
-        long_poll: bool,
-        /// This process has just started, and the server may end the device's
-        /// other running commands: true from [`Relay::new`](super::Relay::new) until one sync
-        /// saying so succeeded, except while the outbox still holds reports.
-        restarted: bool,
-        /// The command the relay executes right now, if any.
-        running: Option<CommandId>,
-    },
+    /// Sync one project with this request, as the relay built it; answer
+    /// with [`Relay::handle_sync_response`](super::Relay::handle_sync_response).
+    /// Its `sessions` are the project's shared sessions (at most 100; none for
+    /// a project no longer enabled); `long_poll` asks the server to hold the
+    /// request until work arrives; `restarted` says this process has just
+    /// started and the server may end the device's other running commands
+    /// (true from [`Relay::new`](super::Relay::new) until one sync saying so
+    /// succeeded, except while the outbox still holds reports); `running` is
+    /// the command the relay executes right now, if any.
+    Sync(SyncRequest),
     /// Record durably that the server holds shares of this relay in the
     /// project (before its sync is sent), so that a later run of the relay
     /// still empties them once the project is no longer enabled. No answer.
