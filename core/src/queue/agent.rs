@@ -19,6 +19,9 @@ use crate::store::{DeviceRecord, IdempotencyRecord, InsertOutcome, StoreError};
 use crate::time::{Sleeper, Timestamp};
 use std::time::Duration;
 
+#[cfg(doc)]
+use crate::signals::Signals;
+
 /// The ticket `run_graph_session` returns.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunTicket {

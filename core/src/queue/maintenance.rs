@@ -26,6 +26,9 @@ use crate::principal::Device;
 use crate::store::{ExternalWrites, PruneReport, PruneRequest, StoreError};
 use crate::time::Sleeper;
 
+#[cfg(doc)]
+use crate::command::CommandRecord;
+
 /// How often [`Queue::run_maintenance`] runs a step: the precision of lease
 /// lapses and of the last coalesced progress report.
 pub const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(1);

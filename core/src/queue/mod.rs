@@ -46,6 +46,8 @@
 //! request waits, and on what), the periodic maintenance, and the device
 //! liveness and syncs a queue remembers. Their errors are in one file, with
 //! the one rule of which are worth retrying.
+//!
+//! [`request_fingerprint`]: crate::command::request_fingerprint
 
 use crate::command::CommandRecord;
 use crate::ids::{CommandId, DeviceId, OwnerId};
