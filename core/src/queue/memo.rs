@@ -1,17 +1,21 @@
 //! What a queue remembers between requests to spare the store work: a
 //! bounded map shared by the queue's clones.
 //!
-//! Each memo is a throttle or a cache (when a device's liveness was last
+//! Each memo is a throttle or a cache: when a device's liveness was last
 //! written, its liveness as last read, the syncs last written, each run's
-//! progress writes). None of them is ever the answer to a request: losing
-//! an entry costs at most a store read or write that the entry would have
-//! spared. That is what makes the bound's rule cheap: when a key that is
-//! not kept arrives and the memo holds [`Memo::capacity`] entries, the memo
-//! starts over (every entry is dropped) before it takes the new one. A
-//! queue that sees more distinct keys than that within one throttle
-//! interval is far past the load the throttles are sized for; starting
-//! over keeps memory bounded without an eviction order to maintain on the
-//! hot path.
+//! progress writes and its coalesced report. What a memo holds only ever
+//! spares a store access or defers a write; nothing a memo forgets changes
+//! an answer's rules, only how often the store is asked (and, for the
+//! progress memo, drops a coalesced report that a later one would replace).
+//!
+//! The bound has one rule, the same for every memo: when a key that is
+//! not kept arrives and the memo is full (its capacity is given to
+//! [`Memo::new`]), the memo starts over (every entry is dropped) before it
+//! takes the new key.
+//! A kept key is always replaced in place. A queue that meets more distinct
+//! devices or running commands than that is far past the load the memos
+//! are sized for; starting over keeps memory bounded with no eviction
+//! order to maintain on every request.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;

@@ -66,6 +66,7 @@ mod maintenance;
 mod memo;
 mod progress;
 mod relay;
+mod sync;
 #[cfg(test)]
 mod tests;
 
@@ -78,7 +79,8 @@ pub use errors::{
 pub use holds::FED_RECHECK;
 pub use maintenance::{MAINTENANCE_INTERVAL, MaintenanceReport};
 pub use progress::ProgressAck;
-pub use relay::{CompleteAck, ControlAnswer, DeclineAck, SyncRequest, SyncResponse};
+pub use relay::{CompleteAck, ControlAnswer, DeclineAck};
+pub use sync::{SyncRequest, SyncResponse};
 
 use devices::SyncWritten;
 use memo::Memo;
