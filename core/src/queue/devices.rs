@@ -56,8 +56,9 @@ impl Queue {
     /// is written at most once per that interval anyway (the touch
     /// throttle), so the copy is as fresh as the store; this queue's own
     /// writes of the device change the copy as they change the store. A
-    /// desktop that takes up a run moments after it was queued costs one read of its liveness, not two (the
-    /// ticket's pickup hint, then the lease of `start`).
+    /// desktop that takes up a run moments after it was queued costs one
+    /// read of its liveness, not two (the ticket's pickup hint, then the
+    /// lease of `start`).
     pub(super) async fn device_record(
         &self,
         owner: &OwnerId,
