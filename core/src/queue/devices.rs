@@ -1,0 +1,141 @@
+//! What a queue remembers of the devices it serves, so that a busy relay
+//! costs the store little: when this queue last wrote each device's
+//! liveness (the touch throttle), the liveness it last read, and the syncs
+//! it last wrote. Each is a [`Memo`](super::memo::Memo): losing an entry
+//! costs one store access, never a different answer.
+//!
+//! All three are fresh for [`QueueConfig::touch_interval`], the precision
+//! at which liveness is written anyway.
+
+use super::{Queue, SyncRequest};
+use crate::ids::{DeviceId, OwnerId, ProjectId};
+use crate::principal::Device;
+use crate::session::SessionMeta;
+use crate::store::{DeviceContact, DeviceRecord, StoreError};
+use crate::time::Timestamp;
+
+#[cfg(doc)]
+use super::QueueConfig;
+
+/// Syncs remembered per device (one per project it syncs).
+const MAX_SYNCS_PER_DEVICE: usize = 32;
+
+/// What this queue last wrote for one device's sync of one project, and when.
+pub(super) struct SyncWritten {
+    owner: OwnerId,
+    project: ProjectId,
+    sessions: Vec<SessionMeta>,
+    long_poll: bool,
+    at: Timestamp,
+}
+
+impl Queue {
+    /// Records that `device` was seen, at most once per
+    /// [`QueueConfig::touch_interval`] per device from this queue (liveness
+    /// is reported in seconds; a write per relay request would only load the store).
+    pub(super) async fn touch(&self, device: &Device) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        {
+            let mut touched = self.touched.lock();
+            if touched.get(&device.id).is_some_and(|(owner, t)| {
+                *owner == device.owner && now.since(*t) < self.config.touch_interval && *t <= now
+            }) {
+                return Ok(());
+            }
+            touched.insert(device.id.clone(), (device.owner.clone(), now));
+        }
+        self.store
+            .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
+            .await?;
+        self.device_contacted(device, DeviceContact::Other, now);
+        Ok(())
+    }
+
+    /// The liveness of `device` of `owner`: as this queue read it less than
+    /// [`QueueConfig::touch_interval`] ago, or else from the store. Liveness
+    /// is written at most once per that interval anyway (the touch
+    /// throttle), so the copy is as fresh as the store; this queue's own
+    /// writes of the device change the copy as they change the store. A
+    /// desktop that takes up a run moments after it was queued costs one
+    /// read of its liveness, not two (the ticket's pickup hint, then the
+    /// lease of `start`).
+    pub(super) async fn device_record(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<Option<DeviceRecord>, StoreError> {
+        let now = self.clock.now();
+        {
+            let devices = self.devices.lock();
+            if let Some((record, read_at)) = devices.get(device)
+                && record.owner == *owner
+                && *read_at <= now
+                && now.since(*read_at) < self.config.touch_interval
+            {
+                return Ok(Some(record.clone()));
+            }
+        }
+        let record = self.store.device(owner, device).await?;
+        if let Some(record) = &record {
+            self.devices
+                .lock()
+                .insert(device.clone(), (record.clone(), now));
+        }
+        Ok(record)
+    }
+
+    /// This queue just wrote `contact` of `device` at `now`: its copy of
+    /// the device's liveness, if it has one, takes the same change.
+    pub(super) fn device_contacted(&self, device: &Device, contact: DeviceContact, now: Timestamp) {
+        let mut devices = self.devices.lock();
+        if let Some((record, _)) = devices.get_mut(&device.id)
+            && record.owner == device.owner
+        {
+            record.record_contact(contact, now);
+        }
+    }
+
+    /// Whether this queue wrote exactly this sync (same sessions, same mode)
+    /// for this device and project less than [`QueueConfig::touch_interval`]
+    /// ago. Then the store already shows it, up to a stamp at most that old,
+    /// and the writes are skipped: a relay that syncs often (or a benchmark)
+    /// costs one read per sync instead of two writes.
+    pub(super) fn sync_written_recently(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        now: Timestamp,
+    ) -> bool {
+        let synced = self.synced.lock();
+        synced
+            .get(&device.id)
+            .and_then(|list| {
+                list.iter()
+                    .find(|w| w.owner == device.owner && w.project == request.project)
+            })
+            .is_some_and(|w| {
+                w.at <= now
+                    && now.since(w.at) < self.config.touch_interval
+                    && w.long_poll == request.long_poll
+                    && w.sessions == request.sessions
+            })
+    }
+
+    /// Remembers that this queue wrote `request` of `device` at `now`, in
+    /// place of what it wrote before for the same owner and project.
+    pub(super) fn remember_sync(&self, device: &Device, request: &SyncRequest, now: Timestamp) {
+        let mut synced = self.synced.lock();
+        let list = synced.get_or_insert_with(device.id.clone(), Vec::new);
+        list.retain(|w| !(w.owner == device.owner && w.project == request.project));
+        if list.len() >= MAX_SYNCS_PER_DEVICE {
+            list.remove(0);
+        }
+        list.push(SyncWritten {
+            owner: device.owner.clone(),
+            project: request.project.clone(),
+            sessions: request.sessions.clone(),
+            long_poll: request.long_poll,
+            at: now,
+        });
+    }
+}

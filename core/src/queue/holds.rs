@@ -1,0 +1,232 @@
+//! How long a request waits, and on what: the holds of a relay's long-poll
+//! sync and control requests and of an agent's `wait_seconds` call.
+//!
+//! A hold is a value ([`Hold`]) that names the topics it wakes on, when it
+//! ends and how often it looks at the store on its own; HTTP, stdio and the
+//! simulator only park on it. A held sync ends at a time that varies from
+//! hold to hold (the jitter), so desktops that connected together drift
+//! apart instead of coming back in bursts.
+
+use super::{
+    ControlAnswer, ControlError, Queue, QueueConfig, SyncError, SyncRequest, SyncResponse,
+};
+use crate::hold::{Hold, Look};
+use crate::ids::CommandId;
+use crate::principal::Device;
+use crate::signals::Topic;
+use crate::store::{ExternalWrites, StoreError};
+use crate::time::{Sleeper, Timestamp};
+use std::time::Duration;
+
+/// How often a held request looks at the store on its own when other
+/// processes' writes reach this process anyway (see
+/// [`Queue::external_writes_fed`]): a safety net, longer than any hold.
+pub const FED_RECHECK: Duration = Duration::from_secs(60);
+
+/// How long a sync of `device` made at `now` is held: `long_poll_hold`
+/// less its jitter, which is at most a fifth of it.
+fn sync_hold_length(config: &QueueConfig, device: &Device, now: Timestamp) -> Duration {
+    let most = config.long_poll_jitter.min(config.long_poll_hold / 5);
+    config
+        .long_poll_hold
+        .saturating_sub(jitter(device, now, most))
+}
+
+/// A share of `most` that differs from device to device and from instant to
+/// instant (a hash of both), so successive holds of one device, and the
+/// holds of devices that synced together, end at scattered times.
+fn jitter(device: &Device, now: Timestamp, most: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    if most.is_zero() {
+        return Duration::ZERO;
+    }
+    let mut hasher = foldhash::fast::FixedState::with_seed(0x6a17).build_hasher();
+    device.owner.hash(&mut hasher);
+    device.id.hash(&mut hasher);
+    now.0.hash(&mut hasher);
+    // The top 53 bits as a fraction in [0, 1).
+    let fraction = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
+    most.mul_f64(fraction)
+}
+
+impl Queue {
+    /// True when this process learns of every write another process makes
+    /// to the store without reading it: the store has no other writer, or
+    /// [`Queue::maintain`] watches its marker ([`ExternalWrites`]), or the
+    /// signals' forwarder [delivers](crate::signals::Forwarder::delivers)
+    /// other processes' notifications. Held requests then wait on
+    /// notifications alone (looking again only every [`FED_RECHECK`], a
+    /// safety net), instead of every `hold_recheck` / `wait_recheck`, so
+    /// thousands of them cost nothing while nothing happens.
+    pub fn external_writes_fed(&self) -> bool {
+        match self.store.external_writes() {
+            ExternalWrites::None | ExternalWrites::Marker => true,
+            ExternalWrites::Poll => self.signals.forwarder_delivers(),
+        }
+    }
+
+    /// The re-look pace of a held request: `polled` when other processes'
+    /// writes show only by reading the store, else [`FED_RECHECK`].
+    fn recheck(&self, polled: Duration) -> Duration {
+        if self.external_writes_fed() {
+            FED_RECHECK.max(polled)
+        } else {
+            polled
+        }
+    }
+
+    /// How a relay's long-poll sync of `device` is held: until work is
+    /// queued for it ([`Topic::DeviceWork`]) or [`QueueConfig::long_poll_hold`]
+    /// less up to [`QueueConfig::long_poll_jitter`] passes, looking at the
+    /// store every [`QueueConfig::hold_recheck`] (when other processes'
+    /// writes show only by reading it); a notification answers at once,
+    /// with what is queued (possibly nothing), so the relay starts a fresh
+    /// pass.
+    pub fn sync_hold(&self, device: &Device) -> Hold {
+        let now = self.clock.now();
+        let hold = sync_hold_length(&self.config, device, now);
+        Hold {
+            topics: vec![Topic::DeviceWork(device.owner.clone(), device.id.clone())],
+            until: now.plus(hold),
+            recheck: self.recheck(self.config.hold_recheck),
+            answer_on_notify: true,
+        }
+    }
+
+    /// How a relay's long-poll control request for `id`, a run holding
+    /// `lease` (as [`Queue::control_renewing`] says), is held: until the
+    /// command changes ([`Topic::Command`]) or [`QueueConfig::control_hold`]
+    /// of the lease passes; a notification answers at once.
+    pub fn control_hold(&self, id: &CommandId, lease: Duration) -> Hold {
+        Hold {
+            topics: vec![Topic::Command(*id)],
+            until: self.clock.now().plus(self.config.control_hold(lease)),
+            recheck: self.recheck(self.config.hold_recheck),
+            answer_on_notify: true,
+        }
+    }
+
+    /// A relay's sync, held when it asks for long-poll and nothing is
+    /// queued: [`Queue::sync`], then (if `request.long_poll` and it found
+    /// nothing) the hold of [`Queue::sync_hold`], shaped by `limit` (a
+    /// transport cuts it to its own bound), sleeping on `sleeper`. The
+    /// answer is what is queued when the hold ends, possibly nothing. The
+    /// HTTP relay API and the in-process transport both answer with it.
+    pub async fn sync_held(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        limit: impl FnOnce(Hold) -> Hold,
+        sleeper: &dyn Sleeper,
+    ) -> Result<SyncResponse, SyncError> {
+        let mut response = self.sync(device, request).await?;
+        if request.long_poll && response.commands.is_empty() {
+            let hold = limit(self.sync_hold(device));
+            response.commands = hold
+                .run(&self.signals, &*self.clock, sleeper, || async {
+                    let commands = self.queued_for(device, &request.project).await?;
+                    Ok::<_, StoreError>(if commands.is_empty() {
+                        Look::NotYet(commands)
+                    } else {
+                        Look::Ready(commands)
+                    })
+                })
+                .await?;
+        }
+        Ok(response)
+    }
+
+    /// A relay's control request, held when it asks for long-poll and there
+    /// is nothing to say yet: [`Queue::control`] (which renews the lease),
+    /// then the hold of [`Queue::control_hold`] for the run's lease shaped
+    /// by `limit`, until cancellation is requested or the command ended.
+    /// Each look of the hold only reads.
+    pub async fn control_held(
+        &self,
+        device: &Device,
+        id: &CommandId,
+        long_poll: bool,
+        limit: impl FnOnce(Hold) -> Hold,
+        sleeper: &dyn Sleeper,
+    ) -> Result<ControlAnswer, ControlError> {
+        let (answer, lease) = self.control_renewing(device, id).await?;
+        if !long_poll || answer.is_settled() {
+            return Ok(answer);
+        }
+        let hold = limit(self.control_hold(id, lease));
+        hold.run(&self.signals, &*self.clock, sleeper, || async {
+            let answer = self.peek_control(device, id).await?;
+            Ok(if answer.is_settled() {
+                Look::Ready(answer)
+            } else {
+                Look::NotYet(answer)
+            })
+        })
+        .await
+    }
+
+    /// How an agent's wait for run `id` is held: for `wait`, looking again
+    /// whenever the command changes and at least every
+    /// [`QueueConfig::wait_recheck`], answering once the run is terminal.
+    pub fn run_hold(&self, id: &CommandId, wait: Duration) -> Hold {
+        self.watch_hold(&[*id], wait)
+    }
+
+    /// How a stream watching `ids` is held: for `lifetime`, looking again
+    /// whenever one of them changes and at least every
+    /// [`QueueConfig::wait_recheck`]; the look says when it is done.
+    pub fn watch_hold(&self, ids: &[CommandId], lifetime: Duration) -> Hold {
+        Hold {
+            topics: ids.iter().map(|id| Topic::Command(*id)).collect(),
+            until: self.clock.now().plus(lifetime),
+            recheck: self.recheck(self.config.wait_recheck),
+            answer_on_notify: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{DeviceId, OwnerId};
+
+    #[test]
+    fn held_syncs_end_at_scattered_times_within_the_jitter() {
+        let most = Duration::from_secs(5);
+        let mut seen = std::collections::BTreeSet::new();
+        for n in 0..200u64 {
+            let d = Device::new(
+                DeviceId::parse(&format!("desk-{}", n % 20)).unwrap(),
+                OwnerId::parse("o").unwrap(),
+            );
+            let j = jitter(&d, Timestamp(1_000 * n), most);
+            assert!(j < most, "{j:?}");
+            seen.insert(j.as_millis() / 250);
+        }
+        // 200 holds spread over the 20 quarter-seconds of the window.
+        assert_eq!(seen.len(), 20, "{seen:?}");
+        let d = Device::new(DeviceId::parse("d").unwrap(), OwnerId::parse("o").unwrap());
+        assert_eq!(jitter(&d, Timestamp(7), Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_short_hold_loses_at_most_a_fifth_to_the_jitter() {
+        let d = Device::new(DeviceId::parse("d").unwrap(), OwnerId::parse("o").unwrap());
+        let config = QueueConfig {
+            long_poll_hold: Duration::from_secs(2),
+            ..QueueConfig::default()
+        };
+        for n in 0..100 {
+            let hold = sync_hold_length(&config, &d, Timestamp(n * 37));
+            assert!(hold > Duration::from_millis(1_600) && hold <= Duration::from_secs(2));
+        }
+        let exact = QueueConfig {
+            long_poll_jitter: Duration::ZERO,
+            ..QueueConfig::default()
+        };
+        assert_eq!(
+            sync_hold_length(&exact, &d, Timestamp(5)),
+            Duration::from_secs(25)
+        );
+    }
+}

@@ -1,0 +1,242 @@
+//! A relay's sync: the desktop uploads the sessions it shares to one
+//! project and takes the commands queued there for it.
+//!
+//! A sync is the desktop's main sign of life, so it is written unless it
+//! repeats what this queue wrote for the same device and project a moment
+//! ago (see `devices`). It also ends what can no longer run: the running
+//! commands of a relay that restarted, and the queued runs of sessions the
+//! desktop stopped sharing.
+
+use super::{DeclineError, Party, Queue, SyncError, TransitionError};
+use crate::command::CommandRecord;
+use crate::ids::{CommandId, ProjectId};
+use crate::limits::MAX_SESSIONS_PER_SYNC;
+use crate::principal::Device;
+use crate::session::SessionMeta;
+use crate::store::{DeviceContact, StoreError};
+use std::time::Duration;
+
+#[cfg(doc)]
+use super::QueueConfig;
+
+/// Most running commands one restart announcement closes.
+const MAX_RESTART_CLOSES: usize = 100;
+
+/// A relay's sync for one project.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncRequest {
+    /// The project the owner enabled on the desktop.
+    pub project: ProjectId,
+    /// The sessions shared to it (at most 100).
+    pub sessions: Vec<SessionMeta>,
+    /// The relay holds this request open (long-poll mode).
+    pub long_poll: bool,
+    /// True on the first sync a relay process sends after it started: the
+    /// server then ends this device's running commands other than `running`.
+    pub restarted: bool,
+    /// The command the relay is executing right now, if any.
+    pub running: Option<CommandId>,
+}
+
+/// What a sync hands back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncResponse {
+    /// Queued commands of this project for this device, oldest first.
+    pub commands: Vec<CommandRecord>,
+    /// When the relay should sync again if nothing changes.
+    pub poll_after: Duration,
+}
+
+/// The rules of a sync's sessions: at most [`MAX_SESSIONS_PER_SYNC`],
+/// each valid, none listed twice.
+fn validate_sessions(sessions: &[SessionMeta]) -> Result<(), SyncError> {
+    if sessions.len() > MAX_SESSIONS_PER_SYNC {
+        return Err(SyncError::TooManySessions(sessions.len()));
+    }
+    for (index, session) in sessions.iter().enumerate() {
+        session.validate(index)?;
+        // At most 100 sessions: a scan is cheaper than hashing.
+        if sessions[..index]
+            .iter()
+            .any(|s| s.graph_session_id == session.graph_session_id)
+        {
+            return Err(SyncError::DuplicateSession(
+                session.graph_session_id.clone(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Queue {
+    /// A relay uploads the sessions shared to one project and receives the
+    /// commands queued there for it. Replaces what `list_graph_sessions`
+    /// shows for this device and records when the device last synced, and
+    /// whether it long-polls (an unheld sync of a long-polling relay keeps
+    /// that mode; see `long_polls_after`).
+    pub async fn sync(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+    ) -> Result<SyncResponse, SyncError> {
+        validate_sessions(&request.sessions)?;
+        let now = self.clock.now();
+        if !self.sync_written_recently(device, request, now) {
+            if !request.sessions.is_empty() {
+                self.check_project_bound(device, &request.project).await?;
+            }
+            let long_poll = self.long_polls_after(device, request).await?;
+            self.store
+                .record_sync(
+                    &device.owner,
+                    &request.project,
+                    &device.id,
+                    &request.sessions,
+                    long_poll,
+                    now,
+                )
+                .await?;
+            self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
+            self.remember_sync(device, request, now);
+        }
+        if request.restarted {
+            self.close_after_restart(device, request.running.as_ref())
+                .await?;
+        }
+        let queued = self.queued_for(device, &request.project).await?;
+        let commands = self.decline_unshared(device, request, queued).await?;
+        let poll_after = if request.long_poll {
+            Duration::ZERO
+        } else {
+            self.config.sync_interval
+        };
+        Ok(SyncResponse {
+            commands,
+            poll_after,
+        })
+    }
+
+    /// `queued` less the runs whose session `request` no longer shares to
+    /// the project (or shares under another slug): such a run can never
+    /// run here, so it ends now with the re-check's error instead of
+    /// waiting for a claim.
+    async fn decline_unshared(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        mut queued: Vec<CommandRecord>,
+    ) -> Result<Vec<CommandRecord>, SyncError> {
+        let mut kept = Vec::with_capacity(queued.len());
+        for command in queued.drain(..) {
+            let shared = request.sessions.iter().any(|s| {
+                s.graph_session_id == command.graph_session_id
+                    && (command.slug.is_empty() || s.slug == command.slug)
+            });
+            if shared {
+                kept.push(command);
+                continue;
+            }
+            match self.decline(device, &command.id).await {
+                Ok(_) | Err(DeclineError::NotFound | DeclineError::Refused(_)) => {}
+                Err(DeclineError::Store(e)) => return Err(e.into()),
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Whether `device` long-polls once `request` is recorded: the mode
+    /// the ticket's pickup hint, the lease of the next start and the
+    /// desktop's liveness follow. A held sync says it does. A long-polling
+    /// relay also sends syncs that are not held: one per project at the
+    /// start of every pass, before it waits in a held one, and only those
+    /// when the pass finds work (it then runs it and delivers the result
+    /// before its next held sync). Such a sync keeps the mode recorded, so
+    /// a desktop that just delivered a result is not taken for one that
+    /// polls every [`QueueConfig::sync_interval`]. The first sync of a
+    /// restarted relay sets the mode afresh: a relay keeps its mode for
+    /// its whole life, so only a restart can change it.
+    async fn long_polls_after(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+    ) -> Result<bool, StoreError> {
+        if request.long_poll || request.restarted {
+            return Ok(request.long_poll);
+        }
+        Ok(self
+            .device_record(&device.owner, &device.id)
+            .await?
+            .is_some_and(|d| d.long_poll))
+    }
+
+    /// A relay process started: its device's running commands other than
+    /// `running` can no longer be running (their process went with the old
+    /// one) and end at once ([`CommandRecord::close_after_restart_in_place`]).
+    async fn close_after_restart(
+        &self,
+        device: &Device,
+        running: Option<&CommandId>,
+    ) -> Result<(), StoreError> {
+        let stale = self
+            .store
+            .running_commands(&device.owner, &device.id, MAX_RESTART_CLOSES)
+            .await?;
+        for command in stale.iter().filter(|c| Some(&c.id) != running) {
+            let closed = self
+                .transition(Party::Device(device), &command.id, |record, now| {
+                    Ok::<_, std::convert::Infallible>(record.close_after_restart_in_place(now))
+                })
+                .await;
+            match closed {
+                Ok(_) | Err(TransitionError::NotFound) => {}
+                Err(TransitionError::Store(e)) => return Err(e),
+                Err(TransitionError::Refused(never)) => match never {},
+            }
+        }
+        Ok(())
+    }
+
+    /// Queued commands of `project` for `device`, without writing anything
+    /// (a long-poll driver calls this while holding a sync).
+    pub async fn queued_for(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        let queued = self
+            .store
+            .queued_commands(
+                &device.owner,
+                project,
+                &device.id,
+                self.config.max_commands_per_sync,
+            )
+            .await?;
+        // The desktop starts them next: that transition can begin from
+        // these copies.
+        for command in &queued {
+            self.live.put(command);
+        }
+        Ok(queued)
+    }
+
+    /// Refuses a share into one project more than
+    /// [`QueueConfig::max_projects_per_device`]; a project the device
+    /// already shares into is always fine.
+    async fn check_project_bound(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+    ) -> Result<(), SyncError> {
+        let limit = self.config.max_projects_per_device;
+        let shared = self
+            .store
+            .shared_projects(&device.owner, &device.id, limit.saturating_add(1))
+            .await?;
+        if shared.len() < limit || shared.contains(project) {
+            Ok(())
+        } else {
+            Err(SyncError::TooManyProjects { limit })
+        }
+    }
+}
