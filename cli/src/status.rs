@@ -1,7 +1,7 @@
 //! `graph-relay status`: the operator's view of the queue (desktops,
 //! shares, the queue, the last hour's runs and pickup latency) as tables
 //! or `--json`. The document is the library's
-//! ([`StatusReport`](graph_relay_core::stats::StatusReport)); this module
+//! ([`StatusReport`]); this module
 //! only fetches and renders it.
 //!
 //! It reads the SQLite file read-only, next to a running server, or, with

@@ -6,8 +6,8 @@
 //! posts a bounded result; the agent reads it with the ticket.
 //!
 //! This crate owns every rule of that system and performs no IO: it opens no
-//! socket, reads no file, and learns the time only from a [`Clock`]. Stores
-//! ([`Store`]) and transports are thin crates around it.
+//! socket, reads no file, and learns the time only from a [`Clock`](time::Clock). Stores
+//! ([`Store`](store::Store)) and transports are thin crates around it.
 //!
 //! ```text
 //!  agent ── MCP ──► transport ──► Queue ◄── relay HTTP API ◄── desktop relay

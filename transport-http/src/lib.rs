@@ -63,7 +63,7 @@
 //!   afterwards: missing 400, unknown 404. A session belongs to the agent
 //!   (owner, name) and the token that created it; sessions are bounded per
 //!   agent and in all ([`SessionLimits`]). Sessions live in an
-//!   [`McpSessionStore`](graph_relay_core::mcp::McpSessionStore): this
+//!   [`McpSessionStore`]: this
 //!   process's memory by default ([`MemoryMcpSessionStore`]), or a store
 //!   shared by every server of a cluster
 //!   ([`ServerBuilder::mcp_session_store`], e.g. the Postgres store's), so

@@ -917,8 +917,8 @@ impl Outgoing {
 
     /// A success response whose result is the typed wire value `result`,
     /// serialized straight to bytes. Its fields must be declared in the
-    /// lexicographic order of their wire names (as every type of
-    /// [`super::wire`] is), so the bytes are those of [`Outgoing::result`].
+    /// lexicographic order of their wire names (as every wire type of
+    /// this module is), so the bytes are those of [`Outgoing::result`].
     pub fn typed_result<R: Serialize + ?Sized>(id: &RequestId, result: &R) -> Self {
         Self::rendered(render(&ResponseRef {
             id,

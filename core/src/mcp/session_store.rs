@@ -8,25 +8,7 @@
 //! balancer can share it (the Postgres store implements it; the HTTP
 //! transport's in-memory table is the default).
 //!
-//! # Contract
-//! - A session belongs to one agent, (owner, name), and to the token that
-//!   created it ([`McpSessionOwner`]). Every look-up is keyed by the id
-//!   *and* the agent *and* the token's hash: another agent's or another
-//!   token's id finds nothing, exactly like an unknown one.
-//! - At most [`McpSessionLimits::max_sessions_per_agent`] per agent: a new
-//!   one beyond evicts that agent's least recently used session, never
-//!   another agent's.
-//! - At most [`McpSessionLimits::max_sessions`] in all: at the bound an
-//!   agent with sessions of its own evicts its least recently used one, and
-//!   an agent without any is refused ([`McpSessionsFull`]), evicting no one.
-//! - Bytes: a stored state is at most [`MAX_MCP_SESSION_STATE_BYTES`]
-//!   (larger ones are refused), so a store holds at most `max_sessions`
-//!   times that.
-//! - A session unused for [`McpSessionLimits::idle_timeout`] is never
-//!   served again, and is deleted by [`McpSessionStore::sweep`] (a bounded
-//!   step) or by the look-up that finds it expired. Stores may record the
-//!   last use coarsely (see [`McpSessionStore::get`]).
-//! - Time is an input: every method that needs it takes `now`.
+//! The contract every store keeps is on the trait.
 
 use std::time::Duration;
 
@@ -155,12 +137,32 @@ pub struct McpSessionFigures {
 }
 
 /// The table of initialize-era sessions: `MCP-Session-Id` → [`McpSession`].
-/// See the [module docs](self) for the contract every implementation keeps;
+/// The contract every implementation keeps is below;
 /// the conformance functions in `graph_relay_core::testkit::mcp_sessions`
 /// (feature `testkit`) check it.
 ///
 /// Ids are made by the caller (unguessable, e.g. 256 random bits as hex) and
 /// are opaque to the store.
+///
+/// # Contract
+/// - A session belongs to one agent, (owner, name), and to the token that
+///   created it ([`McpSessionOwner`]). Every look-up is keyed by the id
+///   *and* the agent *and* the token's hash: another agent's or another
+///   token's id finds nothing, exactly like an unknown one.
+/// - At most [`McpSessionLimits::max_sessions_per_agent`] per agent: a new
+///   one beyond evicts that agent's least recently used session, never
+///   another agent's.
+/// - At most [`McpSessionLimits::max_sessions`] in all: at the bound an
+///   agent with sessions of its own evicts its least recently used one, and
+///   an agent without any is refused ([`McpSessionsFull`]), evicting no one.
+/// - Bytes: a stored state is at most [`MAX_MCP_SESSION_STATE_BYTES`]
+///   (larger ones are refused), so a store holds at most `max_sessions`
+///   times that.
+/// - A session unused for [`McpSessionLimits::idle_timeout`] is never
+///   served again, and is deleted by [`McpSessionStore::sweep`] (a bounded
+///   step) or by the look-up that finds it expired. Stores may record the
+///   last use coarsely (see [`McpSessionStore::get`]).
+/// - Time is an input: every method that needs it takes `now`.
 #[async_trait]
 pub trait McpSessionStore: Send + Sync {
     /// Stores a new session `id` of `owner`, evicting the agent's least

@@ -699,21 +699,21 @@ pub fn to_value<T: Serialize>(value: &T) -> Value {
 // ---------------------------------------------------------------------------
 
 impl RunTicket {
-    /// The structured result of `run_graph_session` ([`GraphRunTicket`]).
+    /// The structured result of `run_graph_session`.
     pub fn to_json(&self) -> Value {
         to_value(&GraphRunTicket::from(self))
     }
 }
 
 impl RunView {
-    /// The structured result of `get_graph_run` ([`GraphRun`]).
+    /// The structured result of `get_graph_run`.
     pub fn to_json(&self) -> Value {
         to_value(&GraphRun::from(self))
     }
 }
 
 impl QueueSessionList {
-    /// The structured result of `list_graph_sessions` ([`SessionList`]).
+    /// The structured result of `list_graph_sessions`.
     pub fn to_json(&self) -> Value {
         to_value(&SessionList::from(self))
     }

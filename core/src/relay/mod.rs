@@ -121,7 +121,7 @@
 //! ([`SharedSet::require_approval`]; the server never sees that setting).
 //! Its command is claimed as usual, so the server shows it `running`; the
 //! relay then asks the owner ([`Action::AskApproval`]), posts the progress
-//! [`WAITING_FOR_APPROVAL`], and keeps polling control (which renews the
+//! [`WAITING_FOR_APPROVAL`](crate::command::WAITING_FOR_APPROVAL), and keeps polling control (which renews the
 //! lease and notices a cancel). Then:
 //! - approved ([`Relay::handle_approval`]): the consent re-check runs again;
 //!   if it holds, the command is claimed again under the same execution
