@@ -2,7 +2,7 @@
 //! trivial rmcp `echo` tool (streamable HTTP, stateless, JSON responses),
 //! side by side in one run: requests/s, p50/p99 latency and each server's
 //! CPU per request (utime + stime from `/proc/<pid>/stat` over the window),
-//! with the ratios against issue #19's budget (≥ 1.5× the requests/s at
+//! with the ratios against the README's budget (≥ 1.5× the requests/s at
 //! ≤ 0.67× the CPU per request).
 //!
 //! Both servers are child processes (this example's siblings in the target
@@ -21,7 +21,7 @@
 //!
 //! `--client wrk` loads both servers with [wrk](https://github.com/wg/wrk)
 //! instead (one thread, the same connections and requests, a Lua script
-//! written per server), the way issue #19 measured its baseline: wrk costs
+//! written per server), the way the baseline was first measured: wrk costs
 //! the shared machine far less per request than this example's own client,
 //! so both servers get more of the two cores. wrk does not read the
 //! answers' bodies, so before every wrk window the built-in client sends
@@ -45,7 +45,7 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";
 const TOKEN: &str = "vs-rmcp-bench-token";
 const ECHO_TEXT: &str = "hello from the load generator";
-/// Issue #19: `get_graph_run` must reach at least this multiple of rmcp's requests/s…
+/// `get_graph_run` must reach at least this multiple of rmcp's requests/s…
 const RATE_BUDGET: f64 = 1.5;
 /// …at no more than this multiple of its server CPU per request.
 const CPU_BUDGET: f64 = 0.67;

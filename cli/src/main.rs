@@ -38,8 +38,8 @@ use graph_relay_transport_http::{Principal, Server};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small blocks (HTTP parts, JSON, the store's rows), and glibc's
-/// malloc/free took about a fifth of `serve`'s CPU under load (issue #19;
-/// `cargo run --release -p graph-relay --example vs_rmcp` measures it).
+/// malloc/free took about a fifth of `serve`'s CPU under load
+/// (`cargo run --release -p graph-relay --example vs_rmcp` measures it).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

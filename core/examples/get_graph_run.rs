@@ -1,7 +1,7 @@
 //! Handles the same `tools/call get_graph_run` request many times, on the
 //! path the HTTP transport takes (parse, authorization, header inputs,
 //! handling, reply bytes), over the memory store. For instruction counts
-//! per request (issue #19):
+//! per request:
 //!
 //! ```text
 //! cargo build --release -p graph-relay-core --example get_graph_run

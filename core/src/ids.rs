@@ -78,7 +78,7 @@ impl FromStr for CommandId {
 impl Serialize for CommandId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         // The `Display` text, written into a buffer on the stack (no
-        // formatting machinery: issue #19).
+        // formatting machinery).
         let mut buffer = uuid::Uuid::encode_buffer();
         serializer.serialize_str(self.0.hyphenated().encode_lower(&mut buffer))
     }

@@ -65,7 +65,7 @@ impl Timestamp {
             }
         };
         // Written by hand into a fixed buffer: `format!` cost ten times as
-        // much, and every run a client reads carries a few of these (issue #19).
+        // much, and every run a client reads carries a few of these.
         let mut text = *b"0000-00-00T00:00:00.000Z";
         let digits = |out: &mut [u8], mut value: u64| {
             for slot in out.iter_mut().rev() {

@@ -311,7 +311,7 @@ pub fn hash_token(token: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(token.as_bytes());
     // Every request hashes its token: two table look-ups a byte, not a
-    // `format!` (an allocation and the formatting machinery) each (issue #19).
+    // `format!` (an allocation and the formatting machinery) each.
     let mut hex = String::with_capacity(digest.len() * 2);
     for b in digest {
         hex.push(char::from(HEX[usize::from(b >> 4)]));

@@ -131,7 +131,7 @@ struct Revoked;
 ///
 /// No task of its own: spawning one per request cost a task allocation,
 /// a copy of the whole handling future into it, and a cross-thread wake-up
-/// of this one when it ended (issue #19).
+/// of this one when it ended.
 async fn run_core(
     state: &HttpState,
     who: &Authenticated,
@@ -147,7 +147,7 @@ async fn run_core(
         // Most requests are answered on their first poll: they cannot have
         // been revoked meanwhile (the token was checked just before), so they
         // need no watch on revocations, which costs a subscription and a
-        // waiter in the authenticator's shared notification (issue #19).
+        // waiter in the authenticator's shared notification.
         match futures::poll!(work.as_mut()) {
             std::task::Poll::Ready(joined) => joined,
             std::task::Poll::Pending => tokio::select! {
@@ -250,7 +250,7 @@ fn stream_core(
 
 /// `POST /mcp`, whole: the checks [`crate::router`]'s layers make for
 /// every other route, made here in the same order without the layers'
-/// plumbing (issue #19: the layers cost about a tenth of a request).
+/// plumbing (the layers cost about a tenth of a request).
 ///
 /// In order: the request timeout (408, empty, as `tower_http`'s
 /// `TimeoutLayer` answers), the Host/Origin check (403), the agent's

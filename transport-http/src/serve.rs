@@ -216,7 +216,7 @@ async fn refuse(mut stream: TcpStream, retry_after: Duration) {
 /// change a request makes (bytes read, a head parsed, a response done) only
 /// moves the deadline past that moment, so the watchdog sees it when it
 /// wakes. A request costs a few atomic operations, not a wake-up of the
-/// connection's task and a new timer (issue #19).
+/// connection's task and a new timer.
 #[derive(Debug)]
 struct Activity {
     start: Instant,

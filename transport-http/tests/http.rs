@@ -501,7 +501,7 @@ async fn oversized_bodies_are_413() {
     assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
-/// `POST /mcp` makes the edge layers' checks itself (issue #19); the
+/// `POST /mcp` makes the edge layers' checks itself; the
 /// request timeout is one of them: a body that never arrives is 408, empty,
 /// as the timeout layer answers on every other route.
 #[tokio::test]

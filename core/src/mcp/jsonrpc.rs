@@ -106,8 +106,8 @@ pub enum IncomingKind {
 /// The members of `params` that the server reads on every request (`name`,
 /// `arguments`, the `_meta` fields of 2026-07-28, …) are decoded when the
 /// message is parsed; the whole `params` object only when
-/// [`Incoming::params`] or [`Incoming::meta`] is first called (issue #19:
-/// a tree of the whole object cost more than the rest of the parse).
+/// [`Incoming::params`] or [`Incoming::meta`] is first called (a
+/// tree of the whole object cost more than the rest of the parse).
 #[derive(Clone)]
 pub struct Incoming {
     kind: IncomingKind,

@@ -46,9 +46,11 @@
 //! tool execution errors (`isError: true`) whose text names the problem, as
 //! 2025-11-25 specifies, so the model can correct itself.
 
+mod escape;
 mod jsonrpc;
 mod limits;
 mod progress;
+mod result;
 mod session_store;
 mod tasks;
 mod tools;
@@ -58,7 +60,7 @@ pub(crate) mod wire;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use self::jsonrpc::MetaProbe;
 pub use self::jsonrpc::{
@@ -68,6 +70,7 @@ pub use self::jsonrpc::{
 };
 pub use self::limits::{MAX_INITIALIZE_FIELD_BYTES, compact_json_len_within};
 pub use self::progress::{NoNotifier, Notifier};
+use self::result::{Answer, Revision};
 pub use self::session_store::{
     DEFAULT_MAX_SESSIONS, DEFAULT_MAX_SESSIONS_PER_AGENT, DEFAULT_SESSION_IDLE_TIMEOUT,
     MAX_MCP_SESSION_STATE_BYTES, McpSessionCreateError, McpSessionFigures, McpSessionLimits,
@@ -244,8 +247,6 @@ struct Inner {
     queue: Queue,
     catalog: ToolCatalog,
     info: ServerInfo,
-    /// `info` as the `serverInfo` of replies.
-    implementation: wire::Implementation,
     /// The `_meta` of 2026-07-28 results (`ServerInfoMeta`), compact JSON.
     server_info_meta: Vec<u8>,
     tools_list: Vec<wire::Tool>,
@@ -256,125 +257,11 @@ struct Inner {
     sleeper: Option<Arc<dyn Sleeper>>,
 }
 
-/// The compact JSON of the `tools/list` result of each era.
+/// The `tools/list` result of each era, rendered ([`Revision::render`]).
 #[derive(Debug, Clone, Default)]
 struct ToolsListRendered {
     legacy: Arc<[u8]>,
     modern: Arc<[u8]>,
-}
-
-/// What a method answered, before the revision's result fields are added.
-pub(crate) enum Answer {
-    /// A result as a JSON value.
-    Value(Value),
-    /// A `tools/call` result, serialized straight to bytes.
-    Tool(wire::CallToolResult),
-    /// A `tools/call` success whose text is its structured content as
-    /// compact JSON (`json`, what [`wire::CallToolResult::of_output`]
-    /// writes): the content is serialized once, and written twice (escaped
-    /// as the text, as is as `structuredContent` when `with_structured`).
-    Output {
-        /// The structured content, compact JSON.
-        json: Vec<u8>,
-        /// Whether the revision carries `structuredContent`.
-        with_structured: bool,
-    },
-    /// The pre-rendered `tools/list` result.
-    ToolsList,
-}
-
-/// A 2026-07-28 `CallToolResult`: the typed result with what every result
-/// of that revision carries, fields in wire-name order (`_meta` first).
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-struct CompleteToolResult<'a> {
-    #[serde(rename = "_meta")]
-    meta: ServerInfoMeta<'a>,
-    content: &'a [wire::TextContent],
-    is_error: bool,
-    result_type: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    structured_content: Option<&'a wire::ToolOutput>,
-}
-
-/// Appends `value` as compact JSON to `out`. The values written this way
-/// (strings, the server's implementation) serialize infallibly.
-fn write_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
-    if serde_json::to_writer(&mut *out, value).is_err() {
-        out.extend_from_slice(b"null");
-    }
-}
-
-/// Appends the UTF-8 text `bytes` as a JSON string to `out`: the bytes
-/// [`write_json`] writes, faster for text without control characters
-/// (compact JSON, as the text of [`Answer::Output`] is), where only `"` and
-/// `\` are escaped. Text with a control character is written by
-/// [`write_json`].
-///
-/// The text is scanned eight bytes at a time and copied in runs between
-/// the bytes to escape (issue #19: the general escaper cost more than a
-/// tenth of a `get_graph_run`).
-fn write_json_text(out: &mut Vec<u8>, bytes: &[u8]) {
-    let start = out.len();
-    out.reserve(bytes.len() + bytes.len() / 8 + 2);
-    out.push(b'"');
-    // `bytes[run..]` is not written yet; `bytes[..i]` holds nothing to escape past `run`.
-    let mut run = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        let found = match bytes
-            .get(i..i + 8)
-            .and_then(|c| <[u8; 8]>::try_from(c).ok())
-        {
-            Some(chunk) => {
-                let marks = to_escape(u64::from_le_bytes(chunk));
-                if marks == 0 {
-                    i += 8;
-                    continue;
-                }
-                // The lowest mark is exact (see `to_escape`); its bit is the
-                // top bit of that byte, so this is below 8.
-                i + (marks.trailing_zeros() / 8) as usize
-            }
-            None => match bytes[i..]
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-            {
-                Some(at) => i + at,
-                None => break,
-            },
-        };
-        if bytes[found] < 0x20 {
-            // A control character: the general escaper writes it (compact
-            // JSON is UTF-8; other bytes are written as text with
-            // replacement characters, as no caller passes them).
-            out.truncate(start);
-            write_json(out, &String::from_utf8_lossy(bytes));
-            return;
-        }
-        out.extend_from_slice(&bytes[run..found]);
-        out.push(b'\\');
-        // The escaped byte starts the next run.
-        run = found;
-        i = found + 1;
-    }
-    out.extend_from_slice(&bytes[run..]);
-    out.push(b'"');
-}
-
-/// The top bit of each byte of `word` that is `"`, `\` or below 0x20, and
-/// maybe of bytes above such a byte (a borrow carries upwards), so the
-/// lowest bit set marks the first byte to escape exactly.
-pub(crate) const fn to_escape(word: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const TOPS: u64 = 0x8080_8080_8080_8080;
-    // Bytes of `v` that are zero (exact up to the first one).
-    const fn zero_bytes(v: u64) -> u64 {
-        v.wrapping_sub(ONES) & !v & TOPS
-    }
-    zero_bytes(word ^ (ONES * b'"' as u64))
-        | zero_bytes(word ^ (ONES * b'\\' as u64))
-        | (word.wrapping_sub(ONES * 0x20) & !word & TOPS)
 }
 
 /// The `_meta` of a 2026-07-28 result.
@@ -410,7 +297,7 @@ impl McpServer {
         let tools_list = catalog.tool_definitions();
         let implementation = info.implementation();
         let mut server_info_meta = Vec::new();
-        write_json(
+        escape::write_json(
             &mut server_info_meta,
             &ServerInfoMeta {
                 server_info: &implementation,
@@ -419,7 +306,6 @@ impl McpServer {
         Self::prerendered(Inner {
             queue,
             catalog,
-            implementation,
             server_info_meta,
             info,
             tools_list,
@@ -435,8 +321,8 @@ impl McpServer {
             inner: Arc::new(inner),
         };
         let rendered = ToolsListRendered {
-            legacy: server.render_tools_list(Era::Legacy(None)).into(),
-            modern: server.render_tools_list(Era::Modern).into(),
+            legacy: server.render_tools_list(Era::Legacy(None)),
+            modern: server.render_tools_list(Era::Modern),
         };
         if let Some(inner) = Arc::get_mut(&mut server.inner) {
             inner.tools_list_rendered = rendered;
@@ -643,7 +529,11 @@ impl McpServer {
                 Ok(Answer::Value(wire::to_value(&wire::EmptyResult {})))
             }
             (Some(Method::ServerDiscover), Era::Modern) => Ok(Answer::Value(self.discover())),
-            (Some(Method::ToolsList), _) => Ok(Answer::ToolsList),
+            (Some(Method::ToolsList), _) => Ok(Answer::Rendered(if era == Era::Modern {
+                self.inner.tools_list_rendered.modern.clone()
+            } else {
+                self.inner.tools_list_rendered.legacy.clone()
+            })),
             (Some(Method::SubscriptionsListen), Era::Modern) => Err(Outgoing::error(
                 Some(id.clone()),
                 ErrorCode::MethodNotFound,
@@ -688,68 +578,16 @@ impl McpServer {
 
     /// The reply carrying `answer` in `era`.
     fn reply(&self, id: &RequestId, era: Era, answer: Answer) -> Outgoing {
-        let modern = era == Era::Modern;
-        match answer {
-            Answer::Value(mut value) => {
-                if modern {
-                    self.modernise(&mut value);
-                }
-                Outgoing::result(id.clone(), value)
-            }
-            Answer::Tool(result) if modern => Outgoing::typed_result(
-                id,
-                &CompleteToolResult {
-                    meta: ServerInfoMeta {
-                        server_info: &self.inner.implementation,
-                    },
-                    content: &result.content,
-                    is_error: result.is_error,
-                    result_type: "complete",
-                    structured_content: result.structured_content.as_ref(),
-                },
-            ),
-            Answer::Tool(result) => Outgoing::typed_result(id, &result),
-            Answer::Output {
-                json,
-                with_structured,
-            } => {
-                // The fields of `CompleteToolResult` (modern) or
-                // `CallToolResult` (legacy), in the same order, with the
-                // same compact serializer: the same bytes as rendering them,
-                // written straight into the message.
-                let server_info_meta = &self.inner.server_info_meta;
-                let len = 2 * json.len() + server_info_meta.len() + 160;
-                Outgoing::result_written(id, len, |result| {
-                    result.push(b'{');
-                    if modern {
-                        result.extend_from_slice(b"\"_meta\":");
-                        result.extend_from_slice(server_info_meta);
-                        result.push(b',');
-                    }
-                    result.extend_from_slice(b"\"content\":[{\"text\":");
-                    write_json_text(result, &json);
-                    result.extend_from_slice(b",\"type\":\"text\"}],\"isError\":false");
-                    if modern {
-                        result.extend_from_slice(b",\"resultType\":\"complete\"");
-                    }
-                    if with_structured {
-                        result.extend_from_slice(b",\"structuredContent\":");
-                        result.extend_from_slice(&json);
-                    }
-                    result.push(b'}');
-                })
-            }
-            Answer::ToolsList => {
-                let rendered = &self.inner.tools_list_rendered;
-                Outgoing::prerendered_result(
-                    id,
-                    if modern {
-                        &rendered.modern
-                    } else {
-                        &rendered.legacy
-                    },
-                )
-            }
+        self.revision(era).reply(id, &answer)
+    }
+
+    /// What `era` adds to every result.
+    fn revision(&self, era: Era) -> Revision<'_> {
+        match era {
+            Era::Modern => Revision::Modern {
+                meta: &self.inner.server_info_meta,
+            },
+            Era::Legacy(_) => Revision::Legacy,
         }
     }
 
@@ -912,46 +750,18 @@ impl McpServer {
         })
     }
 
-    /// The `tools/list` result of `era`, with the revision's fields.
-    fn tools_list(&self, era: Era) -> Value {
+    /// The `tools/list` result of `era`, rendered once (in
+    /// [`McpServer::new`]): it is the same for every caller.
+    fn render_tools_list(&self, era: Era) -> Arc<[u8]> {
         let modern = era == Era::Modern;
-        let mut value = wire::to_value(&wire::ListToolsResult {
+        let list = wire::ListToolsResult {
             // The catalog is the same for every caller.
             cache_scope: modern.then(|| "public".to_owned()),
             tools: self.inner.tools_list.clone(),
             ttl_ms: modern.then_some(self.inner.list_ttl_ms),
-        });
-        if modern {
-            self.modernise(&mut value);
-        }
-        value
-    }
-
-    /// `McpServer::tools_list` as the compact JSON every reply to it
-    /// carries (rendered once, in [`McpServer::new`]).
-    fn render_tools_list(&self, era: Era) -> Vec<u8> {
-        // Serialising a `Value` cannot fail: its keys are strings.
-        serde_json::to_vec(&self.tools_list(era)).unwrap_or_default()
-    }
-
-    /// Adds what every 2026-07-28 result carries.
-    fn modernise(&self, result: &mut Value) {
-        let Some(object) = result.as_object_mut() else {
-            return;
         };
-        // A `CreateTaskResult` already says `"task"`.
-        object
-            .entry("resultType")
-            .or_insert_with(|| json!("complete"));
-        let meta = object
-            .entry("_meta")
-            .or_insert_with(|| Value::Object(Map::new()));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.insert(
-                META_SERVER_INFO.into(),
-                wire::to_value(&self.inner.implementation),
-            );
-        }
+        self.revision(era)
+            .render(&Answer::Value(wire::to_value(&list)))
     }
 }
 

@@ -926,62 +926,6 @@ fn classification_for_transports() {
 }
 
 #[test]
-fn json_text_is_escaped_as_serde_json_escapes_it() {
-    let mut samples: Vec<String> = [
-        "",
-        "plain",
-        r#"{"a":"b","c":[1,2.5,null],"d":{"e":"\"quoted\" and \\ back"}}"#,
-        "\"",
-        "\\",
-        "\\\"",
-        "ends with a quote\"",
-        "ünïcødé ✓ 𝄞 and \u{7f}",
-        "a\nnew line",
-        "tab\tand \u{1} and \u{1f}",
-        "\u{0}",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect();
-    // Every byte below 0x80 once, at the start, middle and end.
-    for b in 0_u8..0x80 {
-        let c = char::from(b);
-        samples.push(format!("{c}x\"y{c}z\\{c}"));
-    }
-    // One or two bytes of each kind at every place of texts of up to three
-    // eight-byte words and a tail.
-    for special in [
-        "\"", "\\", "\n", "\u{1f}", "\u{0}", " ", "!", "#", "[", "]", "é", "\u{7f}",
-    ] {
-        for len in 0..27 {
-            for at in 0..len {
-                let mut text = "a".repeat(len);
-                text.replace_range(at..=at, special);
-                samples.push(text.clone());
-                text.push_str(special);
-                samples.push(text);
-            }
-        }
-    }
-    // The compact JSON of a run, as `Answer::Output` carries it.
-    samples.push(
-        serde_json::to_string(&json!({"result": {"text": "say \"hi\"\n", "path": "C:\\tmp"}}))
-            .unwrap(),
-    );
-    for text in samples {
-        let mut fast = b"prefix".to_vec();
-        write_json_text(&mut fast, text.as_bytes());
-        let mut general = b"prefix".to_vec();
-        serde_json::to_writer(&mut general, &text).unwrap();
-        assert_eq!(
-            String::from_utf8(fast).unwrap(),
-            String::from_utf8(general).unwrap(),
-            "{text:?}"
-        );
-    }
-}
-
-#[test]
 fn params_read_at_parse_agree_with_the_whole_object() {
     let messages = [
         r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"get_graph_run","arguments":{"command_id":"x"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,

@@ -7,50 +7,71 @@ use super::{
 };
 use crate::args::{ArgError, ToolArgs};
 use crate::queue::{CancelError, GetError, ListError, RunError};
-use crate::store::StoreError;
 
-/// Why a `tools/call` did not produce a normal result.
+/// Why a `tools/call` got no result: a JSON-RPC error.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum CallError {
+pub(super) enum Refusal {
     /// `params.name` is missing or not a string (`-32602`).
     #[error("Invalid params: `tools/call` needs `name` (a string)")]
     NoName,
     /// No tool has that name (`-32602`).
     #[error("Unknown tool: {0}")]
     UnknownTool(String),
-    /// The tool ran and failed; the text goes to the model (`isError: true`).
-    #[error("{0}")]
-    Tool(String),
-    /// The store failed: retryable ([`Outgoing::store_unavailable`]);
+    /// The store failed: retryable ([`Outgoing::store_unavailable`]); the
     /// details stay on the server.
     #[error("{}", super::jsonrpc::STORE_UNAVAILABLE)]
-    Store(#[source] StoreError),
+    Unavailable,
 }
 
-impl CallError {
-    fn tool(message: impl Into<String>) -> Self {
-        Self::Tool(message.into())
-    }
-
-    /// The reply for request `id`: a tool error result or a JSON-RPC error.
-    /// A tool error is returned as `Ok` so the caller adds the revision's
-    /// result fields.
+impl Refusal {
+    /// The JSON-RPC error answering request `id`.
     pub(super) fn into_outgoing(self, id: &RequestId) -> Outgoing {
-        let text = self.to_string();
         match self {
-            Self::NoName | Self::UnknownTool(_) => {
-                Outgoing::error(Some(id.clone()), ErrorCode::InvalidParams, text, None)
-            }
-            Self::Store(_) => Outgoing::store_unavailable(Some(id.clone())),
-            // Not reached: tool errors are results (see `call`).
-            Self::Tool(_) => Outgoing::typed_result(id, &tool_error(&text)),
+            Self::NoName | Self::UnknownTool(_) => Outgoing::error(
+                Some(id.clone()),
+                ErrorCode::InvalidParams,
+                self.to_string(),
+                None,
+            ),
+            Self::Unavailable => Outgoing::store_unavailable(Some(id.clone())),
         }
     }
 }
 
-fn tool_error(text: &str) -> CallToolResult {
-    CallToolResult::error(text)
+/// Why a tool produced no success: a refusal, or a tool execution error
+/// whose text goes to the model (`isError: true`).
+enum CallError {
+    Refused(Refusal),
+    Tool(String),
 }
+
+impl From<Refusal> for CallError {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+/// The queue's refusals as tools see them: a passing failure (the
+/// store's, by the error's own `is_retryable()`) is a retryable JSON-RPC
+/// error; anything else is final and goes to the model as the tool's
+/// error, in the queue's words.
+macro_rules! tool_errors_of {
+    ($($error:ty),* $(,)?) => {
+        $(
+            impl From<$error> for CallError {
+                fn from(e: $error) -> Self {
+                    if e.is_retryable() {
+                        Self::Refused(Refusal::Unavailable)
+                    } else {
+                        Self::Tool(e.to_string())
+                    }
+                }
+            }
+        )*
+    };
+}
+
+tool_errors_of!(RunError, GetError, CancelError, ListError);
 
 /// A success whose text is the compact JSON of its structured content.
 /// The success carrying `structured`, as [`CallToolResult::of_output`]
@@ -76,10 +97,11 @@ pub(super) async fn call(
     version: ProtocolVersion,
     tasks: bool,
     notifier: &dyn Notifier,
-) -> Result<Answer, CallError> {
+) -> Result<Answer, Refusal> {
     match run(server, caller, incoming, version, tasks, notifier).await {
-        Err(CallError::Tool(message)) => Ok(Answer::Tool(tool_error(&message))),
-        other => other,
+        Ok(answer) => Ok(answer),
+        Err(CallError::Tool(message)) => Ok(Answer::Tool(CallToolResult::error(message))),
+        Err(CallError::Refused(refusal)) => Err(refusal),
     }
 }
 
@@ -91,11 +113,11 @@ async fn run(
     tasks: bool,
     notifier: &dyn Notifier,
 ) -> Result<Answer, CallError> {
-    let name = incoming.tool_name().ok_or(CallError::NoName)?;
+    let name = incoming.tool_name().ok_or(Refusal::NoName)?;
     let catalog = server.catalog();
     let spec = catalog
         .find(name)
-        .ok_or_else(|| CallError::UnknownTool(name.to_owned()))?;
+        .ok_or_else(|| Refusal::UnknownTool(name.to_owned()))?;
     // Scopes were checked against the authorization table before dispatch.
     let args = ToolArgs::decode_measured(
         spec.kind,
@@ -103,18 +125,12 @@ async fn run(
         catalog.max_wait_seconds(),
         incoming.arguments_too_large(),
     )
-    .map_err(|e: ArgError| CallError::tool(format!("Invalid arguments for {}: {e}", spec.name)))?;
+    .map_err(|e: ArgError| CallError::Tool(format!("Invalid arguments for {}: {e}", spec.name)))?;
     let queue = server.queue();
     let agent = &caller.agent;
     match args {
         ToolArgs::Run(args) => {
-            let ticket = queue
-                .run_graph_session(agent, args)
-                .await
-                .map_err(|e| match e {
-                    RunError::Store(s) => CallError::Store(s),
-                    other => CallError::tool(other.to_string()),
-                })?;
+            let ticket = queue.run_graph_session(agent, args).await?;
             if tasks {
                 // The tasks extension: a task whose id is the command id.
                 let view = crate::queue::RunView {
@@ -139,11 +155,7 @@ async fn run(
         ToolArgs::List(args) => {
             let list = queue
                 .list_graph_sessions(agent, &args.project_id, args.limit)
-                .await
-                .map_err(|e| match e {
-                    ListError::Store(s) => CallError::Store(s),
-                    other => CallError::tool(other.to_string()),
-                })?;
+                .await?;
             Ok(tool_result(
                 ToolOutput::Sessions(SessionList::from(&list)),
                 version,
@@ -175,23 +187,14 @@ async fn run(
                 }
                 _ => queue.get_graph_run(agent, &args.command_id).await,
             };
-            let view = view.map_err(|e| match e {
-                GetError::Store(s) => CallError::Store(s),
-                other => CallError::tool(other.to_string()),
-            })?;
+            let view = view?;
             Ok(tool_result(
                 ToolOutput::Run(Box::new(GraphRun::from(&view))),
                 version,
             ))
         }
         ToolArgs::Cancel(args) => {
-            let view = queue
-                .cancel_graph_run(agent, &args.command_id)
-                .await
-                .map_err(|e| match e {
-                    CancelError::Store(s) => CallError::Store(s),
-                    other => CallError::tool(other.to_string()),
-                })?;
+            let view = queue.cancel_graph_run(agent, &args.command_id).await?;
             Ok(tool_result(
                 ToolOutput::Run(Box::new(GraphRun::from(&view))),
                 version,

@@ -7,8 +7,8 @@
 //! (`None`), and the message is read by serde_json as before, which then
 //! decides. For every message it accepts, serde_json reads the same
 //! members (a member given twice counts with its last value, as there),
-//! so the result is the same (issue #19: serde_json's reading of the
-//! message was the largest cost of a request in the core).
+//! so the result is the same (serde_json's reading of the message was
+//! the largest cost of a request in the core).
 //!
 //! A member the handlers do not read is checked and skipped, never built;
 //! one they read is built only when its text is short (the limits of
@@ -99,7 +99,7 @@ impl<'a> Reader<'a> {
                 .and_then(|c| <[u8; 8]>::try_from(c).ok())
             {
                 Some(chunk) => {
-                    let marks = super::super::to_escape(u64::from_le_bytes(chunk));
+                    let marks = crate::mcp::escape::to_escape(u64::from_le_bytes(chunk));
                     if marks == 0 {
                         len += 8;
                     } else {
