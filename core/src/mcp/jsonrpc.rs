@@ -6,6 +6,7 @@
 
 mod bounded;
 mod fast;
+mod probe;
 
 use std::sync::OnceLock;
 
@@ -14,6 +15,8 @@ use serde_json::{Map, Value};
 
 pub(super) use self::bounded::Limited;
 use self::bounded::Measure;
+pub(super) use self::probe::MetaProbe;
+use self::probe::{Probe, Probed};
 use super::limits::MAX_INITIALIZE_FIELD_BYTES;
 use super::version::ProtocolVersion;
 use super::wire::{
@@ -152,78 +155,6 @@ impl Params {
             source: None,
         }
     }
-}
-
-/// The members of `params` the handlers read, each as its last
-/// occurrence (as in a [`Map`]), and kept only as far as they are read
-/// (see [`bounded`]: a long member is not built whole).
-#[derive(Clone, Default, Debug, PartialEq)]
-struct Probe {
-    name: Option<Value>,
-    uri: Option<Value>,
-    task_id: Option<Value>,
-    arguments: Option<Value>,
-    /// The size of the run's `arguments` inside `arguments`, when an empty
-    /// object stands for them (too large to be accepted, so not kept).
-    arguments_too_large: Option<usize>,
-    /// `initialize`'s `protocolVersion`.
-    protocol_version: Option<Value>,
-    /// `initialize`'s `clientInfo`.
-    client_info: Option<Limited>,
-    /// `initialize`'s `capabilities`.
-    capabilities: Option<Limited>,
-    /// `subscriptions/listen`'s `notifications`.
-    notifications: Option<Value>,
-    meta: MetaProbe,
-}
-
-impl Probe {
-    /// The probe of a decoded params object.
-    fn of_map(map: &Map<String, Value>) -> Self {
-        let sized = |field: &str| {
-            map.get(field)
-                .map(|v| Limited::of(v, MAX_INITIALIZE_FIELD_BYTES))
-        };
-        Self {
-            name: map.get("name").cloned(),
-            uri: map.get("uri").cloned(),
-            task_id: map.get("taskId").cloned(),
-            arguments: map.get("arguments").cloned(),
-            arguments_too_large: None,
-            protocol_version: map.get("protocolVersion").cloned(),
-            client_info: sized("clientInfo"),
-            capabilities: sized("capabilities"),
-            notifications: map.get("notifications").cloned(),
-            meta: match map.get("_meta") {
-                None => MetaProbe::Absent,
-                Some(Value::Object(meta)) => MetaProbe::Object {
-                    protocol_version: meta.get(META_PROTOCOL_VERSION).cloned(),
-                    client_capabilities: meta.get(META_CLIENT_CAPABILITIES).cloned(),
-                    progress_token: meta.get("progressToken").cloned(),
-                },
-                Some(_) => MetaProbe::NotObject,
-            },
-        }
-    }
-}
-
-/// What `params._meta` is, with the members the server reads.
-#[derive(Clone, Default, Debug, PartialEq)]
-pub(super) enum MetaProbe {
-    /// No `_meta`.
-    #[default]
-    Absent,
-    /// `_meta` is not an object.
-    NotObject,
-    /// `_meta` is an object with these members (each its last occurrence).
-    Object {
-        /// `io.modelcontextprotocol/protocolVersion`.
-        protocol_version: Option<Value>,
-        /// `io.modelcontextprotocol/clientCapabilities`.
-        client_capabilities: Option<Value>,
-        /// `progressToken`.
-        progress_token: Option<Value>,
-    },
 }
 
 impl Incoming {
@@ -422,13 +353,13 @@ impl Incoming {
 
     /// `params.arguments`.
     pub(super) fn arguments(&self) -> Option<&Value> {
-        self.params.probe.arguments.as_ref()
+        Some(&self.params.probe.arguments.as_ref()?.value)
     }
 
     /// The size of the run's `arguments` inside `params.arguments`, when
     /// they were too large to keep and an empty object stands for them.
     pub(super) fn arguments_too_large(&self) -> Option<usize> {
-        self.params.probe.arguments_too_large
+        self.params.probe.arguments.as_ref()?.too_large
     }
 
     /// `params.protocolVersion` (of `initialize`).
@@ -458,28 +389,28 @@ impl Incoming {
         self.params.probe.task_id.as_ref()
     }
 
-    /// What `params._meta` is, with the members the server reads.
-    pub(super) fn meta_probe(&self) -> &MetaProbe {
-        &self.params.probe.meta
+    /// What `params._meta` is, with the members the server reads (`None`
+    /// when there is none).
+    pub(super) fn meta_probe(&self) -> Option<&MetaProbe> {
+        self.params.probe.meta.as_ref()
+    }
+
+    /// The members of `params._meta` the server reads, when it is an object.
+    fn meta_members(&self) -> Option<&probe::MetaMembers> {
+        match self.params.probe.meta.as_ref()? {
+            MetaProbe::Object(members) => Some(members),
+            MetaProbe::NotObject => None,
+        }
     }
 
     /// `_meta.io.modelcontextprotocol/clientCapabilities`, when `_meta` is an object.
     pub(super) fn client_capabilities(&self) -> Option<&Value> {
-        match &self.params.probe.meta {
-            MetaProbe::Object {
-                client_capabilities,
-                ..
-            } => client_capabilities.as_ref(),
-            _ => None,
-        }
+        self.meta_members()?.client_capabilities.as_ref()
     }
 
     /// `_meta.progressToken`, when `_meta` is an object.
     pub(super) fn progress_token(&self) -> Option<&Value> {
-        match &self.params.probe.meta {
-            MetaProbe::Object { progress_token, .. } => progress_token.as_ref(),
-            _ => None,
-        }
+        self.meta_members()?.progress_token.as_ref()
     }
 
     /// True for a request.
@@ -510,12 +441,7 @@ impl Incoming {
     /// The protocol version a 2026-07-28-style request carries in `_meta`,
     /// as sent (it may be one this server does not support).
     pub fn meta_protocol_version(&self) -> Option<&str> {
-        match &self.params.probe.meta {
-            MetaProbe::Object {
-                protocol_version, ..
-            } => protocol_version.as_ref()?.as_str(),
-            _ => None,
-        }
+        self.meta_members()?.protocol_version.as_ref()?.as_str()
     }
 
     /// The value the 2026-07-28 `Mcp-Name` header must equal: `params.name`
@@ -567,78 +493,6 @@ enum ParamsValue {
     Other,
 }
 
-/// A member name of `params`, read without allocating.
-enum ParamsMember {
-    Name,
-    Uri,
-    TaskId,
-    Arguments,
-    Meta,
-    ProtocolVersion,
-    ClientInfo,
-    Capabilities,
-    Notifications,
-    Other,
-}
-
-/// A member name of `params._meta`, read without allocating.
-enum MetaMember {
-    ProtocolVersion,
-    ClientCapabilities,
-    ProgressToken,
-    Other,
-}
-
-/// Reads the name of a member as `T` without allocating.
-macro_rules! member_names {
-    ($ty:ident { $($name:pat => $variant:ident,)* }) => {
-        impl<'de> serde::Deserialize<'de> for $ty {
-            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                struct Name;
-                impl serde::de::Visitor<'_> for Name {
-                    type Value = $ty;
-                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                        f.write_str("a member name")
-                    }
-                    fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<$ty, E> {
-                        Ok(match name {
-                            $($name => $ty::$variant,)*
-                            _ => $ty::Other,
-                        })
-                    }
-                }
-                deserializer.deserialize_identifier(Name)
-            }
-        }
-    };
-}
-
-member_names!(ParamsMember {
-    "name" => Name,
-    "uri" => Uri,
-    "taskId" => TaskId,
-    "arguments" => Arguments,
-    "_meta" => Meta,
-    "protocolVersion" => ProtocolVersion,
-    "clientInfo" => ClientInfo,
-    "capabilities" => Capabilities,
-    "notifications" => Notifications,
-});
-
-member_names!(MetaMember {
-    META_PROTOCOL_VERSION => ProtocolVersion,
-    META_CLIENT_CAPABILITIES => ClientCapabilities,
-    "progressToken" => ProgressToken,
-});
-
-/// Consumes the elements of an array, each read as a [`Value`] would be
-/// (so that exactly what the general parse accepts is accepted), without
-/// building them.
-fn skip_elements<'de, A: serde::de::SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
-    while seq.next_element::<Measure>()?.is_some() {}
-    Ok(())
-}
-
 /// The next value of `map` as its raw text, for [`bounded`]'s readers.
 fn raw_value<'de, A: serde::de::MapAccess<'de>>(
     map: &mut A,
@@ -649,151 +503,6 @@ fn raw_value<'de, A: serde::de::MapAccess<'de>>(
 /// A [`bounded`] reader's error as the map reader's.
 fn bounded_error<E: serde::de::Error>(e: serde_json::Error) -> E {
     E::custom(e)
-}
-
-/// Implements the scalar visits of a visitor whose value for any
-/// non-object, non-null JSON value is `$other` (and for `null`, `$null`).
-macro_rules! not_an_object {
-    ($other:expr, $null:expr) => {
-        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
-            Ok($other)
-        }
-        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
-            Ok($null)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            skip_elements(seq)?;
-            Ok($other)
-        }
-    };
-}
-
-impl<'de> serde::Deserialize<'de> for ParamsValue {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Members;
-        impl<'de> serde::de::Visitor<'de> for Members {
-            type Value = ParamsValue;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("the params of a JSON-RPC message")
-            }
-            not_an_object!(ParamsValue::Other, ParamsValue::Null);
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<ParamsValue, A::Error> {
-                let mut probe = Probe::default();
-                while let Some(member) = map.next_key::<ParamsMember>()? {
-                    // Every value is read as a `Value` would be (every
-                    // other one measured and dropped), so that exactly the
-                    // messages the general parse accepts are accepted; what
-                    // is kept is only what the handlers read (`bounded`).
-                    let scalar = |raw| bounded::scalar(raw).map_err(bounded_error::<A::Error>);
-                    let sized = |raw| {
-                        Limited::read(raw, MAX_INITIALIZE_FIELD_BYTES)
-                            .map_err(bounded_error::<A::Error>)
-                    };
-                    match member {
-                        ParamsMember::Name => probe.name = Some(scalar(raw_value(&mut map)?)?),
-                        ParamsMember::Uri => probe.uri = Some(scalar(raw_value(&mut map)?)?),
-                        ParamsMember::TaskId => {
-                            probe.task_id = Some(scalar(raw_value(&mut map)?)?);
-                        }
-                        ParamsMember::Arguments => {
-                            let (arguments, too_large) =
-                                bounded::tool_arguments(raw_value(&mut map)?)
-                                    .map_err(bounded_error::<A::Error>)?;
-                            probe.arguments = Some(arguments);
-                            probe.arguments_too_large = too_large;
-                        }
-                        ParamsMember::Meta => probe.meta = map.next_value()?,
-                        ParamsMember::ProtocolVersion => {
-                            probe.protocol_version = Some(scalar(raw_value(&mut map)?)?);
-                        }
-                        ParamsMember::ClientInfo => {
-                            probe.client_info = Some(sized(raw_value(&mut map)?)?);
-                        }
-                        ParamsMember::Capabilities => {
-                            probe.capabilities = Some(sized(raw_value(&mut map)?)?);
-                        }
-                        ParamsMember::Notifications => {
-                            probe.notifications = Some(
-                                bounded::notifications(raw_value(&mut map)?)
-                                    .map_err(bounded_error::<A::Error>)?,
-                            );
-                        }
-                        ParamsMember::Other => {
-                            map.next_value::<Measure>()?;
-                        }
-                    }
-                }
-                Ok(ParamsValue::Object(Params {
-                    probe,
-                    map: OnceLock::new(),
-                    source: None,
-                }))
-            }
-        }
-        deserializer.deserialize_any(Members)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for MetaProbe {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Members;
-        impl<'de> serde::de::Visitor<'de> for Members {
-            type Value = MetaProbe;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("the _meta of a JSON-RPC message")
-            }
-            not_an_object!(MetaProbe::NotObject, MetaProbe::NotObject);
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<MetaProbe, A::Error> {
-                let mut protocol_version = None;
-                let mut client_capabilities = None;
-                let mut progress_token = None;
-                while let Some(member) = map.next_key::<MetaMember>()? {
-                    let scalar = |raw| bounded::scalar(raw).map_err(bounded_error::<A::Error>);
-                    match member {
-                        MetaMember::ProtocolVersion => {
-                            protocol_version = Some(scalar(raw_value(&mut map)?)?);
-                        }
-                        MetaMember::ClientCapabilities => {
-                            client_capabilities = Some(
-                                bounded::capabilities(raw_value(&mut map)?)
-                                    .map_err(bounded_error::<A::Error>)?,
-                            );
-                        }
-                        MetaMember::ProgressToken => {
-                            progress_token = Some(scalar(raw_value(&mut map)?)?);
-                        }
-                        MetaMember::Other => {
-                            map.next_value::<Measure>()?;
-                        }
-                    }
-                }
-                Ok(MetaProbe::Object {
-                    protocol_version,
-                    client_capabilities,
-                    progress_token,
-                })
-            }
-        }
-        deserializer.deserialize_any(Members)
-    }
 }
 
 /// A member name of a JSON-RPC message, read without allocating.

@@ -598,12 +598,10 @@ impl McpServer {
             return Ok(Era::Legacy(session.version));
         }
         let (protocol_version, client_capabilities) = match incoming.meta_probe() {
-            MetaProbe::Object {
-                protocol_version,
-                client_capabilities,
-                ..
-            } => (protocol_version, client_capabilities),
-            MetaProbe::NotObject => {
+            Some(MetaProbe::Object(members)) => {
+                (&members.protocol_version, &members.client_capabilities)
+            }
+            Some(MetaProbe::NotObject) => {
                 return Err(Outgoing::error(
                     id,
                     ErrorCode::InvalidParams,
@@ -612,7 +610,7 @@ impl McpServer {
                 )
                 .with_status(400));
             }
-            MetaProbe::Absent => {
+            None => {
                 if incoming.method() == Some("ping") {
                     // The initialize era allows ping before initialize.
                     return Ok(Era::Legacy(None));

@@ -18,10 +18,8 @@
 use serde_json::{Map, Value};
 
 use super::bounded::{Limited, WHOLE, WHOLE_ARGUMENTS};
-use super::{
-    Envelope, MAX_INITIALIZE_FIELD_BYTES, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION,
-    MetaProbe, Params, ParamsValue, Probe,
-};
+use super::probe::{Arguments, MemberReader, MetaMembers, MetaProbe, Probe, Probed};
+use super::{Envelope, MAX_INITIALIZE_FIELD_BYTES, Params, ParamsValue};
 
 /// The deepest nesting read here (serde_json's limit is 128).
 const MAX_DEPTH: u32 = 32;
@@ -288,31 +286,7 @@ impl<'a> Reader<'a> {
         match self.peek()? {
             b'{' => {
                 let mut probe = Probe::default();
-                self.object(|reader, key| {
-                    let sized = |value: Value| Limited::of(&value, MAX_INITIALIZE_FIELD_BYTES);
-                    match key {
-                        b"name" => probe.name = Some(reader.kept(2, WHOLE)?),
-                        b"uri" => probe.uri = Some(reader.kept(2, WHOLE)?),
-                        b"taskId" => probe.task_id = Some(reader.kept(2, WHOLE)?),
-                        b"arguments" => {
-                            probe.arguments = Some(reader.kept(2, WHOLE_ARGUMENTS)?);
-                            probe.arguments_too_large = None;
-                        }
-                        b"_meta" => probe.meta = reader.meta()?,
-                        b"protocolVersion" => probe.protocol_version = Some(reader.kept(2, WHOLE)?),
-                        b"clientInfo" => {
-                            probe.client_info =
-                                Some(sized(reader.kept(2, MAX_INITIALIZE_FIELD_BYTES)?));
-                        }
-                        b"capabilities" => {
-                            probe.capabilities =
-                                Some(sized(reader.kept(2, MAX_INITIALIZE_FIELD_BYTES)?));
-                        }
-                        b"notifications" => probe.notifications = Some(reader.kept(2, WHOLE)?),
-                        _ => reader.skip(2)?,
-                    }
-                    Some(())
-                })?;
+                self.members(1, &mut probe)?;
                 Some(ParamsValue::Object(Params {
                     probe,
                     ..Params::default()
@@ -323,33 +297,70 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// The `params._meta` member.
-    fn meta(&mut self) -> Option<MetaProbe> {
-        if self.peek()? != b'{' {
-            self.skip(2)?;
-            return Some(MetaProbe::NotObject);
-        }
-        let mut protocol_version = None;
-        let mut client_capabilities = None;
-        let mut progress_token = None;
-        self.object(|reader, key| {
-            match key {
-                key if key == META_PROTOCOL_VERSION.as_bytes() => {
-                    protocol_version = Some(reader.kept(3, WHOLE)?);
-                }
-                key if key == META_CLIENT_CAPABILITIES.as_bytes() => {
-                    client_capabilities = Some(reader.kept(3, WHOLE)?);
-                }
-                b"progressToken" => progress_token = Some(reader.kept(3, WHOLE)?),
-                _ => reader.skip(3)?,
-            }
-            Some(())
-        })?;
-        Some(MetaProbe::Object {
-            protocol_version,
-            client_capabilities,
-            progress_token,
+    /// The members of the object at nesting `depth` into `probe`: the ones
+    /// its table lists as the table says, every other one skipped.
+    fn members<P: Probed>(&mut self, depth: u32, probe: &mut P) -> Option<()> {
+        self.object(|reader, name| match P::member(name) {
+            Some(member) => probe
+                .keep(
+                    member,
+                    Plain {
+                        reader,
+                        depth: depth + 1,
+                    },
+                )
+                .ok(),
+            None => reader.skip(depth + 1),
         })
+    }
+}
+
+/// The plain-shape reader gave up on a message (serde_json reads it).
+#[derive(Debug)]
+pub(super) struct GaveUp;
+
+/// The value of a member the handlers read, at nesting `depth`.
+pub(super) struct Plain<'r, 'a> {
+    reader: &'r mut Reader<'a>,
+    depth: u32,
+}
+
+impl Plain<'_, '_> {
+    fn kept(self, limit: usize) -> Result<Value, GaveUp> {
+        self.reader.kept(self.depth, limit).ok_or(GaveUp)
+    }
+}
+
+impl MemberReader for Plain<'_, '_> {
+    type Error = GaveUp;
+    fn scalar(self) -> Result<Value, GaveUp> {
+        self.kept(WHOLE)
+    }
+    fn arguments(self) -> Result<Arguments, GaveUp> {
+        Ok(Arguments {
+            value: self.kept(WHOLE_ARGUMENTS)?,
+            too_large: None,
+        })
+    }
+    fn sized(self) -> Result<Limited, GaveUp> {
+        let value = self.kept(MAX_INITIALIZE_FIELD_BYTES)?;
+        Ok(Limited::of(&value, MAX_INITIALIZE_FIELD_BYTES))
+    }
+    fn capabilities(self) -> Result<Value, GaveUp> {
+        self.kept(WHOLE)
+    }
+    fn notifications(self) -> Result<Value, GaveUp> {
+        self.kept(WHOLE)
+    }
+    fn meta(self) -> Result<MetaProbe, GaveUp> {
+        let Plain { reader, depth } = self;
+        if reader.peek().ok_or(GaveUp)? != b'{' {
+            reader.skip(depth).ok_or(GaveUp)?;
+            return Ok(MetaProbe::NotObject);
+        }
+        let mut members = MetaMembers::default();
+        reader.members(depth, &mut members).ok_or(GaveUp)?;
+        Ok(MetaProbe::Object(members))
     }
 }
 
