@@ -60,24 +60,8 @@ pub(crate) async fn bearer(
     }
 }
 
-/// An agent's token, for `/mcp`.
-pub(crate) async fn agent(
-    State(state): State<HttpState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match agent_of(&state, request.headers()).await {
-        Ok((who, _)) => {
-            request.extensions_mut().insert(who);
-            next.run(request).await
-        }
-        Err(refused) => refused,
-    }
-}
-
 /// The agent a `/mcp` request comes from, by its headers alone: the
-/// credentials check of [`agent`] and of `POST /mcp`, which makes it
-/// itself. `Err` is the refusal to send (401/503, `Connection: close`; a
+/// credentials check of the `/mcp` endpoint. `Err` is the refusal to send (401/503, `Connection: close`; a
 /// device's token is 401). Starts the revocation watch on success.
 pub(crate) async fn agent_of(
     state: &HttpState,

@@ -706,11 +706,7 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 pub fn router(state: HttpState) -> Router {
     let routes = relay_route_set(&state).merge(metadata_route_set());
     let health = health::health_routes(state.clone());
-    mcp_endpoint::Endpoint::mount(
-        edge_layers(routes, state.clone()).merge(health),
-        edge_layers(mcp_route_set(&state), state.clone()),
-        state,
-    )
+    mcp_endpoint::Endpoint::mount(edge_layers(routes, state.clone()).merge(health), state)
 }
 
 /// `GET`/`POST`/`DELETE /mcp` (the MCP Streamable HTTP endpoint), with the
@@ -735,11 +731,7 @@ pub fn router(state: HttpState) -> Router {
 /// }
 /// ```
 pub fn mcp_routes(state: HttpState) -> Router {
-    mcp_endpoint::Endpoint::mount(
-        Router::new(),
-        edge_layers(mcp_route_set(&state), state.clone()),
-        state,
-    )
+    mcp_endpoint::Endpoint::mount(Router::new(), state)
 }
 
 /// The relay API under [`relay_wire::RELAY_PREFIX`] (`sync`, and `start`,
@@ -759,25 +751,6 @@ pub fn relay_routes(state: HttpState) -> Router {
 /// composing.
 pub fn metadata_routes(state: HttpState) -> Router {
     edge_layers(metadata_route_set(), state)
-}
-
-/// The `/mcp` route for every method but `POST`, which
-/// [`mcp_endpoint::Endpoint`] sends to [`mcp_endpoint::post`] before it
-/// reaches this route. `POST` is routed here too, to the same function, so
-/// that a `405` for another method lists it in `Allow`, as the agent
-/// gate's answer to an unknown method without credentials does.
-fn mcp_route_set(state: &HttpState) -> Router<HttpState> {
-    use axum::middleware::from_fn_with_state;
-    use axum::routing::post;
-    let mcp = get(mcp_endpoint::get).merge(
-        post(
-            |axum::extract::State(state): axum::extract::State<HttpState>,
-             request: axum::extract::Request| { mcp_endpoint::post(state, request) },
-        )
-        .delete(mcp_endpoint::delete)
-        .layer(from_fn_with_state(state.clone(), gate::agent)),
-    );
-    Router::new().route(MCP_PATH, mcp)
 }
 
 /// The relay API routes, behind the bearer gate, and the OpenAPI document.

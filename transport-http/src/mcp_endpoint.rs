@@ -3,7 +3,7 @@
 use std::panic::AssertUnwindSafe;
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
@@ -16,7 +16,7 @@ use graph_relay_core::mcp::{
 use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
-use crate::{AgentPrincipal, Authenticated, HttpState, gate};
+use crate::{Authenticated, HttpState, gate};
 
 pub(crate) fn json_reply(reply: &Outgoing) -> Response {
     json_response(reply.http_status(), reply.to_bytes())
@@ -248,30 +248,53 @@ fn stream_core(
     crate::listen::sse_response(rx)
 }
 
-/// `POST /mcp`, whole: the checks [`crate::router`]'s layers make for
-/// every other route, made here in the same order without the layers'
-/// plumbing (the layers cost about a tenth of a request).
+/// `/mcp`, every method: the only edge of this path. The checks the
+/// layers of [`crate::router`] make for every other route are made here,
+/// in the same order, with the same functions, and without the layers'
+/// plumbing (the layers cost about a tenth of a request):
 ///
-/// In order: the request timeout (408, empty, as `tower_http`'s
-/// `TimeoutLayer` answers), the Host/Origin check (403), the agent's
-/// credentials before the body is read (401/503; a device token is 401),
-/// and the body limit (413 as a JSON-RPC error); then [`post_message`].
-pub(crate) async fn post(state: HttpState, request: Request) -> Response {
+/// 1. the request timeout (408, empty, as `tower_http`'s `TimeoutLayer`
+///    answers);
+/// 2. the Host/Origin check (403);
+/// 3. `GET` (and `HEAD`): 405, no stream is offered;
+/// 4. the agent's credentials, before the body is read (401/503; a device
+///    token is 401);
+/// 5. `POST`: the body limit (413 as a JSON-RPC error), then
+///    [`post_message`]; `DELETE`: [`delete`]; any other method: 405 naming
+///    the methods served.
+pub(crate) async fn serve(state: HttpState, request: Request) -> Response {
     let timeout = state.config().request_timeout;
-    match tokio::time::timeout(timeout, post_checked(state, request)).await {
+    match tokio::time::timeout(timeout, checked(state, request)).await {
         Ok(response) => response,
         Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
     }
 }
 
-async fn post_checked(state: HttpState, request: Request) -> Response {
+async fn checked(state: HttpState, request: Request) -> Response {
     if let Err(refused) = state.check_host_and_origin(request.headers()) {
         return gate::closing(refused);
+    }
+    let method = request.method().clone();
+    if method == axum::http::Method::GET || method == axum::http::Method::HEAD {
+        return no_stream(&method);
     }
     let (who, caller) = match gate::agent_of(&state, request.headers()).await {
         Ok(agent) => agent,
         Err(refused) => return refused,
     };
+    if method == axum::http::Method::DELETE {
+        return delete(&state, &who, &caller, request.headers()).await;
+    }
+    if method != axum::http::Method::POST {
+        return (
+            StatusCode::METHOD_NOT_ALLOWED,
+            [(
+                header::ALLOW,
+                HeaderValue::from_static("GET,HEAD,POST,DELETE"),
+            )],
+        )
+            .into_response();
+    }
     let (parts, body) = request.into_parts();
     let limit = state.config().max_body_bytes;
     let body =
@@ -453,27 +476,32 @@ async fn post_message(
     }
 }
 
-/// `GET /mcp`: no server-sent event stream is offered.
-pub(crate) async fn get() -> Response {
-    (
+/// `GET /mcp`: no server-sent event stream is offered (`HEAD` gets the
+/// same head without the body).
+fn no_stream(method: &axum::http::Method) -> Response {
+    let mut response = (
         StatusCode::METHOD_NOT_ALLOWED,
         [(header::ALLOW, HeaderValue::from_static("POST, DELETE"))],
         axum::Json(json!({"error": "method_not_allowed", "error_description": "this server does not offer an SSE stream; POST JSON-RPC messages to /mcp"})),
     )
-        .into_response()
+        .into_response();
+    if method == axum::http::Method::HEAD {
+        *response.body_mut() = axum::body::Body::empty();
+    }
+    response
 }
 
 /// `DELETE /mcp`: ends an initialize-era session.
-pub(crate) async fn delete(
-    State(state): State<HttpState>,
-    principal: AgentPrincipal,
-    headers: HeaderMap,
+async fn delete(
+    state: &HttpState,
+    who: &Authenticated,
+    caller: &Caller,
+    headers: &HeaderMap,
 ) -> Response {
-    let who = principal.authenticated();
-    match mcp_headers::session_id(&headers) {
+    match mcp_headers::session_id(headers) {
         None => McpHeaderError::DeleteWithoutSession.into_response(),
         Some(id) => {
-            let owner = session_owner(&who, &principal.caller);
+            let owner = session_owner(who, caller);
             match state.inner.sessions.delete(id, &owner).await {
                 Ok(true) => StatusCode::NO_CONTENT.into_response(),
                 Ok(false) => McpHeaderError::DeleteUnknownSession.into_response(),
@@ -483,23 +511,16 @@ pub(crate) async fn delete(
     }
 }
 
-/// The `/mcp` endpoint as one service: `POST` goes straight to [`post`],
-/// which makes the edge layers' checks itself; every other method goes to
-/// `others`, the layered routes of `GET` and `DELETE`.
+/// The `/mcp` endpoint as one service: [`serve`], for every method.
 #[derive(Clone)]
 pub(crate) struct Endpoint {
     state: HttpState,
-    others: axum::Router,
 }
 
 impl Endpoint {
     /// `/mcp` served by an [`Endpoint`], next to the routes of `routes`.
-    pub(crate) fn mount(
-        routes: axum::Router,
-        others: axum::Router,
-        state: HttpState,
-    ) -> axum::Router {
-        routes.route_service(crate::MCP_PATH, Self { state, others })
+    pub(crate) fn mount(routes: axum::Router, state: HttpState) -> axum::Router {
+        routes.route_service(crate::MCP_PATH, Self { state })
     }
 }
 
@@ -516,11 +537,7 @@ impl tower::Service<Request> for Endpoint {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        if request.method() == axum::http::Method::POST {
-            let state = self.state.clone();
-            Box::pin(async move { Ok(post(state, request).await) })
-        } else {
-            Box::pin(tower::ServiceExt::oneshot(self.others.clone(), request))
-        }
+        let state = self.state.clone();
+        Box::pin(async move { Ok(serve(state, request).await) })
     }
 }

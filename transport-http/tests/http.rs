@@ -574,6 +574,31 @@ async fn other_methods_on_mcp_are_405_listing_post() {
     assert_eq!(reply.headers["allow"], "GET,HEAD,POST,DELETE");
 }
 
+/// `GET` and `HEAD` on `/mcp` need no credentials: 405 naming the methods
+/// that serve messages, the body only for `GET`; every method of `/mcp`
+/// is checked for its Host first.
+#[tokio::test]
+async fn get_and_head_on_mcp_are_405_after_the_host_check() {
+    let h = harness().await;
+    for method in ["GET", "HEAD"] {
+        let request = |host: &str| {
+            Request::builder()
+                .method(method)
+                .uri("/mcp")
+                .header("host", host)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let reply = h.send(request("127.0.0.1:8787")).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        assert_eq!(reply.headers["allow"], "POST, DELETE", "{method}");
+        let described = reply.body["error"] == "method_not_allowed";
+        assert_eq!(described, method == "GET", "{method}: {:?}", reply.body);
+        let foreign = h.send(request("evil.example")).await;
+        assert_eq!(foreign.status, StatusCode::FORBIDDEN, "{method}");
+    }
+}
+
 #[tokio::test]
 async fn tokens_are_checked_with_challenges() {
     let h = harness().await;
