@@ -70,18 +70,33 @@ struct ApiError {
     status: StatusCode,
     code: &'static str,
     message: String,
+    /// Whether the same request may succeed later: set from the queue's
+    /// errors' own `is_retryable()` (a store failure), never guessed from
+    /// the status. A retryable refusal carries `Retry-After`.
+    retryable: bool,
 }
 
 impl ApiError {
+    /// A final refusal of this request.
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
             code,
             message: message.into(),
+            retryable: false,
         }
     }
 
-    fn store(e: &StoreError) -> Self {
+    fn conflict(code: &'static str, refusal: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::CONFLICT, code, refusal.to_string())
+    }
+
+    fn unprocessable(code: &'static str, refusal: impl std::fmt::Display) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, refusal.to_string())
+    }
+
+    /// The store failed; the details stay in the server's log.
+    fn unavailable(e: &StoreError) -> Self {
         tracing::error!(error = %e, "relay API: store failed");
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -101,21 +116,16 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let retryable = self.status.is_server_error()
-            || matches!(
-                self.status,
-                StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS
-            );
         let mut response = (
             self.status,
             axum::Json(ErrorReply {
                 error: self.code.to_owned(),
                 message: self.message,
-                retryable,
+                retryable: self.retryable,
             }),
         )
             .into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.retryable {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from(graph_relay_core::mcp::STORE_RETRY_AFTER_SECONDS),
@@ -123,6 +133,66 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+impl From<ApiError> for Response {
+    fn from(refusal: ApiError) -> Self {
+        refusal.into_response()
+    }
+}
+
+/// The queue's refusals as the relay API answers them: each error's
+/// variant names its status and code, and whether the device may retry
+/// comes from the error's own `is_retryable()`.
+macro_rules! api_errors {
+    ($($error:ident: |$e:ident| $refusal:expr;)*) => {
+        $(
+            impl From<$error> for ApiError {
+                fn from($e: $error) -> Self {
+                    let retryable = $e.is_retryable();
+                    Self { retryable, ..$refusal }
+                }
+            }
+        )*
+    };
+}
+
+api_errors! {
+    SyncError: |e| match e {
+        SyncError::Store(e) => Self::unavailable(&e),
+        e @ SyncError::TooManyProjects { .. } => Self::unprocessable("too_many_projects", e),
+        other => Self::unprocessable("invalid_sessions", other),
+    };
+    StartError: |e| match e {
+        StartError::NotFound => Self::not_found(),
+        StartError::Refused(r) => Self::conflict("start_refused", r),
+        StartError::Store(e) => Self::unavailable(&e),
+    };
+    ControlError: |e| match e {
+        ControlError::NotFound => Self::not_found(),
+        ControlError::Store(e) => Self::unavailable(&e),
+    };
+    CompleteError: |e| match e {
+        CompleteError::NotFound => Self::not_found(),
+        CompleteError::Invalid(e) => Self::unprocessable("invalid_envelope", e),
+        CompleteError::Refused(
+            r @ (CompleteRefused::NotStarted | CompleteRefused::ClosedBeforeStart(_)),
+        ) => Self::conflict("not_started", r),
+        CompleteError::Refused(r @ CompleteRefused::Lapsed(_)) => Self::conflict("run_closed", r),
+        CompleteError::Refused(r) => Self::conflict("completion_refused", r),
+        CompleteError::Store(e) => Self::unavailable(&e),
+    };
+    DeclineError: |e| match e {
+        DeclineError::NotFound => Self::not_found(),
+        DeclineError::Refused(r) => Self::conflict("decline_refused", r),
+        DeclineError::Store(e) => Self::unavailable(&e),
+    };
+    ProgressError: |e| match e {
+        ProgressError::NotFound => Self::not_found(),
+        ProgressError::Invalid(e) => Self::unprocessable("invalid_progress", e),
+        ProgressError::Refused(r) => Self::conflict("progress_refused", r),
+        ProgressError::Store(e) => Self::unavailable(&e),
+    };
 }
 
 type ApiResult<T> = Result<axum::Json<T>, Response>;
@@ -242,22 +312,7 @@ pub(crate) async fn sync(
     let response = queue
         .sync_held(&device, &request, limit, &TokioSleeper)
         .await
-        .map_err(|e| {
-            match e {
-                SyncError::Store(e) => ApiError::store(&e),
-                e @ SyncError::TooManyProjects { .. } => ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "too_many_projects",
-                    e.to_string(),
-                ),
-                other => ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_sessions",
-                    other.to_string(),
-                ),
-            }
-            .into_response()
-        })?;
+        .map_err(ApiError::from)?;
     let commands = response.commands;
     Ok(axum::Json(SyncReply {
         commands: commands.iter().map(WireCommand::from_record).collect(),
@@ -290,16 +345,7 @@ pub(crate) async fn start(
         .queue()
         .start(&device, &id, &body.execution_id)
         .await
-        .map_err(|e| {
-            match e {
-                StartError::NotFound => ApiError::not_found(),
-                StartError::Refused(r) => {
-                    ApiError::new(StatusCode::CONFLICT, "start_refused", r.to_string())
-                }
-                StartError::Store(e) => ApiError::store(&e),
-            }
-            .into_response()
-        })?;
+        .map_err(ApiError::from)?;
     Ok(axum::Json(StartReply {
         command_id: record.id,
         status: record.status.as_str().to_owned(),
@@ -317,18 +363,11 @@ pub(crate) async fn control(
     let id = parse_command(&id)?;
     let body: ControlBody = parse_body(body, BAD_REQUEST_BODY)?;
     let queue = state.mcp().queue();
-    let control_error = |e: ControlError| {
-        match e {
-            ControlError::NotFound => ApiError::not_found(),
-            ControlError::Store(e) => ApiError::store(&e),
-        }
-        .into_response()
-    };
     let limit = |hold| bounded(&state, hold);
     let answer = queue
         .control_held(&device, &id, body.long_poll, limit, &TokioSleeper)
         .await
-        .map_err(control_error)?;
+        .map_err(ApiError::from)?;
     Ok(axum::Json(ControlReply {
         cancel_requested: answer.cancel_requested,
         status: answer.status.as_str().to_owned(),
@@ -345,27 +384,10 @@ pub(crate) async fn complete(
     let id = parse_command(&id)?;
     let envelope: ResultEnvelope = parse_body(body, BAD_ENVELOPE)?;
     let queue = state.mcp().queue();
-    let ack = queue.complete(&device, &id, &envelope).await.map_err(|e| {
-        match e {
-            CompleteError::NotFound => ApiError::not_found(),
-            CompleteError::Invalid(e) => ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "invalid_envelope",
-                e.to_string(),
-            ),
-            CompleteError::Refused(
-                r @ (CompleteRefused::NotStarted | CompleteRefused::ClosedBeforeStart(_)),
-            ) => ApiError::new(StatusCode::CONFLICT, "not_started", r.to_string()),
-            CompleteError::Refused(r @ CompleteRefused::Lapsed(_)) => {
-                ApiError::new(StatusCode::CONFLICT, "run_closed", r.to_string())
-            }
-            CompleteError::Refused(r) => {
-                ApiError::new(StatusCode::CONFLICT, "completion_refused", r.to_string())
-            }
-            CompleteError::Store(e) => ApiError::store(&e),
-        }
-        .into_response()
-    })?;
+    let ack = queue
+        .complete(&device, &id, &envelope)
+        .await
+        .map_err(ApiError::from)?;
     let status = ack.record().status.as_str().to_owned();
     Ok(axum::Json(match ack {
         CompleteAck::Recorded(_) => ReportReply {
@@ -395,16 +417,7 @@ pub(crate) async fn decline(
         .queue()
         .decline(&device, &id)
         .await
-        .map_err(|e| {
-            match e {
-                DeclineError::NotFound => ApiError::not_found(),
-                DeclineError::Refused(r) => {
-                    ApiError::new(StatusCode::CONFLICT, "decline_refused", r.to_string())
-                }
-                DeclineError::Store(e) => ApiError::store(&e),
-            }
-            .into_response()
-        })?;
+        .map_err(ApiError::from)?;
     Ok(axum::Json(match ack {
         DeclineAck::Recorded(record) => ReportReply {
             status: record.status.as_str().to_owned(),
@@ -456,21 +469,7 @@ pub(crate) async fn progress(
         .queue()
         .report_progress(&device, &id, &body.execution_id, body.message, body.percent)
         .await
-        .map_err(|e| {
-            match e {
-                ProgressError::NotFound => ApiError::not_found(),
-                ProgressError::Invalid(e) => ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_progress",
-                    e.to_string(),
-                ),
-                ProgressError::Refused(r) => {
-                    ApiError::new(StatusCode::CONFLICT, "progress_refused", r.to_string())
-                }
-                ProgressError::Store(e) => ApiError::store(&e),
-            }
-            .into_response()
-        })?;
+        .map_err(ApiError::from)?;
     Ok(axum::Json(ProgressReply {
         status: "running".to_owned(),
         recorded: match ack {
