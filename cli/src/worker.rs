@@ -23,9 +23,7 @@ use graph_relay_core::time::Clock;
 use graph_relay_core::time::SystemClock;
 use graph_relay_store_sqlite::SqliteOutbox;
 use graph_relay_transport_http::TokioSleeper;
-use graph_relay_transport_http::relay_http::{
-    FaultyTransport, HttpRelayConfig, HttpRelayTransport,
-};
+use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport};
 use graph_relay_transport_http::relay_metrics::RelayMetrics;
 
 use crate::approval::HookApprover;
@@ -162,9 +160,6 @@ pub struct WorkerArgs {
     /// latest progress); 0 for none.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub progress_every: u64,
-    /// Testing: lose this many completion POSTs before sending them.
-    #[arg(long, default_value_t = 0, hide = true)]
-    pub fault_lose_completion_posts: u32,
 }
 
 /// Why the worker could not start.
@@ -286,15 +281,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         })?,
     );
     let http = HttpRelayTransport::new(HttpRelayConfig::new(&args.server, token))?;
-    let transport: Arc<dyn RelayTransport> = if args.fault_lose_completion_posts > 0 {
-        Arc::new(FaultyTransport::new(
-            http,
-            args.fault_lose_completion_posts,
-            0,
-        ))
-    } else {
-        Arc::new(http)
-    };
+    let transport: Arc<dyn RelayTransport> = Arc::new(http);
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
     let current = CurrentRun::default();

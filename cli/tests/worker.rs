@@ -189,12 +189,68 @@ async fn a_session_unshared_between_queueing_and_starting_is_cancelled_with_the_
     assert_eq!(worker.count(&format!("started {second}")), 0);
 }
 
+/// A reverse proxy in front of `upstream` that answers the first `lose`
+/// completion POSTs itself with 502, without passing them on, as a load
+/// balancer does when its backend is gone; every other request passes
+/// through. Returns its URL.
+async fn completion_dropping_proxy(upstream: &str, lose: u32) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::response::IntoResponse;
+
+    let lose = std::sync::Arc::new(AtomicU32::new(lose));
+    let client = reqwest::Client::new();
+    let upstream = upstream.trim_end_matches('/').to_owned();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let (lose, client, upstream) = (lose.clone(), client.clone(), upstream.clone());
+        async move {
+            let completion = request.uri().path().ends_with("/complete");
+            if completion
+                && lose
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return (
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    "lost by the test's proxy",
+                )
+                    .into_response();
+            }
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let mut forward = client.request(parts.method, format!("{upstream}{target}"));
+            for (name, value) in &parts.headers {
+                if name != axum::http::header::HOST {
+                    forward = forward.header(name, value);
+                }
+            }
+            match forward.body(body).send().await {
+                Ok(answer) => {
+                    let status = answer.status();
+                    let headers = answer.headers().clone();
+                    let bytes = answer.bytes().await.unwrap_or_default();
+                    let mut response = (status, bytes).into_response();
+                    *response.headers_mut() = headers;
+                    response
+                }
+                Err(e) => (axum::http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_completion_post_is_delivered_on_a_later_pass() {
     let env = Env::new();
     env.script("a", ECHO);
     let (_server, url) = env.serve("127.0.0.1:0");
-    let worker = env.worker(&url, &["--fault-lose-completion-posts", "1"]);
+    let proxy = completion_dropping_proxy(&url, 1).await;
+    let worker = env.worker(&proxy, &[]);
     worker.wait_line("sync: project p1");
     let id = env
         .run(&url, GS_A, "e2e-key-lost-post", json!({"y": 2}))
@@ -202,7 +258,7 @@ async fn a_lost_completion_post_is_delivered_on_a_later_pass() {
     let run = env.wait_status(&url, &id, "completed").await;
     assert_eq!(run["result"]["got"], json!({"y": 2}));
     let failed = worker.wait_line(&format!("delivery of {id} failed"));
-    assert!(failed.contains("fault injection"), "{failed}");
+    assert!(failed.contains("502"), "{failed}");
     worker.wait_line(&format!("delivered {id}"));
     assert_eq!(worker.count(&format!("started {id}")), 1, "ran once");
 }
@@ -213,7 +269,8 @@ async fn a_worker_killed_before_its_post_delivers_the_result_after_restart() {
     env.script("a", ECHO);
     let (_server, url) = env.serve("127.0.0.1:0");
     // Every completion POST is lost: the result stays in the outbox only.
-    let worker = env.worker(&url, &["--fault-lose-completion-posts", "1000000"]);
+    let proxy = completion_dropping_proxy(&url, u32::MAX).await;
+    let worker = env.worker(&proxy, &[]);
     worker.wait_line("sync: project p1");
     let id = env
         .run(&url, GS_A, "e2e-key-sigkill", json!({"z": 3}))

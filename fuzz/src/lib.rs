@@ -838,7 +838,7 @@ pub fn relay_events(data: &[u8]) {
                 }
                 let command = flight.controls.remove(0);
                 let answer = if o % 3 == 2 {
-                    Err("timeout".to_string())
+                    Err(graph_relay_core::relay::Refusal::no_answer("timeout"))
                 } else {
                     let state = server.state(&command, now);
                     let lease = server.lease;

@@ -139,7 +139,7 @@ enum Request {
 enum Answer {
     Sync(Result<Vec<RelayCommand>, SyncFailure>),
     Claim(CommandId, ClaimOutcome),
-    Control(CommandId, Result<ControlAnswer, String>),
+    Control(CommandId, Result<ControlAnswer, Refusal>),
     Posted(CommandId, PostOutcome),
     ProgressPosted(CommandId, PostOutcome),
 }
@@ -807,7 +807,7 @@ impl World {
                         return;
                     }
                     Ok((a, _)) => Ok(a),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(Refusal::new(Some(e.is_retryable()), e.to_string())),
                 };
                 self.schedule(
                     reply_at,
@@ -900,8 +900,8 @@ impl World {
             HeldKind::Control(command) => {
                 // As the HTTP server does: the held request renewed the lease
                 // when it arrived; its answer only looks.
-                let answer =
-                    block_on(self.queue.peek_control(&device, &command)).map_err(|e| e.to_string());
+                let answer = block_on(self.queue.peek_control(&device, &command))
+                    .map_err(|e| Refusal::new(Some(e.is_retryable()), e.to_string()));
                 self.schedule(
                     reply_at,
                     Event::Answer(epoch, Answer::Control(command, answer)),

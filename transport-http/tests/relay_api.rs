@@ -12,13 +12,12 @@ use graph_relay_core::outbox::Outbox;
 use graph_relay_core::prelude::*;
 use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
 use graph_relay_core::relay::{ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, SharedSet};
+use graph_relay_core::testkit::FaultyTransport;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
-use graph_relay_transport_http::relay_http::{
-    FaultyTransport, HttpRelayConfig, HttpRelayTransport,
-};
+use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport};
 use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX, openapi};
 use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, TokioSleeper, router};
 use serde_json::{Value, json};

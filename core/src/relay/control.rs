@@ -37,7 +37,7 @@ impl Relay {
     pub fn handle_control_response(
         &mut self,
         command: CommandId,
-        result: Result<ControlAnswer, String>,
+        result: Result<ControlAnswer, Refusal>,
         now: Timestamp,
     ) {
         // Only the execution running now listens to control answers: a late
@@ -48,7 +48,7 @@ impl Relay {
         }
         match &result {
             Ok(_) => self.server_answered(now),
-            Err(reason) => self.server_silent(reason, now),
+            Err(refusal) => self.server_silent(&refusal.reason, now),
         }
         let (mode, interval) = (self.config.mode, self.config.control_interval);
         let Some(run) = self.awaiting.open_run(command) else {
@@ -73,10 +73,12 @@ impl Relay {
                     RelayMode::LongPoll => now,
                 });
             }
-            Err(reason) => {
+            Err(refusal) => {
                 control.next_at = Some(now.plus(interval));
-                self.events
-                    .push_back(RelayEvent::ControlFailed { command, reason });
+                self.events.push_back(RelayEvent::ControlFailed {
+                    command,
+                    reason: refusal.reason,
+                });
             }
         }
         self.maybe_send_control(now);

@@ -48,8 +48,8 @@ use futures::future::{AbortHandle, BoxFuture, FutureExt, abortable};
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::{
-    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Relay, RelayCommand,
-    RelayEvent, SharedSet, SyncFailure,
+    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay,
+    RelayCommand, RelayEvent, SharedSet, SyncFailure,
 };
 use crate::executor::{
     Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
@@ -67,8 +67,10 @@ pub trait RelayTransport: Send + Sync {
     /// Claim a command under `execution`.
     async fn claim(&self, command: &CommandId, execution: &ExecutionId) -> ClaimOutcome;
     /// Ask whether the agent cancelled and whether the command still runs
-    /// (held by the server when `long_poll`); `Err` says why there is no answer.
-    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<ControlAnswer, String>;
+    /// (held by the server when `long_poll`); `Err` says why there is no
+    /// answer (the relay asks again at its control interval either way).
+    async fn control(&self, command: &CommandId, long_poll: bool)
+    -> Result<ControlAnswer, Refusal>;
     /// Post a completion or a decline.
     async fn post_report(&self, item: &OutboxItem) -> PostOutcome;
     /// Post the latest progress of a running execution.
@@ -94,7 +96,7 @@ pub enum DriverEvent {
 enum Input {
     Synced(Result<Vec<RelayCommand>, SyncFailure>),
     Claimed(CommandId, ClaimOutcome),
-    Controlled(CommandId, Result<ControlAnswer, String>),
+    Controlled(CommandId, Result<ControlAnswer, Refusal>),
     Posted(CommandId, PostOutcome),
     Executed(CommandId, ExecutionOutcome),
     /// The running execution put a report in its progress slot.

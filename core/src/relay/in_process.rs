@@ -68,7 +68,11 @@ impl RelayTransport for QueueTransport {
         }
     }
 
-    async fn control(&self, command: &CommandId, long_poll: bool) -> Result<ControlAnswer, String> {
+    async fn control(
+        &self,
+        command: &CommandId,
+        long_poll: bool,
+    ) -> Result<ControlAnswer, Refusal> {
         self.queue
             .control_held(
                 &self.device,
@@ -78,7 +82,7 @@ impl RelayTransport for QueueTransport {
                 &*self.sleeper,
             )
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| refusal(e.is_retryable(), e))
     }
 
     async fn post_report(&self, item: &OutboxItem) -> PostOutcome {

@@ -369,7 +369,7 @@ fn long_poll_holds_one_sync_when_idle_and_control_is_held_too() {
             long_poll: true
         }]
     );
-    r.handle_control_response(c.id, Err("timeout".into()), secs(30));
+    r.handle_control_response(c.id, Err(Refusal::no_answer("timeout")), secs(30));
     assert!(
         std::iter::from_fn(|| r.poll_event()).any(|e| e
             == RelayEvent::ControlFailed {
@@ -595,7 +595,7 @@ fn a_lost_server_is_said_while_a_run_executes_through_its_control_requests() {
     let mut now = secs(3);
     r.handle_timeout(now);
     assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
-    r.handle_control_response(c.id, Err("connection reset".into()), now);
+    r.handle_control_response(c.id, Err(Refusal::no_answer("connection reset")), now);
     assert_eq!(
         outage_events(&mut r),
         vec![RelayEvent::ServerLost {
@@ -606,7 +606,7 @@ fn a_lost_server_is_said_while_a_run_executes_through_its_control_requests() {
         now = r.poll_timeout().expect("the next control poll");
         r.handle_timeout(now);
         assert!(matches!(drain(&mut r).as_slice(), [Action::Control { .. }]));
-        r.handle_control_response(c.id, Err("refused".into()), now);
+        r.handle_control_response(c.id, Err(Refusal::no_answer("refused")), now);
     }
     let lines = outage_events(&mut r);
     assert!(

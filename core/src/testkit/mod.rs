@@ -14,11 +14,13 @@
 //! `block_on` if the store needs one); the second is an expression whose
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
+mod faulty;
 pub mod mcp_sessions;
 pub mod model;
 mod outage;
 pub mod workload;
 
+pub use faulty::FaultyTransport;
 pub use outage::Outage;
 
 use std::sync::Arc;
