@@ -40,7 +40,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{AgentToken, DeviceToken, TokenConfig};
 use crate::oauth::OAuthConfig;
-use crate::{HttpConfig, ListenLimits, ServeConfig, SessionLimits};
+use graph_relay_core::mcp::McpSessionLimits;
+
+use crate::{HttpConfig, ListenLimits, ServeConfig};
 
 /// The `[server]` section.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -235,14 +237,16 @@ impl ServerSection {
             request_timeout: self
                 .request_timeout_secs
                 .map_or(defaults.request_timeout, secs),
-            sessions: SessionLimits {
-                max_sessions: self.max_sessions.unwrap_or(defaults.sessions.max_sessions),
+            mcp_sessions: McpSessionLimits {
+                max_sessions: self
+                    .max_sessions
+                    .unwrap_or(defaults.mcp_sessions.max_sessions),
                 max_sessions_per_agent: self
                     .max_sessions_per_agent
-                    .unwrap_or(defaults.sessions.max_sessions_per_agent),
+                    .unwrap_or(defaults.mcp_sessions.max_sessions_per_agent),
                 idle_timeout: self
                     .session_idle_timeout_secs
-                    .map_or(defaults.sessions.idle_timeout, secs),
+                    .map_or(defaults.mcp_sessions.idle_timeout, secs),
             },
             listen: ListenLimits {
                 max_streams_per_agent: self

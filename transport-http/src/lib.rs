@@ -62,7 +62,7 @@
 //!   result and must send it (and, after 2025-03-26, `MCP-Protocol-Version`)
 //!   afterwards: missing 400, unknown 404. A session belongs to the agent
 //!   (owner, name) and the token that created it; sessions are bounded per
-//!   agent and in all ([`SessionLimits`]). Sessions live in an
+//!   agent and in all ([`McpSessionLimits`]). Sessions live in an
 //!   [`McpSessionStore`]: this
 //!   process's memory by default ([`MemoryMcpSessionStore`]), or a store
 //!   shared by every server of a cluster
@@ -119,6 +119,7 @@ pub mod health;
 mod listen;
 mod mcp_endpoint;
 pub mod mcp_headers;
+pub mod mcp_sessions;
 pub mod metrics;
 pub mod oauth;
 pub mod relay_api;
@@ -127,7 +128,6 @@ pub mod relay_metrics;
 pub mod relay_wire;
 pub mod serve;
 pub mod server;
-pub mod sessions;
 pub mod store_timing;
 
 use std::net::{IpAddr, SocketAddr};
@@ -148,11 +148,11 @@ pub use crate::auth::{AuthError, Authenticator, Challenge, Principal};
 use crate::authority::{Authority, AuthorityError, Origin};
 pub use crate::gate::{AgentPrincipal, DevicePrincipal};
 pub use crate::listen::ListenLimits;
+pub use crate::mcp_sessions::MemoryMcpSessionStore;
 pub use crate::relay_api::RelayApiConfig;
 pub use crate::serve::{ServeConfig, serve};
 pub use crate::server::{Server, ServerBuilder};
-pub use crate::sessions::{MemoryMcpSessionStore, SessionLimits};
-use graph_relay_core::mcp::{McpSessionOwner, McpSessionStore};
+use graph_relay_core::mcp::{McpSessionLimits, McpSessionOwner, McpSessionStore};
 
 /// Path of the MCP endpoint.
 pub const MCP_PATH: &str = "/mcp";
@@ -192,8 +192,8 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Whole-request timeout (408 beyond).
     pub request_timeout: Duration,
-    /// Bounds on initialize-era sessions.
-    pub sessions: SessionLimits,
+    /// Bounds on initialize-era MCP sessions.
+    pub mcp_sessions: McpSessionLimits,
     /// Bounds on `subscriptions/listen` streams.
     pub listen: ListenLimits,
     /// The relay API (hold bound of long-poll requests).
@@ -238,7 +238,7 @@ impl Default for HttpConfig {
             allowed_origins: Vec::new(),
             max_body_bytes: 1024 * 1024,
             request_timeout: Duration::from_secs(30),
-            sessions: SessionLimits::default(),
+            mcp_sessions: McpSessionLimits::default(),
             listen: ListenLimits::default(),
             relay: RelayApiConfig::default(),
         }
@@ -255,7 +255,7 @@ struct StateInner {
     mcp: McpServer,
     auth: Arc<dyn Authenticator>,
     config: HttpConfig,
-    sessions: Arc<dyn McpSessionStore>,
+    mcp_sessions: Arc<dyn McpSessionStore>,
     listens: listen::Streams,
     hosts: HostRules,
     /// Set once the task that ends sessions of revoked tokens runs.
@@ -359,7 +359,7 @@ impl HttpState {
         mcp: McpServer,
         auth: Arc<dyn Authenticator>,
         config: HttpConfig,
-        sessions: Arc<dyn McpSessionStore>,
+        mcp_sessions: Arc<dyn McpSessionStore>,
     ) -> Self {
         let listens = listen::Streams::new(config.listen.clone());
         let hosts = HostRules::new(&config);
@@ -368,7 +368,7 @@ impl HttpState {
                 mcp,
                 auth,
                 config,
-                sessions,
+                mcp_sessions,
                 listens,
                 hosts,
                 watching_revocations: AtomicBool::new(false),
@@ -394,18 +394,18 @@ impl HttpState {
     /// Number of live initialize-era sessions (as far as the session store
     /// knows without a query: a shared store counts at its last sweep).
     pub fn session_count(&self) -> usize {
-        self.inner.sessions.figures().sessions
+        self.inner.mcp_sessions.figures().sessions
     }
 
     /// Where initialize-era sessions are kept.
     pub fn mcp_session_store(&self) -> &Arc<dyn McpSessionStore> {
-        &self.inner.sessions
+        &self.inner.mcp_sessions
     }
 
     /// Bytes of client data the live sessions keep (their `clientInfo`),
     /// at most `max_sessions` × `MAX_INITIALIZE_FIELD_BYTES`.
     pub fn session_bytes(&self) -> usize {
-        self.inner.sessions.figures().bytes
+        self.inner.mcp_sessions.figures().bytes
     }
 
     /// Number of open `subscriptions/listen` streams.
@@ -614,9 +614,9 @@ impl HttpState {
                     return;
                 };
                 let ended = end_revoked(
-                    inner.sessions.as_ref(),
+                    inner.mcp_sessions.as_ref(),
                     inner.auth.as_ref(),
-                    inner.config.sessions.max_sessions,
+                    inner.config.mcp_sessions.max_sessions,
                 )
                 .await;
                 if ended > 0 {

@@ -33,7 +33,7 @@ use graph_relay_core::ids::CommandId;
 use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, Outgoing};
 use serde_json::{Value, json};
 
-use crate::sessions::AgentKey;
+use crate::mcp_sessions::AgentKey;
 use crate::{Authenticated, HttpState};
 
 /// How often an idle stream sends a keep-alive comment.

@@ -79,7 +79,7 @@ fn session_store_failed(id: Option<serde_json::Value>, error: &dyn std::fmt::Dis
 /// session keeps its previous state, which differs only before
 /// `notifications/initialized`).
 async fn put_session(state: &HttpState, id: &str, owner: &McpSessionOwner, session: McpSession) {
-    if let Err(e) = state.inner.sessions.put(id, owner, &session).await {
+    if let Err(e) = state.inner.mcp_sessions.put(id, owner, &session).await {
         tracing::warn!(error = %e, "cannot write an MCP session's state");
     }
 }
@@ -371,8 +371,8 @@ async fn post_message(
             let now = state.mcp().queue().now();
             let created = state
                 .inner
-                .sessions
-                .create(&id, &owner, &session, &state.config().sessions, now)
+                .mcp_sessions
+                .create(&id, &owner, &session, &state.config().mcp_sessions, now)
                 .await;
             match created {
                 Ok(()) => {
@@ -404,8 +404,8 @@ async fn post_message(
             let now = state.mcp().queue().now();
             let found = state
                 .inner
-                .sessions
-                .get(session_id, &owner, &state.config().sessions, now)
+                .mcp_sessions
+                .get(session_id, &owner, &state.config().mcp_sessions, now)
                 .await;
             let session = match found {
                 Ok(Some(s)) => s,
@@ -502,7 +502,7 @@ async fn delete(
         None => McpHeaderError::DeleteWithoutSession.into_response(),
         Some(id) => {
             let owner = session_owner(who, caller);
-            match state.inner.sessions.delete(id, &owner).await {
+            match state.inner.mcp_sessions.delete(id, &owner).await {
                 Ok(true) => StatusCode::NO_CONTENT.into_response(),
                 Ok(false) => McpHeaderError::DeleteUnknownSession.into_response(),
                 Err(e) => session_store_failed(None, &e),

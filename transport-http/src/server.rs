@@ -280,7 +280,7 @@ impl ServerBuilder {
     /// balancer should share this too (e.g. `PostgresMcpSessionStore` on
     /// the queue's database): then any of them serves any session and no
     /// affinity is needed. The bounds are the configuration's `[server]`
-    /// session settings ([`HttpConfig::sessions`]).
+    /// session settings ([`HttpConfig::mcp_sessions`]).
     #[must_use]
     pub fn mcp_session_store(mut self, sessions: Arc<dyn McpSessionStore>) -> Self {
         self.mcp_sessions = Some(sessions);
@@ -621,7 +621,7 @@ pub async fn sweep_mcp_sessions(state: HttpState, stopped: impl Future<Output = 
         loop {
             tokio::time::sleep(MCP_SESSION_SWEEP_EVERY).await;
             let now = state.mcp().queue().now();
-            let limits = &state.config().sessions;
+            let limits = &state.config().mcp_sessions;
             if let Err(e) = state.mcp_session_store().sweep(limits, now).await
                 && last_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
             {

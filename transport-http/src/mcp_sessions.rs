@@ -11,16 +11,16 @@
 //! another token of the same agent, finds nothing (404). Bounds (the
 //! trait's contract, [`graph_relay_core::mcp::McpSessionStore`]):
 //!
-//! - at most [`SessionLimits::max_sessions_per_agent`] per agent; a new one
+//! - at most [`McpSessionLimits::max_sessions_per_agent`] per agent; a new one
 //!   beyond evicts that agent's least recently used session, never another
 //!   agent's;
-//! - at most [`SessionLimits::max_sessions`] in all, a backstop: when it is
+//! - at most [`McpSessionLimits::max_sessions`] in all, a backstop: when it is
 //!   reached, an agent with sessions of its own evicts its oldest, and an
 //!   agent without any is refused (503, `-32004`) rather than evicting
 //!   someone else's;
 //! - each session keeps at most `MAX_INITIALIZE_FIELD_BYTES` of client data
 //!   (the core refuses larger `initialize`s);
-//! - an idle session is forgotten after [`SessionLimits::idle_timeout`], and
+//! - an idle session is forgotten after [`McpSessionLimits::idle_timeout`], and
 //!   the sessions of a revoked token end as soon as the authenticator says so.
 //!
 //! The last use is recorded exactly, on every look-up (it costs nothing here).
@@ -37,9 +37,6 @@ use graph_relay_core::mcp::{
 };
 use graph_relay_core::store::StoreError;
 use graph_relay_core::time::Timestamp;
-
-/// Bounds on live initialize-era sessions (the core's [`McpSessionLimits`]).
-pub type SessionLimits = McpSessionLimits;
 
 /// An agent's identity: owner and name. A name alone is never an identity.
 pub(crate) type AgentKey = (OwnerId, AgentId);

@@ -9,7 +9,8 @@ use axum::body::{Body, Bytes};
 use axum::http::StatusCode;
 use common::*;
 use graph_relay_core::mcp::MAX_INITIALIZE_FIELD_BYTES;
-use graph_relay_transport_http::{HttpConfig, ListenLimits, SessionLimits};
+use graph_relay_core::mcp::McpSessionLimits;
+use graph_relay_transport_http::{HttpConfig, ListenLimits};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -19,10 +20,10 @@ use tower::ServiceExt;
 #[tokio::test]
 async fn another_agents_flood_never_evicts_a_session() {
     let state = static_state(HttpConfig {
-        sessions: SessionLimits {
+        mcp_sessions: McpSessionLimits {
             max_sessions: 150,
             max_sessions_per_agent: 100,
-            ..SessionLimits::default()
+            ..McpSessionLimits::default()
         },
         ..HttpConfig::default()
     })
@@ -66,10 +67,10 @@ async fn another_agents_flood_never_evicts_a_session() {
 #[tokio::test]
 async fn the_global_bound_refuses_instead_of_evicting_others() {
     let state = static_state(HttpConfig {
-        sessions: SessionLimits {
+        mcp_sessions: McpSessionLimits {
             max_sessions: 150,
             max_sessions_per_agent: 100,
-            ..SessionLimits::default()
+            ..McpSessionLimits::default()
         },
         ..HttpConfig::default()
     })
