@@ -222,40 +222,8 @@ pub struct ErrorReply {
 
 /// The OpenAPI 3.1 document of the relay API.
 pub fn openapi() -> Value {
-    let error = json!({"$ref": "#/components/schemas/ErrorReply"});
-    let err = |text: &str| json!({"description": text, "content": {"application/json": {"schema": error}}});
-    let ok = |schema: &str, text: &str| json!({"description": text, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
-    let command_param = json!([{"name": "command_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}]);
-    let body = |schema: &str| json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
-    // Refusals of the bearer check are OAuth2 errors (RFC 6750):
-    // `{error, error_description}`.
-    let bearer = |text: &str| json!({"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BearerError"}}}});
-    let either = |text: &str| json!({"description": text, "content": {"application/json": {"schema": {"anyOf": [error, {"$ref": "#/components/schemas/BearerError"}]}}}});
-    let common = |mut responses: Map<String, Value>| {
-        responses.insert(
-            "400".into(),
-            err("The body or the path is malformed (not retryable)."),
-        );
-        responses.insert("401".into(), bearer("No valid bearer token."));
-        responses.insert(
-            "403".into(),
-            either("The token is not a device token (device_token_required), or the Host/Origin is refused (an OAuth2 error)."),
-        );
-        responses.insert(
-            "413".into(),
-            err("The body is larger than the server accepts (not retryable)."),
-        );
-        responses.insert(
-            "503".into(),
-            either("The queue is unavailable (store_unavailable), or the token could not be checked (temporarily_unavailable); retry later."),
-        );
-        Value::Object(responses)
-    };
-    let responses = |pairs: Vec<(&str, Value)>| {
-        common(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
-    };
-    let string = json!({"type": "string"});
-    let status = json!({"type": "string", "enum": ["queued", "running", "completed", "failed", "cancelled"]});
+    let mut schemas = exchange_schemas();
+    schemas.extend(report_schemas());
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -265,213 +233,300 @@ pub fn openapi() -> Value {
         },
         "components": {
             "securitySchemes": {"deviceToken": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "SessionMeta": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["graph_session_id", "name", "slug"],
-                    "properties": {
-                        "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
-                        "name": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_NAME_CHARS},
-                        "description": {"type": "string", "maxLength": limits::MAX_SESSION_DESCRIPTION_CHARS},
-                        "slug": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_SLUG_CHARS},
-                        "version": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS},
-                        "status": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS}
-                    }
-                },
-                "SyncBody": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["project_id"],
-                    "properties": {
-                        "project_id": string,
-                        "sessions": {"type": "array", "maxItems": limits::MAX_SESSIONS_PER_SYNC, "items": {"$ref": "#/components/schemas/SessionMeta"}},
-                        "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."},
-                        "restarted": {"type": "boolean", "default": false, "description": "True on the first syncs a relay process sends after it started, until one succeeded: the server ends this device's running commands other than running_command_id at once (they died with the previous process)."},
-                        "running_command_id": {"type": "string", "format": "uuid", "description": "The command the relay is executing right now; absent when it runs nothing."}
-                    }
-                },
-                "Command": {
-                    "type": "object",
-                    "required": ["command_id", "graph_session_id", "project_id", "arguments", "slug", "channel"],
-                    "properties": {
-                        "command_id": {"type": "string", "format": "uuid"},
-                        "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
-                        "project_id": string,
-                        "arguments": {"type": "object"},
-                        "slug": string,
-                        "channel": {"type": "string", "description": "graph:external:<command id>"},
-                        "agent_id": {"type": "string", "description": "The agent that queued the run (its name under the device's owner), for the owner's eyes on the desktop. Optional: a server from before this field sends none."}
-                    }
-                },
-                "SyncReply": {
-                    "type": "object",
-                    "required": ["commands", "poll_after_seconds"],
-                    "properties": {
-                        "commands": {"type": "array", "items": {"$ref": "#/components/schemas/Command"}},
-                        "poll_after_seconds": {"type": "integer", "minimum": 0}
-                    }
-                },
-                "StartBody": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["execution_id"],
-                    "properties": {"execution_id": string}
-                },
-                "StartReply": {
-                    "type": "object",
-                    "required": ["command_id", "status", "execution_id"],
-                    "properties": {"command_id": {"type": "string", "format": "uuid"}, "status": {"const": "running"}, "execution_id": string}
-                },
-                "ControlBody": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "properties": {"long_poll": {"type": "boolean", "default": false, "description": "Hold the request until the agent cancels, the command ends, or the hold bound passes."}}
-                },
-                "ControlReply": {
-                    "type": "object",
-                    "required": ["cancel_requested", "status"],
-                    "properties": {"cancel_requested": {"type": "boolean"}, "status": status}
-                },
-                "ResultEnvelope": {
-                    "description": format!("SPEC §7: the full form when its compact JSON is at most {} UTF-16 code units, otherwise the truncated form. `error` is at most {} UTF-16 code units.", group(limits::RESULT_LIMIT), group(limits::ERROR_LIMIT)),
-                    "oneOf": [
-                        {
-                            "type": "object",
-                            "additionalProperties": false,
-                            "required": ["execution_id", "status"],
-                            "properties": {
-                                "execution_id": string,
-                                "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
-                                "result": {"description": "The Graph's output; `null` when absent (the relay always sends it)."},
-                                "total_tokens": {"type": ["integer", "null"], "minimum": 0, "description": "`null` when absent."},
-                                "reported_cost": {"type": ["number", "null"], "description": "`null` when absent."},
-                                "error": {"type": "string"}
-                            }
-                        },
-                        {
-                            "type": "object",
-                            "additionalProperties": false,
-                            "required": ["execution_id", "status", "result_truncated"],
-                            "properties": {
-                                "execution_id": string,
-                                "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
-                                "result_truncated": {"const": true}
-                            }
-                        }
-                    ]
-                },
-                "DeclineBody": {"type": "object", "additionalProperties": false, "properties": {}},
-                "ReportReply": {
-                    "type": "object",
-                    "required": ["status", "duplicate"],
-                    "properties": {"status": status, "duplicate": {"type": "boolean"}, "message": string}
-                },
-                "ProgressBody": {
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["execution_id"],
-                    "properties": {
-                        "execution_id": string,
-                        "message": {"type": "string", "maxLength": limits::MAX_PROGRESS_MESSAGE, "description": format!("At most {} characters.", limits::MAX_PROGRESS_MESSAGE)},
-                        "percent": {"type": "number", "minimum": 0, "maximum": 100}
-                    }
-                },
-                "ProgressReply": {
-                    "type": "object",
-                    "required": ["status", "recorded"],
-                    "properties": {
-                        "status": {"const": "running"},
-                        "recorded": {"type": "string", "enum": ["recorded", "coalesced", "unchanged"], "description": "recorded: written, the agent sees it now; coalesced: kept, and written within the server's progress interval (1 s) unless a newer report replaces it; unchanged: the same report as the one recorded."}
-                    }
-                },
-                "BearerError": {
-                    "type": "object",
-                    "required": ["error", "error_description"],
-                    "properties": {
-                        "error": {"type": "string", "description": "unauthorized (no token), invalid_token, or an OAuth2 error code such as temporarily_unavailable"},
-                        "error_description": string
-                    }
-                },
-                "ErrorReply": {
-                    "type": "object",
-                    "required": ["error", "message", "retryable"],
-                    "properties": {
-                        "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, invalid_progress, command_not_found, start_refused, not_started, run_closed, completion_refused, decline_refused, progress_refused, device_token_required, payload_too_large, store_unavailable"},
-                        "message": string,
-                        "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
-                    }
-                }
-            }
+            "schemas": schemas,
         },
         "security": [{"deviceToken": []}],
-        "paths": {
-            "/external-assistants/graph-relays/sync": {"post": {
-                "summary": "Upload the sessions shared to a project and receive its queued commands",
-                "requestBody": body("SyncBody"),
-                "responses": responses(vec![
-                    ("200", ok("SyncReply", "The queued commands (possibly none).")),
-                    ("422", err("A session breaks a rule, is listed twice, or there are more than 100 (invalid_sessions); or the device already shares into as many projects as it may, 100 by default (too_many_projects). Not retryable.")),
-                ])
-            }},
-            "/external-assistants/graph-relays/commands/{command_id}/start": {"post": {
-                "summary": "Claim a queued command: it becomes running under the execution id",
-                "parameters": command_param,
-                "requestBody": body("StartBody"),
-                "responses": responses(vec![
-                    ("200", ok("StartReply", "Run it (also for a retried claim with the same execution id).")),
-                    ("404", err("Unknown, or not assigned to this device.")),
-                    ("409", err("Cancelled meanwhile or running under another execution: do not run it.")),
-                ])
-            }},
-            "/external-assistants/graph-relays/commands/{command_id}/control": {"post": {
-                "summary": "Ask whether the agent cancelled a running command (optionally held)",
-                "parameters": command_param,
-                "requestBody": body("ControlBody"),
-                "responses": responses(vec![
-                    ("200", ok("ControlReply", "Whether to stop the execution.")),
-                    ("404", err("Unknown, or not assigned to this device.")),
-                ])
-            }},
-            "/external-assistants/graph-relays/commands/{command_id}/complete": {"post": {
-                "summary": "Report how an execution ended (fenced by execution id)",
-                "parameters": command_param,
-                "requestBody": body("ResultEnvelope"),
-                "responses": responses(vec![
-                    ("200", ok("ReportReply", "Recorded, or the same completion had been recorded (duplicate: true).")),
-                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
-                    ("409", err("The command never started (not_started: still queued, or closed before it started); the server closed the run because the desktop stopped reporting on it, its lease lapsed or the desktop restarted, so this late result is discarded (run_closed); the completion is for another execution, or the command finished differently (completion_refused). Not retryable.")),
-                    ("422", err("The envelope breaks SPEC §7 (not retryable).")),
-                ])
-            }},
-            "/external-assistants/graph-relays/commands/{command_id}/decline": {"post": {
-                "summary": "Close a queued command as cancelled: the session is no longer shared with this project",
-                "parameters": command_param,
-                "requestBody": body("DeclineBody"),
-                "responses": responses(vec![
-                    ("200", ok("ReportReply", "Closed; or the command was already closed, and nothing changed (duplicate: true, with a message saying how it was closed).")),
-                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
-                    ("409", err("Already running (not retryable).")),
-                ])
-            }},
-            "/external-assistants/graph-relays/commands/{command_id}/progress": {"post": {
-                "summary": "Report how far a running Graph got (fenced by execution id; never changes the status)",
-                "description": "A relay posts the latest report at most once a second per run; the server writes at most one per second per run and coalesces the rest. Progress needs no outbox: a lost report is replaced by the next.",
-                "parameters": command_param,
-                "requestBody": body("ProgressBody"),
-                "responses": responses(vec![
-                    ("200", ok("ProgressReply", "Taken (recorded, coalesced or unchanged).")),
-                    ("404", err("Unknown, or not assigned to this device (not retryable).")),
-                    ("409", err("The command is not running (still queued, or closed) or runs under another execution (progress_refused). Not retryable: send no more progress for this execution.")),
-                    ("422", err(&format!("The message is longer than {} characters or the percent is not a number from 0 to 100 (invalid_progress). Not retryable.", limits::MAX_PROGRESS_MESSAGE))),
-                ])
-            }},
-            "/external-assistants/graph-relays/openapi.json": {"get": {
-                "summary": "This document",
-                "security": [],
-                "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {}}}}
-            }}
+        "paths": paths(),
+    })
+}
+
+/// A JSON string.
+fn string() -> Value {
+    json!({"type": "string"})
+}
+
+/// A command's status.
+fn status() -> Value {
+    json!({"type": "string", "enum": ["queued", "running", "completed", "failed", "cancelled"]})
+}
+
+/// The members of `value`, an object literal.
+fn members(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(members) => members,
+        _ => Map::new(),
+    }
+}
+
+/// The schemas of syncing, claiming and controlling a command.
+fn exchange_schemas() -> Map<String, Value> {
+    let (string, status) = (string(), status());
+    members(json!({
+        "SessionMeta": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["graph_session_id", "name", "slug"],
+            "properties": {
+                "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
+                "name": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_NAME_CHARS},
+                "description": {"type": "string", "maxLength": limits::MAX_SESSION_DESCRIPTION_CHARS},
+                "slug": {"type": "string", "minLength": 1, "maxLength": limits::MAX_SESSION_SLUG_CHARS},
+                "version": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS},
+                "status": {"type": "string", "maxLength": limits::MAX_SESSION_LABEL_CHARS}
+            }
+        },
+        "SyncBody": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["project_id"],
+            "properties": {
+                "project_id": string,
+                "sessions": {"type": "array", "maxItems": limits::MAX_SESSIONS_PER_SYNC, "items": {"$ref": "#/components/schemas/SessionMeta"}},
+                "long_poll": {"type": "boolean", "default": false, "description": "Hold the request until a command is queued for this device or the hold bound (25 s by default) passes."},
+                "restarted": {"type": "boolean", "default": false, "description": "True on the first syncs a relay process sends after it started, until one succeeded: the server ends this device's running commands other than running_command_id at once (they died with the previous process)."},
+                "running_command_id": {"type": "string", "format": "uuid", "description": "The command the relay is executing right now; absent when it runs nothing."}
+            }
+        },
+        "Command": {
+            "type": "object",
+            "required": ["command_id", "graph_session_id", "project_id", "arguments", "slug", "channel"],
+            "properties": {
+                "command_id": {"type": "string", "format": "uuid"},
+                "graph_session_id": {"type": "string", "pattern": "^gs_[0-9a-f]{32}$"},
+                "project_id": string,
+                "arguments": {"type": "object"},
+                "slug": string,
+                "channel": {"type": "string", "description": "graph:external:<command id>"},
+                "agent_id": {"type": "string", "description": "The agent that queued the run (its name under the device's owner), for the owner's eyes on the desktop. Optional: a server from before this field sends none."}
+            }
+        },
+        "SyncReply": {
+            "type": "object",
+            "required": ["commands", "poll_after_seconds"],
+            "properties": {
+                "commands": {"type": "array", "items": {"$ref": "#/components/schemas/Command"}},
+                "poll_after_seconds": {"type": "integer", "minimum": 0}
+            }
+        },
+        "StartBody": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["execution_id"],
+            "properties": {"execution_id": string}
+        },
+        "StartReply": {
+            "type": "object",
+            "required": ["command_id", "status", "execution_id"],
+            "properties": {"command_id": {"type": "string", "format": "uuid"}, "status": {"const": "running"}, "execution_id": string}
+        },
+        "ControlBody": {
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {"long_poll": {"type": "boolean", "default": false, "description": "Hold the request until the agent cancels, the command ends, or the hold bound passes."}}
+        },
+        "ControlReply": {
+            "type": "object",
+            "required": ["cancel_requested", "status"],
+            "properties": {"cancel_requested": {"type": "boolean"}, "status": status}
         }
+    }))
+}
+
+/// The schemas of reporting on a command, and of refusals.
+fn report_schemas() -> Map<String, Value> {
+    let (string, status) = (string(), status());
+    members(json!({
+        "ResultEnvelope": {
+            "description": format!("SPEC §7: the full form when its compact JSON is at most {} UTF-16 code units, otherwise the truncated form. `error` is at most {} UTF-16 code units.", group(limits::RESULT_LIMIT), group(limits::ERROR_LIMIT)),
+            "oneOf": [
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["execution_id", "status"],
+                    "properties": {
+                        "execution_id": string,
+                        "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
+                        "result": {"description": "The Graph's output; `null` when absent (the relay always sends it)."},
+                        "total_tokens": {"type": ["integer", "null"], "minimum": 0, "description": "`null` when absent."},
+                        "reported_cost": {"type": ["number", "null"], "description": "`null` when absent."},
+                        "error": {"type": "string"}
+                    }
+                },
+                {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["execution_id", "status", "result_truncated"],
+                    "properties": {
+                        "execution_id": string,
+                        "status": {"type": "string", "enum": ["completed", "failed", "cancelled"]},
+                        "result_truncated": {"const": true}
+                    }
+                }
+            ]
+        },
+        "DeclineBody": {"type": "object", "additionalProperties": false, "properties": {}},
+        "ReportReply": {
+            "type": "object",
+            "required": ["status", "duplicate"],
+            "properties": {"status": status, "duplicate": {"type": "boolean"}, "message": string}
+        },
+        "ProgressBody": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["execution_id"],
+            "properties": {
+                "execution_id": string,
+                "message": {"type": "string", "maxLength": limits::MAX_PROGRESS_MESSAGE, "description": format!("At most {} characters.", limits::MAX_PROGRESS_MESSAGE)},
+                "percent": {"type": "number", "minimum": 0, "maximum": 100}
+            }
+        },
+        "ProgressReply": {
+            "type": "object",
+            "required": ["status", "recorded"],
+            "properties": {
+                "status": {"const": "running"},
+                "recorded": {"type": "string", "enum": ["recorded", "coalesced", "unchanged"], "description": "recorded: written, the agent sees it now; coalesced: kept, and written within the server's progress interval (1 s) unless a newer report replaces it; unchanged: the same report as the one recorded."}
+            }
+        },
+        "BearerError": {
+            "type": "object",
+            "required": ["error", "error_description"],
+            "properties": {
+                "error": {"type": "string", "description": "unauthorized (no token), invalid_token, or an OAuth2 error code such as temporarily_unavailable"},
+                "error_description": string
+            }
+        },
+        "ErrorReply": {
+            "type": "object",
+            "required": ["error", "message", "retryable"],
+            "properties": {
+                "error": {"type": "string", "description": "invalid_json, invalid_request, invalid_sessions, too_many_projects, invalid_envelope, invalid_progress, command_not_found, start_refused, not_started, run_closed, completion_refused, decline_refused, progress_refused, device_token_required, payload_too_large, store_unavailable"},
+                "message": string,
+                "retryable": {"type": "boolean", "description": "false: the same request can never succeed; a relay drops the report and logs the message"}
+            }
+        }
+    }))
+}
+
+/// A refusal of the relay API ([`ErrorReply`]), described as `text`.
+fn refusal(text: &str) -> Value {
+    json!({"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorReply"}}}})
+}
+
+/// A success whose body is schema `schema`, described as `text`.
+fn success(schema: &str, text: &str) -> Value {
+    json!({"description": text, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+/// A request body of schema `schema`.
+fn request_body(schema: &str) -> Value {
+    json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+/// A refusal of the bearer check: an OAuth2 error (RFC 6750),
+/// `{error, error_description}`.
+fn bearer_refusal(text: &str) -> Value {
+    json!({"description": text, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BearerError"}}}})
+}
+
+/// A refusal that is either the relay API's or the bearer check's.
+fn either_refusal(text: &str) -> Value {
+    json!({"description": text, "content": {"application/json": {"schema": {"anyOf": [{"$ref": "#/components/schemas/ErrorReply"}, {"$ref": "#/components/schemas/BearerError"}]}}}})
+}
+
+/// An operation's own `responses`, with the refusals every operation shares.
+fn responses(own: Vec<(&str, Value)>) -> Value {
+    let mut responses: Map<String, Value> =
+        own.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    responses.insert(
+        "400".into(),
+        refusal("The body or the path is malformed (not retryable)."),
+    );
+    responses.insert("401".into(), bearer_refusal("No valid bearer token."));
+    responses.insert(
+        "403".into(),
+        either_refusal("The token is not a device token (device_token_required), or the Host/Origin is refused (an OAuth2 error)."),
+    );
+    responses.insert(
+        "413".into(),
+        refusal("The body is larger than the server accepts (not retryable)."),
+    );
+    responses.insert(
+        "503".into(),
+        either_refusal("The queue is unavailable (store_unavailable), or the token could not be checked (temporarily_unavailable); retry later."),
+    );
+    Value::Object(responses)
+}
+
+/// The operations, by path.
+fn paths() -> Value {
+    let command_param = json!([{"name": "command_id", "in": "path", "required": true, "schema": {"type": "string", "format": "uuid"}}]);
+    json!({
+        "/external-assistants/graph-relays/sync": {"post": {
+            "summary": "Upload the sessions shared to a project and receive its queued commands",
+            "requestBody": request_body("SyncBody"),
+            "responses": responses(vec![
+                ("200", success("SyncReply", "The queued commands (possibly none).")),
+                ("422", refusal("A session breaks a rule, is listed twice, or there are more than 100 (invalid_sessions); or the device already shares into as many projects as it may, 100 by default (too_many_projects). Not retryable.")),
+            ])
+        }},
+        "/external-assistants/graph-relays/commands/{command_id}/start": {"post": {
+            "summary": "Claim a queued command: it becomes running under the execution id",
+            "parameters": command_param,
+            "requestBody": request_body("StartBody"),
+            "responses": responses(vec![
+                ("200", success("StartReply", "Run it (also for a retried claim with the same execution id).")),
+                ("404", refusal("Unknown, or not assigned to this device.")),
+                ("409", refusal("Cancelled meanwhile or running under another execution: do not run it.")),
+            ])
+        }},
+        "/external-assistants/graph-relays/commands/{command_id}/control": {"post": {
+            "summary": "Ask whether the agent cancelled a running command (optionally held)",
+            "parameters": command_param,
+            "requestBody": request_body("ControlBody"),
+            "responses": responses(vec![
+                ("200", success("ControlReply", "Whether to stop the execution.")),
+                ("404", refusal("Unknown, or not assigned to this device.")),
+            ])
+        }},
+        "/external-assistants/graph-relays/commands/{command_id}/complete": {"post": {
+            "summary": "Report how an execution ended (fenced by execution id)",
+            "parameters": command_param,
+            "requestBody": request_body("ResultEnvelope"),
+            "responses": responses(vec![
+                ("200", success("ReportReply", "Recorded, or the same completion had been recorded (duplicate: true).")),
+                ("404", refusal("Unknown, or not assigned to this device (not retryable).")),
+                ("409", refusal("The command never started (not_started: still queued, or closed before it started); the server closed the run because the desktop stopped reporting on it, its lease lapsed or the desktop restarted, so this late result is discarded (run_closed); the completion is for another execution, or the command finished differently (completion_refused). Not retryable.")),
+                ("422", refusal("The envelope breaks SPEC §7 (not retryable).")),
+            ])
+        }},
+        "/external-assistants/graph-relays/commands/{command_id}/decline": {"post": {
+            "summary": "Close a queued command as cancelled: the session is no longer shared with this project",
+            "parameters": command_param,
+            "requestBody": request_body("DeclineBody"),
+            "responses": responses(vec![
+                ("200", success("ReportReply", "Closed; or the command was already closed, and nothing changed (duplicate: true, with a message saying how it was closed).")),
+                ("404", refusal("Unknown, or not assigned to this device (not retryable).")),
+                ("409", refusal("Already running (not retryable).")),
+            ])
+        }},
+        "/external-assistants/graph-relays/commands/{command_id}/progress": {"post": {
+            "summary": "Report how far a running Graph got (fenced by execution id; never changes the status)",
+            "description": "A relay posts the latest report at most once a second per run; the server writes at most one per second per run and coalesces the rest. Progress needs no outbox: a lost report is replaced by the next.",
+            "parameters": command_param,
+            "requestBody": request_body("ProgressBody"),
+            "responses": responses(vec![
+                ("200", success("ProgressReply", "Taken (recorded, coalesced or unchanged).")),
+                ("404", refusal("Unknown, or not assigned to this device (not retryable).")),
+                ("409", refusal("The command is not running (still queued, or closed) or runs under another execution (progress_refused). Not retryable: send no more progress for this execution.")),
+                ("422", refusal(&format!("The message is longer than {} characters or the percent is not a number from 0 to 100 (invalid_progress). Not retryable.", limits::MAX_PROGRESS_MESSAGE))),
+            ])
+        }},
+        "/external-assistants/graph-relays/openapi.json": {"get": {
+            "summary": "This document",
+            "security": [],
+            "responses": {"200": {"description": "The OpenAPI document.", "content": {"application/json": {}}}}
+        }}
     })
 }
 
