@@ -30,11 +30,11 @@ use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::limits::{ERROR_LIMIT, RESULT_LIMIT};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
-use graph_relay_core::outbox::RelayReport;
+use graph_relay_core::outbox::{OutboxItem, RelayReport};
 use graph_relay_core::queue::SyncRequest;
 use graph_relay_core::relay::{
     APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
-    ExecutionOutcome, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,
+    ExecutionOutcome, Job, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,
     SyncFailure,
 };
 use graph_relay_core::session::SessionMeta;
@@ -413,625 +413,846 @@ struct Seen {
 /// against a model server with leases, restarts and un-sharing.
 pub fn relay_events(data: &[u8]) {
     let mut u = Unstructured::new(data);
-    let Ok(interval) = bool::arbitrary(&mut u) else {
+    let Some(mut fuzz) = RelayFuzz::new(&mut u) else {
         return;
     };
-    let Ok(bits) = u8::arbitrary(&mut u) else {
-        return;
-    };
-    let Ok(left_over) = Vec::<(u8, bool)>::arbitrary(&mut u) else {
-        return;
-    };
-    let Ok(approvals) = u8::arbitrary(&mut u) else {
-        return;
-    };
-    let config = RelayConfig {
-        mode: if interval {
-            RelayMode::Interval
-        } else {
-            RelayMode::LongPoll
-        },
-        ..RelayConfig::default()
-    };
-    let t0 = Timestamp(1_767_225_600_000);
-    let mut now = t0;
-    let mut shared = shared_set(bits, approvals);
-    let mut server = ModelServer {
-        lease: if interval {
-            Duration::from_secs(30)
-        } else {
-            Duration::from_secs(60)
-        },
-        commands: HashMap::new(),
-        offered: HashMap::new(),
-        shares: BTreeSet::new(),
-    };
-    // Reports a crashed earlier process left in the outbox (epoch 0), for
-    // commands that ran then: the server holds them running, leases granted.
-    let mut desktop = Desktop::default();
-    for (n, declined) in left_over.into_iter().take(4) {
-        let command = CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(n)));
-        let execution = ExecutionId::parse("exec-old").expect("valid");
-        server.commands.insert(
-            command,
-            if declined {
-                ServerState::Queued
-            } else {
-                ServerState::Running {
-                    execution: execution.clone(),
-                    lease_until: t0.plus(server.lease),
-                    cancel: false,
-                }
-            },
-        );
-        let report = if declined {
-            RelayReport::Declined
-        } else {
-            RelayReport::Completion {
-                envelope: ResultEnvelope::build(
-                    execution,
-                    FinishStatus::Completed,
-                    EnvelopeBody::default(),
-                ),
-            }
-        };
-        let item = graph_relay_core::outbox::OutboxItem {
-            command,
-            report,
-            stored_at: t0,
-            attempts: 0,
-        };
-        desktop.outbox.insert(command, (0, item));
-    }
-    let mut epoch = 1u64;
-    let mut relay = Relay::new(config.clone(), shared.clone(), t0);
-    let mut flight = InFlight::default();
-    let mut seen = Seen::default();
-    relay.handle_timeout(now);
-
     for _ in 0..256 {
         // Perform (record) every action, checking the invariants.
-        while let Some(action) = relay.poll_action() {
-            match action {
-                Action::LoadOutbox => flight.load = true,
-                Action::Sync(SyncRequest {
-                    project,
-                    sessions,
-                    restarted,
-                    running,
-                    ..
-                }) => {
-                    assert!(flight.sync.is_none(), "one sync at a time");
-                    assert!(sessions.len() <= 100);
-                    assert!(
-                        relay.shared().is_enabled(&project) || sessions.is_empty(),
-                        "a project no longer enabled is synced with an empty list"
-                    );
-                    assert_eq!(
-                        running,
-                        seen.running
-                            .as_ref()
-                            .or(seen.asking.as_ref())
-                            .map(|(c, _)| *c),
-                        "a sync names the command the relay executes or asks about"
-                    );
-                    if restarted {
-                        assert!(
-                            desktop.outbox.values().all(|(e, _)| *e == epoch),
-                            "a restart is announced only once the reports from before it are delivered"
-                        );
-                    }
-                    if !sessions.is_empty() {
-                        assert!(
-                            desktop.remembered.contains(&project),
-                            "a project is remembered before a sync shares into it"
-                        );
-                    }
-                    flight.sync = Some((project, sessions, restarted, running));
-                }
-                Action::RememberProject(project) => {
-                    assert!(
-                        relay.shared().is_enabled(&project),
-                        "only an enabled project is remembered"
-                    );
-                    desktop.remembered.insert(project);
-                }
-                Action::ForgetProject(project) => {
-                    assert!(
-                        !relay.shared().is_enabled(&project),
-                        "only a project no longer enabled is forgotten"
-                    );
-                    assert!(
-                        !server.shares.contains(&project),
-                        "a project is forgotten only once the server holds no shares there"
-                    );
-                    desktop.remembered.remove(&project);
-                }
-                Action::AbortHeldSync => {
-                    if flight.sync.take().is_some() {
-                        relay.handle_sync_response(Err(SyncFailure::Aborted), now);
-                    }
-                }
-                Action::Claim { command, execution } => {
-                    assert!(seen.running.is_none(), "never claims while a command runs");
-                    assert!(seen.asking.is_none(), "never claims while a run waits");
-                    // A claim starts a new attempt at the run: the answers to
-                    // the progress posts of an earlier one are lost.
-                    flight.progress.retain(|(c, _)| *c != command);
-                    seen.last_progress_post.remove(&command);
-                    let c = &server.offered[&command];
-                    assert!(
-                        relay
-                            .shared()
-                            .still_shared(&c.project, &c.graph_session_id, &c.slug),
-                        "a claim always follows a re-check that holds now"
-                    );
-                    flight.claim = Some((command, execution));
-                }
-                Action::AskApproval { job, .. } => {
-                    assert!(
-                        shared.approval(&job.command.graph_session_id).is_some(),
-                        "approval is asked only for a Graph that needs it"
-                    );
-                    assert!(seen.running.is_none() && seen.asking.is_none());
-                    assert!(
-                        matches!(
-                            server.state(&job.command.id, now),
-                            Some(ServerState::Running { execution, .. }) if execution == job.execution
-                        ),
-                        "a run waits for approval once claimed"
-                    );
-                    seen.asking = Some((job.command.id, job.execution));
-                }
-                Action::WithdrawApproval { command } => {
-                    assert_eq!(
-                        seen.asking.take().map(|(c, _)| c),
-                        Some(command),
-                        "only an open question is withdrawn"
-                    );
-                }
-                Action::Execute(job) => {
-                    assert!(seen.running.is_none(), "never two commands at once");
-                    assert!(seen.asking.is_none(), "nothing runs while a run waits");
-                    if shared.approval(&job.command.graph_session_id).is_some() {
-                        assert!(
-                            seen.approved.remove(&job.command.id),
-                            "nothing that needs approval runs unless approved"
-                        );
-                    }
-                    assert!(
-                        matches!(
-                            server.state(&job.command.id, now),
-                            Some(ServerState::Running { execution, .. }) if execution == job.execution
-                        ),
-                        "only a command running on the server under this execution runs"
-                    );
-                    assert!(
-                        relay.shared().still_shared(
-                            &job.command.project,
-                            &job.command.graph_session_id,
-                            &job.command.slug
-                        ),
-                        "the re-check held when it was claimed"
-                    );
-                    seen.running = Some((job.command.id, job.execution));
-                }
-                Action::Control { command, .. } => {
-                    assert!(
-                        !seen.told_closed.contains(&command),
-                        "no control request for a run the server closed"
-                    );
-                    flight.controls.push(command);
-                }
-                Action::CancelExecution { command } => {
-                    assert_eq!(seen.running.as_ref().map(|(c, _)| *c), Some(command));
-                    assert!(seen.cancels.insert(command), "the engine is stopped once");
-                }
-                Action::PostProgress {
-                    command,
-                    execution,
-                    report,
-                } => {
-                    let own = Some(&(command, execution.clone()));
-                    assert!(
-                        seen.running.as_ref() == own || seen.asking.as_ref() == own,
-                        "progress only of the claimed execution"
-                    );
-                    assert!(
-                        !seen.told_closed.contains(&command),
-                        "no progress for a run the server closed"
-                    );
-                    assert!(
-                        flight.progress.iter().all(|(c, _)| *c != command),
-                        "one progress post of a run at a time"
-                    );
-                    if let Some(last) = seen.last_progress_post.get(&command) {
-                        assert!(
-                            now.since(*last) >= config.progress_interval,
-                            "at most one progress post per interval"
-                        );
-                    }
-                    let relays_own = matches!(
-                        report.message.as_deref(),
-                        Some(WAITING_FOR_APPROVAL | APPROVED_ON_THE_DESKTOP)
-                    );
-                    if !relays_own {
-                        assert_eq!(
-                            seen.latest_progress.get(&command),
-                            Some(&report),
-                            "the latest report is posted"
-                        );
-                    }
-                    seen.last_progress_post.insert(command, now);
-                    flight.progress.push((command, execution));
-                }
-                Action::StoreReport(item) => {
-                    assert!(
-                        !seen.told_closed.contains(&item.command),
-                        "nothing is reported of a run the server closed"
-                    );
-                    if seen.owner_cancelled.contains(&item.command)
-                        && let RelayReport::Completion { envelope } = &item.report
-                    {
-                        assert_eq!(envelope.status, FinishStatus::Cancelled);
-                        assert!(
-                            envelope
-                                .body
-                                .as_ref()
-                                .and_then(|b| b.error.as_deref())
-                                .is_some_and(|e| e.starts_with(CANCELLED_ON_THE_DESKTOP)),
-                            "a run the owner cancelled says so: {envelope:?}"
-                        );
-                    }
-                    if seen
-                        .asking
-                        .as_ref()
-                        .is_some_and(|(c, _)| *c == item.command)
-                    {
-                        // Denied: the question is answered, nothing ran.
-                        seen.asking = None;
-                    }
-                    desktop.outbox.insert(item.command, (epoch, item.clone()));
-                    flight.store = Some(item.command);
-                }
-                Action::PostReport(item) => {
-                    assert!(
-                        !seen
-                            .refused
-                            .iter()
-                            .any(|r| r.command == item.command && r.report == item.report),
-                        "a report refused for good is never posted again"
-                    );
-                    flight.posts.push(item);
-                }
-                Action::RemoveReport(command) => {
-                    assert_eq!(
-                        seen.may_remove.remove(&command),
-                        Some(true),
-                        "an outbox item was dropped without a 2xx or a final refusal"
-                    );
-                    desktop.outbox.remove(&command);
-                }
-                Action::RecordAttempt(_) => {}
-            }
+        while let Some(action) = fuzz.relay.poll_action() {
+            fuzz.check_action(action);
         }
         assert!(
-            server.shares.is_subset(&desktop.remembered),
+            fuzz.server.shares.is_subset(&fuzz.desktop.remembered),
             "the server holds shares in a project the desktop forgot: {:?} vs {:?}",
-            server.shares,
-            desktop.remembered
+            fuzz.server.shares,
+            fuzz.desktop.remembered
         );
         let Ok(step) = Step::arbitrary(&mut u) else {
             break;
         };
-        match step {
-            Step::Tick(secs) => {
-                now = now.plus(Duration::from_millis(u64::from(secs) * 250));
-                relay.handle_timeout(now);
-            }
-            Step::AnswerSync { commands, failure } => {
-                let Some((project, sessions, restarted, running)) = flight.sync.take() else {
-                    continue;
-                };
-                // 1: lost before the server; 2: refused; 3: reached the
-                // server, answer lost; else answered.
-                let arrived = !matches!(failure % 4, 1 | 2);
-                if arrived {
-                    if sessions.is_empty() {
-                        server.shares.remove(&project);
-                    } else {
-                        server.shares.insert(project.clone());
-                    }
-                    if restarted {
-                        server.close_running_after_restart(running, now);
-                    }
-                }
-                let answer =
-                    match failure % 4 {
-                        1 | 3 => Err(SyncFailure::Network("down".into())),
-                        2 => Err(SyncFailure::Refused("403".into())),
-                        _ => {
-                            let mut handed = Vec::new();
-                            for (id, n, renamed) in commands.into_iter().take(6) {
-                                let id = command_id(id);
-                                let c = server.offered.get(&id).cloned().unwrap_or_else(|| {
-                                    RelayCommand {
-                                        id,
-                                        project: project.clone(),
-                                        graph_session_id: GraphSessionId::clone(
-                                            &session(n).graph_session_id,
-                                        ),
-                                        arguments: Default::default(),
-                                        slug: if renamed {
-                                            "renamed".into()
-                                        } else {
-                                            session(n).slug.to_string()
-                                        },
-                                        agent: None,
-                                    }
-                                });
-                                // Only this project's queued commands, each once.
-                                if c.project != project
-                                    || handed.iter().any(|h: &RelayCommand| h.id == id)
-                                {
-                                    continue;
-                                }
-                                match server.state(&id, now) {
-                                    None | Some(ServerState::Queued) => {}
-                                    _ => continue,
-                                }
-                                server.offered.entry(id).or_insert_with(|| c.clone());
-                                // A queued run of a session this sync does not share
-                                // (under its slug) ends here with the re-check error.
-                                let still = sessions.iter().any(|s| {
-                                    s.graph_session_id == c.graph_session_id && *s.slug == *c.slug
-                                });
-                                if still {
-                                    server.commands.insert(id, ServerState::Queued);
-                                    handed.push(c);
-                                } else {
-                                    server
-                                        .commands
-                                        .insert(id, ServerState::Closed(Closed::BeforeStart));
-                                }
-                            }
-                            Ok(handed)
-                        }
-                    };
-                relay.handle_sync_response(answer, now);
-            }
-            Step::AnswerClaim(o) => {
-                let Some((command, execution)) = flight.claim.take() else {
-                    continue;
-                };
-                let state = server.state(&command, now);
-                let outcome = match (o % 4, state) {
-                    (3, _) => ClaimOutcome::Network("timeout".into()),
-                    (1, Some(ServerState::Queued)) => {
-                        // The agent cancelled it meanwhile.
-                        server
-                            .commands
-                            .insert(command, ServerState::Closed(Closed::BeforeStart));
-                        ClaimOutcome::Refused("cancelled".into())
-                    }
-                    (_, Some(ServerState::Queued)) => {
-                        server.commands.insert(
-                            command,
-                            ServerState::Running {
-                                execution: execution.clone(),
-                                lease_until: now.plus(server.lease),
-                                cancel: false,
-                            },
-                        );
-                        ClaimOutcome::Granted
-                    }
-                    (_, Some(ServerState::Running { execution: e, .. })) if e == execution => {
-                        ClaimOutcome::Granted
-                    }
-                    _ => ClaimOutcome::Refused("start_refused".into()),
-                };
-                relay.handle_claim_response(command, outcome, now);
-            }
-            Step::AnswerControl(o) => {
-                if flight.controls.is_empty() {
-                    continue;
-                }
-                let command = flight.controls.remove(0);
-                let answer = if o % 3 == 2 {
-                    Err(graph_relay_core::relay::Refusal::no_answer("timeout"))
+        fuzz.step(step);
+    }
+}
+
+/// One run of [`relay_events`]: the relay, the model server and desktop it
+/// talks to, what is in flight between them, and what the checks have seen.
+struct RelayFuzz {
+    config: RelayConfig,
+    /// Which sessions need the owner's approval (see [`shared_set`]).
+    approvals: u8,
+    now: Timestamp,
+    /// The desktop process: a restart starts the next one.
+    epoch: u64,
+    shared: SharedSet,
+    server: ModelServer,
+    desktop: Desktop,
+    relay: Relay,
+    flight: InFlight,
+    seen: Seen,
+}
+
+impl RelayFuzz {
+    /// A relay started on a desktop whose outbox holds what an earlier
+    /// process left, or `None` when the input ends first.
+    fn new(u: &mut Unstructured<'_>) -> Option<Self> {
+        let Ok(interval) = bool::arbitrary(u) else {
+            return None;
+        };
+        let Ok(bits) = u8::arbitrary(u) else {
+            return None;
+        };
+        let Ok(left_over) = Vec::<(u8, bool)>::arbitrary(u) else {
+            return None;
+        };
+        let Ok(approvals) = u8::arbitrary(u) else {
+            return None;
+        };
+        let config = RelayConfig {
+            mode: if interval {
+                RelayMode::Interval
+            } else {
+                RelayMode::LongPoll
+            },
+            ..RelayConfig::default()
+        };
+        let t0 = Timestamp(1_767_225_600_000);
+        let now = t0;
+        let shared = shared_set(bits, approvals);
+        let mut server = ModelServer {
+            lease: if interval {
+                Duration::from_secs(30)
+            } else {
+                Duration::from_secs(60)
+            },
+            commands: HashMap::new(),
+            offered: HashMap::new(),
+            shares: BTreeSet::new(),
+        };
+        // Reports a crashed earlier process left in the outbox (epoch 0), for
+        // commands that ran then: the server holds them running, leases granted.
+        let mut desktop = Desktop::default();
+        for (n, declined) in left_over.into_iter().take(4) {
+            let command = CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(n)));
+            let execution = ExecutionId::parse("exec-old").expect("valid");
+            server.commands.insert(
+                command,
+                if declined {
+                    ServerState::Queued
                 } else {
-                    let state = server.state(&command, now);
-                    let lease = server.lease;
-                    match server.commands.get_mut(&command) {
-                        // The request renews the lease of a running command.
-                        Some(ServerState::Running {
-                            lease_until,
-                            cancel,
-                            ..
-                        }) => {
-                            *lease_until = now.plus(lease);
-                            *cancel |= o % 3 == 1;
-                            Ok(graph_relay_core::queue::ControlAnswer {
-                                cancel_requested: *cancel,
-                                status: graph_relay_core::command::CommandStatus::Running,
-                            })
-                        }
-                        _ => Ok(graph_relay_core::queue::ControlAnswer {
-                            cancel_requested: false,
-                            status: match state {
-                                Some(ServerState::Queued) | None => {
-                                    graph_relay_core::command::CommandStatus::Queued
-                                }
-                                _ => graph_relay_core::command::CommandStatus::Failed,
-                            },
-                        }),
+                    ServerState::Running {
+                        execution: execution.clone(),
+                        lease_until: t0.plus(server.lease),
+                        cancel: false,
                     }
-                };
-                if let Ok(a) = &answer
-                    && a.status.is_terminal()
-                    && seen.running.as_ref().is_some_and(|(c, _)| *c == command)
-                {
-                    seen.told_closed.insert(command);
+                },
+            );
+            let report = if declined {
+                RelayReport::Declined
+            } else {
+                RelayReport::Completion {
+                    envelope: ResultEnvelope::build(
+                        execution,
+                        FinishStatus::Completed,
+                        EnvelopeBody::default(),
+                    ),
                 }
-                relay.handle_control_response(command, answer, now);
+            };
+            let item = graph_relay_core::outbox::OutboxItem {
+                command,
+                report,
+                stored_at: t0,
+                attempts: 0,
+            };
+            desktop.outbox.insert(command, (0, item));
+        }
+        let epoch = 1u64;
+        let mut relay = Relay::new(config.clone(), shared.clone(), t0);
+        let flight = InFlight::default();
+        let seen = Seen::default();
+        relay.handle_timeout(now);
+        Some(Self {
+            config,
+            approvals,
+            now,
+            epoch,
+            shared,
+            server,
+            desktop,
+            relay,
+            flight,
+            seen,
+        })
+    }
+
+    /// Checks one action of the relay against what it may do now, and
+    /// records it as in flight.
+    fn check_action(&mut self, action: Action) {
+        let Self {
+            relay,
+            server,
+            desktop,
+            flight,
+            seen,
+            shared,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        match action {
+            Action::LoadOutbox => flight.load = true,
+            Action::Sync(SyncRequest {
+                project,
+                sessions,
+                restarted,
+                running,
+                ..
+            }) => self.check_sync(project, sessions, restarted, running),
+            Action::RememberProject(project) => {
+                assert!(
+                    relay.shared().is_enabled(&project),
+                    "only an enabled project is remembered"
+                );
+                desktop.remembered.insert(project);
             }
-            Step::AgentCancels => {
-                if let Some((command, _)) = &seen.running
-                    && let Some(ServerState::Running { cancel, .. }) =
-                        server.commands.get_mut(command)
-                {
-                    *cancel = true;
+            Action::ForgetProject(project) => {
+                assert!(
+                    !relay.shared().is_enabled(&project),
+                    "only a project no longer enabled is forgotten"
+                );
+                assert!(
+                    !server.shares.contains(&project),
+                    "a project is forgotten only once the server holds no shares there"
+                );
+                desktop.remembered.remove(&project);
+            }
+            Action::AbortHeldSync => {
+                if flight.sync.take().is_some() {
+                    relay.handle_sync_response(Err(SyncFailure::Aborted), now);
                 }
             }
-            Step::Finish(o) => {
-                let Some((command, _)) = seen.running.take() else {
-                    continue;
-                };
-                let status = [
-                    None,
-                    Some(FinishStatus::Completed),
-                    Some(FinishStatus::Failed),
-                    Some(FinishStatus::Cancelled),
-                ][usize::from(o % 4)];
-                relay.handle_execution_finished(
-                    command,
-                    ExecutionOutcome {
-                        status,
-                        result: json!(o),
-                        ..Default::default()
-                    },
-                    now,
+            Action::Claim { command, execution } => {
+                assert!(seen.running.is_none(), "never claims while a command runs");
+                assert!(seen.asking.is_none(), "never claims while a run waits");
+                // A claim starts a new attempt at the run: the answers to
+                // the progress posts of an earlier one are lost.
+                flight.progress.retain(|(c, _)| *c != command);
+                seen.last_progress_post.remove(&command);
+                let c = &server.offered[&command];
+                assert!(
+                    relay
+                        .shared()
+                        .still_shared(&c.project, &c.graph_session_id, &c.slug),
+                    "a claim always follows a re-check that holds now"
+                );
+                flight.claim = Some((command, execution));
+            }
+            Action::AskApproval { job, .. } => {
+                assert!(
+                    shared.approval(&job.command.graph_session_id).is_some(),
+                    "approval is asked only for a Graph that needs it"
+                );
+                assert!(seen.running.is_none() && seen.asking.is_none());
+                assert!(
+                    matches!(
+                        server.state(&job.command.id, now),
+                        Some(ServerState::Running { execution, .. }) if execution == job.execution
+                    ),
+                    "a run waits for approval once claimed"
+                );
+                seen.asking = Some((job.command.id, job.execution));
+            }
+            Action::WithdrawApproval { command } => {
+                assert_eq!(
+                    seen.asking.take().map(|(c, _)| c),
+                    Some(command),
+                    "only an open question is withdrawn"
                 );
             }
-            Step::Stored => {
-                if let Some(command) = flight.store.take() {
-                    relay.handle_report_stored(command, now);
-                }
+            Action::Execute(job) => self.check_execute(job),
+            Action::Control { command, .. } => {
+                assert!(
+                    !seen.told_closed.contains(&command),
+                    "no control request for a run the server closed"
+                );
+                flight.controls.push(command);
             }
-            Step::AnswerPost(o) => {
-                if flight.posts.is_empty() {
-                    continue;
-                }
-                let item = flight.posts.remove(0);
-                let command = item.command;
-                let state = server.state(&command, now);
-                let outcome = match (&item.report, state) {
-                    _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
-                    (RelayReport::Declined, Some(ServerState::Queued) | None) => {
-                        server
-                            .commands
-                            .insert(command, ServerState::Closed(Closed::BeforeStart));
-                        PostOutcome::Acknowledged
-                    }
-                    (RelayReport::Declined, Some(ServerState::Closed(_))) => {
-                        PostOutcome::Acknowledged
-                    }
-                    (
-                        RelayReport::Completion { envelope },
-                        Some(ServerState::Running { execution, .. }),
-                    ) if envelope.execution_id == execution => {
-                        server
-                            .commands
-                            .insert(command, ServerState::Closed(Closed::Reported));
-                        PostOutcome::Acknowledged
-                    }
-                    (
-                        RelayReport::Completion { .. },
-                        Some(ServerState::Closed(Closed::Reported)),
-                    ) if o % 3 == 0 => {
-                        // The same completion, recorded before: a duplicate.
-                        PostOutcome::Acknowledged
-                    }
-                    // Lapsed, closed after a restart, never started, another
-                    // execution, a running command declined: final.
-                    _ => PostOutcome::Rejected("409 run_closed".into()),
-                };
-                if let PostOutcome::Rejected(_) = &outcome {
-                    seen.refused.push(item.clone());
-                }
-                seen.may_remove
-                    .insert(command, !matches!(outcome, PostOutcome::Retry(_)));
-                relay.handle_report_posted(command, outcome, now);
+            Action::CancelExecution { command } => {
+                assert_eq!(seen.running.as_ref().map(|(c, _)| *c), Some(command));
+                assert!(seen.cancels.insert(command), "the engine is stopped once");
             }
-            Step::Loaded => {
-                if !std::mem::take(&mut flight.load) {
-                    continue;
-                }
-                let mut items: Vec<_> = desktop.outbox.values().map(|(_, i)| i.clone()).collect();
-                items.sort_by_key(|i| (i.stored_at, i.command));
-                relay.handle_outbox_loaded(items, now);
+            Action::PostProgress {
+                command,
+                execution,
+                report,
+            } => self.check_progress_post(command, execution, report),
+            Action::StoreReport(item) => self.check_store_report(item),
+            Action::PostReport(item) => {
+                assert!(
+                    !seen
+                        .refused
+                        .iter()
+                        .any(|r| r.command == item.command && r.report == item.report),
+                    "a report refused for good is never posted again"
+                );
+                flight.posts.push(item);
             }
+            Action::RemoveReport(command) => {
+                assert_eq!(
+                    seen.may_remove.remove(&command),
+                    Some(true),
+                    "an outbox item was dropped without a 2xx or a final refusal"
+                );
+                desktop.outbox.remove(&command);
+            }
+            Action::RecordAttempt(_) => {}
+        }
+    }
+
+    /// A sync the relay sends: one at a time, naming what runs, sharing only remembered projects.
+    fn check_sync(
+        &mut self,
+        project: ProjectId,
+        sessions: Vec<SessionMeta>,
+        restarted: bool,
+        running: Option<CommandId>,
+    ) {
+        let Self {
+            relay,
+            desktop,
+            flight,
+            seen,
+            epoch,
+            ..
+        } = self;
+        let epoch = *epoch;
+        assert!(flight.sync.is_none(), "one sync at a time");
+        assert!(sessions.len() <= 100);
+        assert!(
+            relay.shared().is_enabled(&project) || sessions.is_empty(),
+            "a project no longer enabled is synced with an empty list"
+        );
+        assert_eq!(
+            running,
+            seen.running
+                .as_ref()
+                .or(seen.asking.as_ref())
+                .map(|(c, _)| *c),
+            "a sync names the command the relay executes or asks about"
+        );
+        if restarted {
+            assert!(
+                desktop.outbox.values().all(|(e, _)| *e == epoch),
+                "a restart is announced only once the reports from before it are delivered"
+            );
+        }
+        if !sessions.is_empty() {
+            assert!(
+                desktop.remembered.contains(&project),
+                "a project is remembered before a sync shares into it"
+            );
+        }
+        flight.sync = Some((project, sessions, restarted, running));
+    }
+
+    /// An execution the relay starts: one at a time, approved when it must be, claimed and still shared.
+    fn check_execute(&mut self, job: Job) {
+        let Self {
+            relay,
+            server,
+            seen,
+            shared,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        assert!(seen.running.is_none(), "never two commands at once");
+        assert!(seen.asking.is_none(), "nothing runs while a run waits");
+        if shared.approval(&job.command.graph_session_id).is_some() {
+            assert!(
+                seen.approved.remove(&job.command.id),
+                "nothing that needs approval runs unless approved"
+            );
+        }
+        assert!(
+            matches!(
+                server.state(&job.command.id, now),
+                Some(ServerState::Running { execution, .. }) if execution == job.execution
+            ),
+            "only a command running on the server under this execution runs"
+        );
+        assert!(
+            relay.shared().still_shared(
+                &job.command.project,
+                &job.command.graph_session_id,
+                &job.command.slug
+            ),
+            "the re-check held when it was claimed"
+        );
+        seen.running = Some((job.command.id, job.execution));
+    }
+
+    /// A progress post: of the claimed execution, one at a time, at most one per interval, the latest report.
+    fn check_progress_post(
+        &mut self,
+        command: CommandId,
+        execution: ExecutionId,
+        report: ProgressReport,
+    ) {
+        let Self {
+            flight,
+            seen,
+            now,
+            config,
+            ..
+        } = self;
+        let now = *now;
+        let own = Some(&(command, execution.clone()));
+        assert!(
+            seen.running.as_ref() == own || seen.asking.as_ref() == own,
+            "progress only of the claimed execution"
+        );
+        assert!(
+            !seen.told_closed.contains(&command),
+            "no progress for a run the server closed"
+        );
+        assert!(
+            flight.progress.iter().all(|(c, _)| *c != command),
+            "one progress post of a run at a time"
+        );
+        if let Some(last) = seen.last_progress_post.get(&command) {
+            assert!(
+                now.since(*last) >= config.progress_interval,
+                "at most one progress post per interval"
+            );
+        }
+        let relays_own = matches!(
+            report.message.as_deref(),
+            Some(WAITING_FOR_APPROVAL | APPROVED_ON_THE_DESKTOP)
+        );
+        if !relays_own {
+            assert_eq!(
+                seen.latest_progress.get(&command),
+                Some(&report),
+                "the latest report is posted"
+            );
+        }
+        seen.last_progress_post.insert(command, now);
+        flight.progress.push((command, execution));
+    }
+
+    /// A report the relay stores before posting it.
+    fn check_store_report(&mut self, item: OutboxItem) {
+        let Self {
+            desktop,
+            flight,
+            seen,
+            epoch,
+            ..
+        } = self;
+        let epoch = *epoch;
+        assert!(
+            !seen.told_closed.contains(&item.command),
+            "nothing is reported of a run the server closed"
+        );
+        if seen.owner_cancelled.contains(&item.command)
+            && let RelayReport::Completion { envelope } = &item.report
+        {
+            assert_eq!(envelope.status, FinishStatus::Cancelled);
+            assert!(
+                envelope
+                    .body
+                    .as_ref()
+                    .and_then(|b| b.error.as_deref())
+                    .is_some_and(|e| e.starts_with(CANCELLED_ON_THE_DESKTOP)),
+                "a run the owner cancelled says so: {envelope:?}"
+            );
+        }
+        if seen
+            .asking
+            .as_ref()
+            .is_some_and(|(c, _)| *c == item.command)
+        {
+            // Denied: the question is answered, nothing ran.
+            seen.asking = None;
+        }
+        desktop.outbox.insert(item.command, (epoch, item.clone()));
+        flight.store = Some(item.command);
+    }
+
+    /// Performs one step of the world.
+    fn step(&mut self, step: Step) {
+        match step {
+            Step::Tick(secs) => {
+                self.now = self.now.plus(Duration::from_millis(u64::from(secs) * 250));
+                self.relay.handle_timeout(self.now);
+            }
+            Step::AnswerSync { commands, failure } => self.answer_sync(commands, failure),
+            Step::AnswerClaim(o) => self.answer_claim(o),
+            Step::AnswerControl(o) => self.answer_control(o),
+            Step::AgentCancels => self.agent_cancels(),
+            Step::Finish(o) => self.finish(o),
+            Step::Stored => self.stored(),
+            Step::AnswerPost(o) => self.answer_post(o),
+            Step::Loaded => self.loaded(),
             Step::Share(bits) => {
-                shared = shared_set(bits, approvals);
-                relay.handle_shared_set(shared.clone(), now);
+                self.shared = shared_set(bits, self.approvals);
+                self.relay.handle_shared_set(self.shared.clone(), self.now);
             }
-            Step::Restart(r) => {
-                if r % 16 != 0 {
-                    continue;
-                }
-                // The process dies: its requests' answers are lost, its
-                // execution is gone; the disk (outbox, projects) stays.
-                epoch += 1;
-                flight = InFlight::default();
-                seen = Seen::default();
-                // A new process draws new execution ids.
-                let fresh = RelayConfig {
-                    seed: config.seed ^ epoch,
-                    ..config.clone()
-                };
-                relay = Relay::new(fresh, shared.clone(), now);
-                relay.remember_synced(desktop.remembered.iter().cloned());
-                relay.handle_timeout(now);
+            Step::Restart(r) => self.restart(r),
+            Step::Progress(p) => self.progress(p),
+            Step::Approve(o) => self.approve(o),
+            Step::OwnerCancels => self.owner_cancels(),
+            Step::AnswerProgress(o) => self.answer_progress(o),
+        }
+    }
+
+    /// The sync in flight gets its answer (or is lost on the way).
+    fn answer_sync(&mut self, commands: Vec<(u8, u8, bool)>, failure: u8) {
+        let Self {
+            relay,
+            server,
+            flight,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        let Some((project, sessions, restarted, running)) = flight.sync.take() else {
+            return;
+        };
+        // 1: lost before the server; 2: refused; 3: reached the
+        // server, answer lost; else answered.
+        let arrived = !matches!(failure % 4, 1 | 2);
+        if arrived {
+            if sessions.is_empty() {
+                server.shares.remove(&project);
+            } else {
+                server.shares.insert(project.clone());
             }
-            Step::Progress(p) => {
-                let Some((command, execution)) = seen.running.clone() else {
-                    continue;
-                };
-                let report = ProgressReport {
-                    message: Some(format!("step {p}")),
-                    percent: Some(f64::from(p % 128)),
-                };
-                let taken = relay.handle_progress(command, &execution, report.clone(), now);
-                assert_eq!(taken.is_ok(), p % 128 <= 100, "{taken:?}");
-                if taken.is_ok() && !seen.told_closed.contains(&command) {
-                    seen.latest_progress.insert(command, report);
-                }
-            }
-            Step::Approve(o) => {
-                let Some((command, _)) = seen.asking.take() else {
-                    continue;
-                };
-                let decision = if o % 2 == 0 {
-                    seen.approved.insert(command);
-                    ApprovalDecision::Approved
-                } else {
-                    ApprovalDecision::Denied((o % 4 == 1).then(|| "not now".to_owned()))
-                };
-                relay.handle_approval(command, decision, now);
-            }
-            Step::OwnerCancels => {
-                let Some((command, _)) = seen.running.clone().or_else(|| seen.asking.clone())
-                else {
-                    continue;
-                };
-                if relay.handle_local_cancel(command, now) {
-                    seen.owner_cancelled.insert(command);
-                }
-            }
-            Step::AnswerProgress(o) => {
-                if flight.progress.is_empty() {
-                    continue;
-                }
-                let (command, execution) = flight.progress.remove(0);
-                let outcome = match server.state(&command, now) {
-                    _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
-                    Some(ServerState::Running { execution: e, .. }) if e == execution => {
-                        PostOutcome::Acknowledged
-                    }
-                    _ => PostOutcome::Rejected("409 progress_refused".into()),
-                };
-                relay.handle_progress_posted(command, outcome, now);
+            if restarted {
+                server.close_running_after_restart(running, now);
             }
         }
+        let answer = match failure % 4 {
+            1 | 3 => Err(SyncFailure::Network("down".into())),
+            2 => Err(SyncFailure::Refused("403".into())),
+            _ => {
+                let mut handed = Vec::new();
+                for (id, n, renamed) in commands.into_iter().take(6) {
+                    let id = command_id(id);
+                    let c = server
+                        .offered
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_else(|| RelayCommand {
+                            id,
+                            project: project.clone(),
+                            graph_session_id: GraphSessionId::clone(&session(n).graph_session_id),
+                            arguments: Default::default(),
+                            slug: if renamed {
+                                "renamed".into()
+                            } else {
+                                session(n).slug.to_string()
+                            },
+                            agent: None,
+                        });
+                    // Only this project's queued commands, each once.
+                    if c.project != project || handed.iter().any(|h: &RelayCommand| h.id == id) {
+                        continue;
+                    }
+                    match server.state(&id, now) {
+                        None | Some(ServerState::Queued) => {}
+                        _ => continue,
+                    }
+                    server.offered.entry(id).or_insert_with(|| c.clone());
+                    // A queued run of a session this sync does not share
+                    // (under its slug) ends here with the re-check error.
+                    let still = sessions
+                        .iter()
+                        .any(|s| s.graph_session_id == c.graph_session_id && *s.slug == *c.slug);
+                    if still {
+                        server.commands.insert(id, ServerState::Queued);
+                        handed.push(c);
+                    } else {
+                        server
+                            .commands
+                            .insert(id, ServerState::Closed(Closed::BeforeStart));
+                    }
+                }
+                Ok(handed)
+            }
+        };
+        relay.handle_sync_response(answer, now);
+    }
+
+    /// The claim in flight gets its answer.
+    fn answer_claim(&mut self, o: u8) {
+        let Self {
+            relay,
+            server,
+            flight,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        let Some((command, execution)) = flight.claim.take() else {
+            return;
+        };
+        let state = server.state(&command, now);
+        let outcome = match (o % 4, state) {
+            (3, _) => ClaimOutcome::Network("timeout".into()),
+            (1, Some(ServerState::Queued)) => {
+                // The agent cancelled it meanwhile.
+                server
+                    .commands
+                    .insert(command, ServerState::Closed(Closed::BeforeStart));
+                ClaimOutcome::Refused("cancelled".into())
+            }
+            (_, Some(ServerState::Queued)) => {
+                server.commands.insert(
+                    command,
+                    ServerState::Running {
+                        execution: execution.clone(),
+                        lease_until: now.plus(server.lease),
+                        cancel: false,
+                    },
+                );
+                ClaimOutcome::Granted
+            }
+            (_, Some(ServerState::Running { execution: e, .. })) if e == execution => {
+                ClaimOutcome::Granted
+            }
+            _ => ClaimOutcome::Refused("start_refused".into()),
+        };
+        relay.handle_claim_response(command, outcome, now);
+    }
+
+    /// The oldest control request in flight gets its answer; a running command's lease is renewed.
+    fn answer_control(&mut self, o: u8) {
+        let Self {
+            relay,
+            server,
+            flight,
+            seen,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        if flight.controls.is_empty() {
+            return;
+        }
+        let command = flight.controls.remove(0);
+        let answer = if o % 3 == 2 {
+            Err(graph_relay_core::relay::Refusal::no_answer("timeout"))
+        } else {
+            let state = server.state(&command, now);
+            let lease = server.lease;
+            match server.commands.get_mut(&command) {
+                // The request renews the lease of a running command.
+                Some(ServerState::Running {
+                    lease_until,
+                    cancel,
+                    ..
+                }) => {
+                    *lease_until = now.plus(lease);
+                    *cancel |= o % 3 == 1;
+                    Ok(graph_relay_core::queue::ControlAnswer {
+                        cancel_requested: *cancel,
+                        status: graph_relay_core::command::CommandStatus::Running,
+                    })
+                }
+                _ => Ok(graph_relay_core::queue::ControlAnswer {
+                    cancel_requested: false,
+                    status: match state {
+                        Some(ServerState::Queued) | None => {
+                            graph_relay_core::command::CommandStatus::Queued
+                        }
+                        _ => graph_relay_core::command::CommandStatus::Failed,
+                    },
+                }),
+            }
+        };
+        if let Ok(a) = &answer
+            && a.status.is_terminal()
+            && seen.running.as_ref().is_some_and(|(c, _)| *c == command)
+        {
+            seen.told_closed.insert(command);
+        }
+        relay.handle_control_response(command, answer, now);
+    }
+
+    /// The agent cancels the command running on the server.
+    fn agent_cancels(&mut self) {
+        let Self { server, seen, .. } = self;
+        if let Some((command, _)) = &seen.running
+            && let Some(ServerState::Running { cancel, .. }) = server.commands.get_mut(command)
+        {
+            *cancel = true;
+        }
+    }
+
+    /// The running execution ends.
+    fn finish(&mut self, o: u8) {
+        let Self {
+            relay, seen, now, ..
+        } = self;
+        let now = *now;
+        let Some((command, _)) = seen.running.take() else {
+            return;
+        };
+        let status = [
+            None,
+            Some(FinishStatus::Completed),
+            Some(FinishStatus::Failed),
+            Some(FinishStatus::Cancelled),
+        ][usize::from(o % 4)];
+        relay.handle_execution_finished(
+            command,
+            ExecutionOutcome {
+                status,
+                result: json!(o),
+                ..Default::default()
+            },
+            now,
+        );
+    }
+
+    /// The report being stored is on disk.
+    fn stored(&mut self) {
+        let Self {
+            relay, flight, now, ..
+        } = self;
+        let now = *now;
+        if let Some(command) = flight.store.take() {
+            relay.handle_report_stored(command, now);
+        }
+    }
+
+    /// The oldest report post in flight gets its answer.
+    fn answer_post(&mut self, o: u8) {
+        let Self {
+            relay,
+            server,
+            flight,
+            seen,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        if flight.posts.is_empty() {
+            return;
+        }
+        let item = flight.posts.remove(0);
+        let command = item.command;
+        let state = server.state(&command, now);
+        let outcome = match (&item.report, state) {
+            _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
+            (RelayReport::Declined, Some(ServerState::Queued) | None) => {
+                server
+                    .commands
+                    .insert(command, ServerState::Closed(Closed::BeforeStart));
+                PostOutcome::Acknowledged
+            }
+            (RelayReport::Declined, Some(ServerState::Closed(_))) => PostOutcome::Acknowledged,
+            (
+                RelayReport::Completion { envelope },
+                Some(ServerState::Running { execution, .. }),
+            ) if envelope.execution_id == execution => {
+                server
+                    .commands
+                    .insert(command, ServerState::Closed(Closed::Reported));
+                PostOutcome::Acknowledged
+            }
+            (RelayReport::Completion { .. }, Some(ServerState::Closed(Closed::Reported)))
+                if o.is_multiple_of(3) =>
+            {
+                // The same completion, recorded before: a duplicate.
+                PostOutcome::Acknowledged
+            }
+            // Lapsed, closed after a restart, never started, another
+            // execution, a running command declined: final.
+            _ => PostOutcome::Rejected("409 run_closed".into()),
+        };
+        if let PostOutcome::Rejected(_) = &outcome {
+            seen.refused.push(item.clone());
+        }
+        seen.may_remove
+            .insert(command, !matches!(outcome, PostOutcome::Retry(_)));
+        relay.handle_report_posted(command, outcome, now);
+    }
+
+    /// The outbox the relay asked for is loaded.
+    fn loaded(&mut self) {
+        let Self {
+            relay,
+            desktop,
+            flight,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        if !std::mem::take(&mut flight.load) {
+            return;
+        }
+        let mut items: Vec<_> = desktop.outbox.values().map(|(_, i)| i.clone()).collect();
+        items.sort_by_key(|i| (i.stored_at, i.command));
+        relay.handle_outbox_loaded(items, now);
+    }
+
+    /// The desktop process dies and a new one starts on the same disk (one
+    /// time in 16).
+    fn restart(&mut self, r: u8) {
+        if !r.is_multiple_of(16) {
+            return;
+        }
+        // The process dies: its requests' answers are lost, its
+        // execution is gone; the disk (outbox, projects) stays.
+        self.epoch += 1;
+        self.flight = InFlight::default();
+        self.seen = Seen::default();
+        // A new process draws new execution ids.
+        let fresh = RelayConfig {
+            seed: self.config.seed ^ self.epoch,
+            ..self.config.clone()
+        };
+        self.relay = Relay::new(fresh, self.shared.clone(), self.now);
+        self.relay
+            .remember_synced(self.desktop.remembered.iter().cloned());
+        self.relay.handle_timeout(self.now);
+    }
+
+    /// The executor reports progress.
+    fn progress(&mut self, p: u8) {
+        let Self {
+            relay, seen, now, ..
+        } = self;
+        let now = *now;
+        let Some((command, execution)) = seen.running.clone() else {
+            return;
+        };
+        let report = ProgressReport {
+            message: Some(format!("step {p}")),
+            percent: Some(f64::from(p % 128)),
+        };
+        let taken = relay.handle_progress(command, &execution, report.clone(), now);
+        assert_eq!(taken.is_ok(), p % 128 <= 100, "{taken:?}");
+        if taken.is_ok() && !seen.told_closed.contains(&command) {
+            seen.latest_progress.insert(command, report);
+        }
+    }
+
+    /// The owner answers the question about the waiting run.
+    fn approve(&mut self, o: u8) {
+        let Self {
+            relay, seen, now, ..
+        } = self;
+        let now = *now;
+        let Some((command, _)) = seen.asking.take() else {
+            return;
+        };
+        let decision = if o.is_multiple_of(2) {
+            seen.approved.insert(command);
+            ApprovalDecision::Approved
+        } else {
+            ApprovalDecision::Denied((o % 4 == 1).then(|| "not now".to_owned()))
+        };
+        relay.handle_approval(command, decision, now);
+    }
+
+    /// The owner cancels the current run on the desktop.
+    fn owner_cancels(&mut self) {
+        let Self {
+            relay, seen, now, ..
+        } = self;
+        let now = *now;
+        let Some((command, _)) = seen.running.clone().or_else(|| seen.asking.clone()) else {
+            return;
+        };
+        if relay.handle_local_cancel(command, now) {
+            seen.owner_cancelled.insert(command);
+        }
+    }
+
+    /// The oldest progress post in flight gets its answer.
+    fn answer_progress(&mut self, o: u8) {
+        let Self {
+            relay,
+            server,
+            flight,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        if flight.progress.is_empty() {
+            return;
+        }
+        let (command, execution) = flight.progress.remove(0);
+        let outcome = match server.state(&command, now) {
+            _ if o % 3 == 2 => PostOutcome::Retry("timeout".into()),
+            Some(ServerState::Running { execution: e, .. }) if e == execution => {
+                PostOutcome::Acknowledged
+            }
+            _ => PostOutcome::Rejected("409 progress_refused".into()),
+        };
+        relay.handle_progress_posted(command, outcome, now);
     }
 }
