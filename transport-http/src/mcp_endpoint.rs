@@ -354,100 +354,9 @@ async fn post_message(
         Err(refused) => return refused.into_response(),
     };
     match route {
-        // A new initialize-era session.
-        McpRoute::Initialize => {
-            let Ok((session, reply)) =
-                run_core(&state, &who, caller, McpSession::new(), incoming).await
-            else {
-                return revoked_while_held(&state);
-            };
-            let Some(reply) = reply else {
-                return StatusCode::ACCEPTED.into_response();
-            };
-            if session.negotiated_version().is_none() || reply.error_code().is_some() {
-                return json_reply(&reply);
-            }
-            let id = new_session_id();
-            let now = state.mcp().queue().now();
-            let created = state
-                .inner
-                .mcp_sessions
-                .create(&id, &owner, &session, &state.config().mcp_sessions, now)
-                .await;
-            match created {
-                Ok(()) => {
-                    let mut response = json_reply(&reply);
-                    if let Some((name, value)) = mcp_headers::session_id_value(&id) {
-                        response.headers_mut().insert(name, value);
-                    }
-                    response
-                }
-                Err(McpSessionCreateError::Full(full)) => {
-                    let refusal = Outgoing::error(
-                        reply.message().get("id").cloned(),
-                        ErrorCode::LimitExceeded,
-                        format!("Service unavailable: {full}"),
-                        Some(json!({"limit": full.limit, "name": "max_sessions"})),
-                    )
-                    .with_status(503);
-                    let mut response = json_reply(&refusal);
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
-                    response
-                }
-                Err(e) => session_store_failed(reply.message().get("id").cloned(), &e),
-            }
-        }
-        // Inside an initialize-era session.
+        McpRoute::Initialize => initialize(&state, who, caller, &owner, incoming).await,
         McpRoute::Session(session_id) => {
-            let now = state.mcp().queue().now();
-            let found = state
-                .inner
-                .mcp_sessions
-                .get(session_id, &owner, &state.config().mcp_sessions, now)
-                .await;
-            let session = match found {
-                Ok(Some(s)) => s,
-                Ok(None) => {
-                    return McpHeaderError::SessionNotFound {
-                        id: incoming.id().cloned(),
-                    }
-                    .into_response();
-                }
-                Err(e) => {
-                    return session_store_failed(incoming.id().cloned(), &e);
-                }
-            };
-            if let Err(refused) =
-                mcp_headers::check_session_version(headers, &incoming, session.negotiated_version())
-            {
-                return refused.into_response();
-            }
-            if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
-                let sessions = state.clone();
-                let session_id = session_id.to_owned();
-                let before = session.clone();
-                return stream_core(&state, who, caller, session, incoming, move |session| {
-                    if changed_by(&before, &session) {
-                        tokio::spawn(async move {
-                            put_session(&sessions, &session_id, &owner, session).await;
-                        });
-                    }
-                });
-            }
-            let before = session.clone();
-            let Ok((session, reply)) = run_core(&state, &who, caller, session, incoming).await
-            else {
-                return revoked_while_held(&state);
-            };
-            if changed_by(&before, &session) {
-                put_session(&state, session_id, &owner, session).await;
-            }
-            match reply {
-                Some(reply) => into_json_reply(reply),
-                None => StatusCode::ACCEPTED.into_response(),
-            }
+            in_session(&state, who, caller, owner, session_id, headers, incoming).await
         }
         // Notifications and responses outside a session: accepted, nothing to do.
         McpRoute::NoReply => StatusCode::ACCEPTED.into_response(),
@@ -459,20 +368,135 @@ async fn post_message(
             if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
                 return stream_core(&state, who, caller, McpSession::new(), incoming, drop);
             }
-            match run_core(&state, &who, caller, McpSession::new(), incoming).await {
-                Ok((_, Some(reply))) => into_json_reply(reply),
-                Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
-                Err(Revoked) => revoked_while_held(&state),
-            }
+            sessionless(&state, &who, caller, incoming).await
         }
         // An initialize-era ping without its session.
-        McpRoute::SessionlessPing => {
-            match run_core(&state, &who, caller, McpSession::new(), incoming).await {
-                Ok((_, Some(reply))) => into_json_reply(reply),
-                Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
-                Err(Revoked) => revoked_while_held(&state),
+        McpRoute::SessionlessPing => sessionless(&state, &who, caller, incoming).await,
+    }
+}
+
+/// A request handled outside any initialize-era session, answered as JSON.
+async fn sessionless(
+    state: &HttpState,
+    who: &Authenticated,
+    caller: Caller,
+    incoming: Incoming,
+) -> Response {
+    match run_core(state, who, caller, McpSession::new(), incoming).await {
+        Ok((_, Some(reply))) => into_json_reply(reply),
+        Ok((_, None)) => StatusCode::ACCEPTED.into_response(),
+        Err(Revoked) => revoked_while_held(state),
+    }
+}
+
+/// `initialize`: a new initialize-era session, kept in the session store
+/// when the handshake succeeded, its id in `MCP-Session-Id`.
+async fn initialize(
+    state: &HttpState,
+    who: Authenticated,
+    caller: Caller,
+    owner: &McpSessionOwner,
+    incoming: Incoming,
+) -> Response {
+    let Ok((session, reply)) = run_core(state, &who, caller, McpSession::new(), incoming).await
+    else {
+        return revoked_while_held(state);
+    };
+    let Some(reply) = reply else {
+        return StatusCode::ACCEPTED.into_response();
+    };
+    if session.negotiated_version().is_none() || reply.error_code().is_some() {
+        return json_reply(&reply);
+    }
+    let id = new_session_id();
+    let now = state.mcp().queue().now();
+    let created = state
+        .inner
+        .mcp_sessions
+        .create(&id, owner, &session, &state.config().mcp_sessions, now)
+        .await;
+    match created {
+        Ok(()) => {
+            let mut response = json_reply(&reply);
+            if let Some((name, value)) = mcp_headers::session_id_value(&id) {
+                response.headers_mut().insert(name, value);
             }
+            response
         }
+        Err(McpSessionCreateError::Full(full)) => {
+            let refusal = Outgoing::error(
+                reply.message().get("id").cloned(),
+                ErrorCode::LimitExceeded,
+                format!("Service unavailable: {full}"),
+                Some(json!({"limit": full.limit, "name": "max_sessions"})),
+            )
+            .with_status(503);
+            let mut response = json_reply(&refusal);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            response
+        }
+        Err(e) => session_store_failed(reply.message().get("id").cloned(), &e),
+    }
+}
+
+/// A request inside the initialize-era session `session_id`: read from
+/// the store, handled, and written back when it changed.
+async fn in_session(
+    state: &HttpState,
+    who: Authenticated,
+    caller: Caller,
+    owner: McpSessionOwner,
+    session_id: &str,
+    headers: &HeaderMap,
+    incoming: Incoming,
+) -> Response {
+    let now = state.mcp().queue().now();
+    let found = state
+        .inner
+        .mcp_sessions
+        .get(session_id, &owner, &state.config().mcp_sessions, now)
+        .await;
+    let session = match found {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return McpHeaderError::SessionNotFound {
+                id: incoming.id().cloned(),
+            }
+            .into_response();
+        }
+        Err(e) => {
+            return session_store_failed(incoming.id().cloned(), &e);
+        }
+    };
+    if let Err(refused) =
+        mcp_headers::check_session_version(headers, &incoming, session.negotiated_version())
+    {
+        return refused.into_response();
+    }
+    if state.mcp().may_notify(&incoming) && mcp_headers::accepts_sse(headers) {
+        let sessions = state.clone();
+        let session_id = session_id.to_owned();
+        let before = session.clone();
+        return stream_core(state, who, caller, session, incoming, move |session| {
+            if changed_by(&before, &session) {
+                tokio::spawn(async move {
+                    put_session(&sessions, &session_id, &owner, session).await;
+                });
+            }
+        });
+    }
+    let before = session.clone();
+    let Ok((session, reply)) = run_core(state, &who, caller, session, incoming).await else {
+        return revoked_while_held(state);
+    };
+    if changed_by(&before, &session) {
+        put_session(state, session_id, &owner, session).await;
+    }
+    match reply {
+        Some(reply) => into_json_reply(reply),
+        None => StatusCode::ACCEPTED.into_response(),
     }
 }
 
