@@ -56,7 +56,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::graphs::SpecTable;
+use crate::graphs::{GraphSpec, SpecTable};
 use crate::orphans;
 
 /// Most stdout bytes kept (a larger result is truncated by the envelope anyway).
@@ -305,46 +305,12 @@ impl Executor for ProcessExecutor {
                 ..Default::default()
             };
         }
-        let (program, args) = match spec.command.split_first() {
-            Some(split) => split,
-            None => return failed("the Graph has no command".into()),
-        };
-        // Both ends close on exec in the worker; the child gets the write
-        // end as PROGRESS_FD (prepare_child).
-        let (progress_read, progress_write) = match std::io::pipe() {
-            Ok(pair) => pair,
-            Err(e) => return failed(format!("cannot open the progress pipe: {e}")),
-        };
-        let progress_write = OwnedFd::from(progress_write);
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .envs(&spec.env)
-            .env("GRAPH_RELAY_COMMAND_ID", job.command.id.to_string())
-            .env("GRAPH_RELAY_EXECUTION_ID", job.execution.as_str())
-            .env("GRAPH_RELAY_CHANNEL", &job.channel)
-            .env("GRAPH_RELAY_PROGRESS_FD", PROGRESS_FD.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(dir) = &spec.working_dir {
-            command.current_dir(dir);
-        }
-        prepare_child(&mut command, progress_write.as_raw_fd());
-        let spawned = command.spawn();
-        // The child has its copy; ours must go, so that the pipe ends when
-        // the Graph's processes are gone.
-        drop(progress_write);
-        let mut child = match spawned {
-            Ok(c) => c,
-            Err(e) => return failed(format!("cannot start `{program}`: {e}")),
+        let (mut child, progress_read) = match spawn(&spec, &job) {
+            Ok(started) => started,
+            Err(outcome) => return outcome,
         };
         let command_id = job.command.id;
-        let progress_task = match tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(
-            progress_read,
-        )) {
+        let progress_task = match tokio::net::unix::pipe::Receiver::from_owned_fd(progress_read) {
             Ok(pipe) => Some(tokio::spawn(read_progress(pipe, progress, command_id))),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the progress pipe; progress is ignored");
@@ -353,19 +319,7 @@ impl Executor for ProcessExecutor {
         };
         let pgid = child.id().and_then(|p| i32::try_from(p).ok());
         // Recorded before the Graph gets its arguments (most wait for them).
-        let record = match (&self.ledger, child.id()) {
-            (Some(ledger), Some(pid)) => match orphans::record_of(pid, job.command.id) {
-                Some(record) => match ledger.record_process(&record).await {
-                    Ok(()) => Some(record),
-                    Err(e) => {
-                        tracing::warn!(error = %e, pid, "cannot record the Graph's process group");
-                        None
-                    }
-                },
-                None => None,
-            },
-            _ => None,
-        };
+        let record = self.record_group(&child, command_id).await;
         let input = serde_json::to_vec(&Value::Object(job.command.arguments.clone()))
             .unwrap_or_else(|_| b"{}".to_vec());
         if let Some(mut stdin) = child.stdin.take() {
@@ -375,42 +329,68 @@ impl Executor for ProcessExecutor {
                 let _ = stdin.shutdown().await;
             });
         }
-        let stdout = child.stdout.take().map(|mut out| {
-            tokio::spawn(async move {
-                let mut kept = Vec::new();
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = out.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = STDOUT_CAP.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                }
-                kept
-            })
-        });
-        let stderr = child.stderr.take().map(|mut err| {
-            tokio::spawn(async move {
-                let mut kept = Vec::new();
-                let mut buf = vec![0u8; 16 * 1024];
-                while let Ok(n) = err.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    kept.extend_from_slice(&buf[..n]);
-                    if kept.len() > STDERR_TAIL {
-                        kept.drain(..kept.len() - STDERR_TAIL);
-                    }
-                }
-                kept
-            })
-        });
+        let stdout = child
+            .stdout
+            .take()
+            .map(|out| tokio::spawn(keep_head(out, STDOUT_CAP)));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(keep_tail(err, STDERR_TAIL)));
 
         let ending = tokio::select! {
             status = child.wait() => Ending::Exited(status),
             () = cancel => Ending::Cancelled,
             () = tokio::time::sleep(spec.timeout) => Ending::TimedOut,
         };
+        self.stop_group(&mut child, pgid, &ending).await;
+        if let (Some(ledger), Some(record)) = (&self.ledger, &record)
+            && let Err(e) = ledger.remove_process(record.pgid, record.start_time).await
+        {
+            tracing::warn!(error = %e, pgid = record.pgid, "cannot remove the record of the Graph's process group");
+        }
+        let out = drain(stdout).await;
+        let err = drain(stderr).await;
+        if let Some(task) = progress_task {
+            finish_progress(task, command_id).await;
+        }
+        outcome(
+            ending,
+            &String::from_utf8_lossy(&out),
+            &String::from_utf8_lossy(&err),
+            spec.timeout,
+        )
+    }
+}
+
+impl ProcessExecutor {
+    /// Records the child's process group in the ledger, so that a worker
+    /// that dies meanwhile finds it on its next start.
+    async fn record_group(
+        &self,
+        child: &tokio::process::Child,
+        command: CommandId,
+    ) -> Option<graph_relay_store_sqlite::GraphProcess> {
+        let (ledger, pid) = (self.ledger.as_ref()?, child.id()?);
+        let record = orphans::record_of(pid, command)?;
+        match ledger.record_process(&record).await {
+            Ok(()) => Some(record),
+            Err(e) => {
+                tracing::warn!(error = %e, pid, "cannot record the Graph's process group");
+                None
+            }
+        }
+    }
+
+    /// Ends the Graph's process group: a process that did not exit gets
+    /// SIGTERM, then SIGKILL after the grace period; whatever the main
+    /// process left behind in its group goes too.
+    async fn stop_group(
+        &self,
+        child: &mut tokio::process::Child,
+        pgid: Option<i32>,
+        ending: &Ending,
+    ) {
         if !matches!(ending, Ending::Exited(_)) {
             signal_group(pgid, Signal::SIGTERM);
             if tokio::time::timeout(self.grace, child.wait())
@@ -421,83 +401,150 @@ impl Executor for ProcessExecutor {
                 let _ = child.wait().await;
             }
         }
-        // Whatever the main process left behind in its group goes too.
         signal_group(pgid, Signal::SIGKILL);
-        if let (Some(ledger), Some(record)) = (&self.ledger, &record)
-            && let Err(e) = ledger.remove_process(record.pgid, record.start_time).await
-        {
-            tracing::warn!(error = %e, pgid = record.pgid, "cannot remove the record of the Graph's process group");
-        }
+    }
+}
 
-        let drain = |task: Option<tokio::task::JoinHandle<Vec<u8>>>| async move {
-            match task {
-                Some(t) => tokio::time::timeout(PIPE_DRAIN, t)
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .unwrap_or_default(),
-                None => Vec::new(),
-            }
-        };
-        let out = drain(stdout).await;
-        let err = drain(stderr).await;
-        if let Some(task) = progress_task {
-            // A process that escaped the group may hold the pipe open.
-            let abort = task.abort_handle();
-            match tokio::time::timeout(PIPE_DRAIN, task).await {
-                Ok(Ok(counts)) if counts.invalid > 0 => tracing::info!(
-                    command = %command_id,
-                    valid = counts.valid,
-                    invalid = counts.invalid,
-                    "progress lines read"
-                ),
-                Ok(_) => {}
-                Err(_) => abort.abort(),
-            }
+/// Starts the Graph's process in a group of its own, with its piped
+/// standard streams and the write end of the progress pipe; returns it with
+/// the read end.
+fn spawn(
+    spec: &GraphSpec,
+    job: &Job,
+) -> Result<(tokio::process::Child, OwnedFd), ExecutionOutcome> {
+    let Some((program, args)) = spec.command.split_first() else {
+        return Err(failed("the Graph has no command".into()));
+    };
+    // Both ends close on exec in the worker; the child gets the write
+    // end as PROGRESS_FD (prepare_child).
+    let (progress_read, progress_write) =
+        std::io::pipe().map_err(|e| failed(format!("cannot open the progress pipe: {e}")))?;
+    let progress_write = OwnedFd::from(progress_write);
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .envs(&spec.env)
+        .env("GRAPH_RELAY_COMMAND_ID", job.command.id.to_string())
+        .env("GRAPH_RELAY_EXECUTION_ID", job.execution.as_str())
+        .env("GRAPH_RELAY_CHANNEL", &job.channel)
+        .env("GRAPH_RELAY_PROGRESS_FD", PROGRESS_FD.to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(dir) = &spec.working_dir {
+        command.current_dir(dir);
+    }
+    prepare_child(&mut command, progress_write.as_raw_fd());
+    let spawned = command.spawn();
+    // The child has its copy; ours must go, so that the pipe ends when
+    // the Graph's processes are gone.
+    drop(progress_write);
+    let child = spawned.map_err(|e| failed(format!("cannot start `{program}`: {e}")))?;
+    Ok((child, OwnedFd::from(progress_read)))
+}
+
+/// The first `cap` bytes `stream` writes (the rest is read and dropped).
+async fn keep_head(mut stream: impl tokio::io::AsyncRead + Unpin, cap: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
         }
-        let stderr_tail = tail_utf16(&String::from_utf8_lossy(&err), ERROR_LIMIT);
-        let (result, total_tokens, reported_cost) = parse_stdout(&String::from_utf8_lossy(&out));
-        let with_stderr = |head: String| {
-            if stderr_tail.trim().is_empty() {
-                head
+        let room = cap.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    kept
+}
+
+/// The last `tail` bytes `stream` writes.
+async fn keep_tail(mut stream: impl tokio::io::AsyncRead + Unpin, tail: usize) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        kept.extend_from_slice(&buf[..n]);
+        if kept.len() > tail {
+            kept.drain(..kept.len() - tail);
+        }
+    }
+    kept
+}
+
+/// What a pipe reader kept, waiting at most [`PIPE_DRAIN`] (a process
+/// that escaped the group may hold the pipe open).
+async fn drain(task: Option<tokio::task::JoinHandle<Vec<u8>>>) -> Vec<u8> {
+    match task {
+        Some(t) => tokio::time::timeout(PIPE_DRAIN, t)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or_default(),
+        None => Vec::new(),
+    }
+}
+
+/// Waits at most [`PIPE_DRAIN`] for the progress reader (a process that
+/// escaped the group may hold the pipe open), and logs invalid lines.
+async fn finish_progress(task: tokio::task::JoinHandle<ProgressCounts>, command: CommandId) {
+    let abort = task.abort_handle();
+    match tokio::time::timeout(PIPE_DRAIN, task).await {
+        Ok(Ok(counts)) if counts.invalid > 0 => tracing::info!(
+            command = %command,
+            valid = counts.valid,
+            invalid = counts.invalid,
+            "progress lines read"
+        ),
+        Ok(_) => {}
+        Err(_) => abort.abort(),
+    }
+}
+
+/// How the run ended, from how the process ended and what it wrote.
+fn outcome(ending: Ending, out: &str, err: &str, timeout: Duration) -> ExecutionOutcome {
+    let stderr_tail = tail_utf16(err, ERROR_LIMIT);
+    let (result, total_tokens, reported_cost) = parse_stdout(out);
+    match ending {
+        Ending::Cancelled => ExecutionOutcome {
+            status: Some(FinishStatus::Cancelled),
+            ..Default::default()
+        },
+        Ending::TimedOut => ExecutionOutcome {
+            result,
+            total_tokens,
+            reported_cost,
+            ..failed(format!(
+                "timed out after {} s{}",
+                timeout.as_secs(),
+                if stderr_tail.trim().is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {stderr_tail}")
+                }
+            ))
+        },
+        Ending::Exited(Err(e)) => failed(format!("cannot wait for the process: {e}")),
+        Ending::Exited(Ok(status)) if status.success() => ExecutionOutcome {
+            status: Some(FinishStatus::Completed),
+            result,
+            total_tokens,
+            reported_cost,
+            error: None,
+        },
+        Ending::Exited(Ok(status)) => ExecutionOutcome {
+            result,
+            total_tokens,
+            reported_cost,
+            ..failed(if stderr_tail.trim().is_empty() {
+                format!("the process exited with {status}")
             } else {
-                stderr_tail.clone()
-            }
-        };
-        match ending {
-            Ending::Cancelled => ExecutionOutcome {
-                status: Some(FinishStatus::Cancelled),
-                ..Default::default()
-            },
-            Ending::TimedOut => ExecutionOutcome {
-                result,
-                total_tokens,
-                reported_cost,
-                ..failed(format!(
-                    "timed out after {} s{}",
-                    spec.timeout.as_secs(),
-                    if stderr_tail.trim().is_empty() {
-                        String::new()
-                    } else {
-                        format!("; stderr: {stderr_tail}")
-                    }
-                ))
-            },
-            Ending::Exited(Err(e)) => failed(format!("cannot wait for the process: {e}")),
-            Ending::Exited(Ok(status)) if status.success() => ExecutionOutcome {
-                status: Some(FinishStatus::Completed),
-                result,
-                total_tokens,
-                reported_cost,
-                error: None,
-            },
-            Ending::Exited(Ok(status)) => ExecutionOutcome {
-                result,
-                total_tokens,
-                reported_cost,
-                ..failed(with_stderr(format!("the process exited with {status}")))
-            },
-        }
+                stderr_tail
+            })
+        },
     }
 }
 
