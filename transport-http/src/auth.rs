@@ -2,7 +2,7 @@
 //!
 //! An [`Authenticator`] turns a token into a [`Principal`]: an agent (with
 //! owner, projects and scopes) for `/mcp`, or a device (a relay) for the
-//! relay API. The built-in [`TokenFile`] reads a TOML file that stores only
+//! relay API. The built-in [`TokenFile`](crate::token_file::TokenFile) reads a TOML file that stores only
 //! SHA-256 hashes of tokens; a token is shown once, when it is created.
 //!
 //! ```toml
@@ -27,9 +27,8 @@
 //! challenge pointing at the resource metadata.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -87,10 +86,65 @@ pub enum AuthError {
     /// An access token from the authorization server that does not pass
     /// its checks: 401 `invalid_token` whose `error_description` says why.
     #[error(transparent)]
-    Refused(#[from] crate::oauth::TokenRefusal),
+    Refused(#[from] TokenRefusal),
     /// The authenticator could not decide (e.g. its backend is down): 503.
     #[error("the token could not be checked: {0}")]
     Unavailable(String),
+}
+
+/// Why a token from the authorization server was refused (401
+/// `invalid_token`; the text is the `error_description`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenRefusal {
+    /// Not a JWS compact token with a known algorithm (this covers `alg: none`).
+    #[error("the token is not a well-formed JWT signed with an algorithm this server accepts")]
+    Malformed,
+    /// A `typ` header other than the accepted access-token types.
+    #[error(
+        "the token's typ `{0}` is not an access token type this server accepts (RFC 9068 at+jwt)"
+    )]
+    TokenType(String),
+    /// An algorithm that is not configured (e.g. HS256).
+    #[error("the token is signed with {0}, which this server does not accept")]
+    Algorithm(String),
+    /// A `kid` the authorization server does not publish (any more).
+    #[error("the token is signed with a key the authorization server does not publish")]
+    UnknownKey,
+    /// The signature does not verify.
+    #[error("the token's signature does not verify")]
+    Signature,
+    /// `exp` has passed.
+    #[error("the token has expired")]
+    Expired,
+    /// `nbf` is still ahead.
+    #[error("the token is not valid yet (nbf)")]
+    NotYetValid,
+    /// `iat` is ahead.
+    #[error("the token was issued in the future (iat)")]
+    IssuedInFuture,
+    /// `iss` names another authorization server.
+    #[error("the token was issued by another authorization server (iss)")]
+    Issuer,
+    /// `aud` does not name this resource.
+    #[error("the token is not meant for this resource (aud must include {0})")]
+    Audience(String),
+    /// A required claim is missing.
+    #[error("the token has no `{0}` claim")]
+    MissingClaim(String),
+    /// A claim whose value cannot be used.
+    #[error("the token's `{claim}` claim {rule}")]
+    BadClaim {
+        /// The claim.
+        claim: String,
+        /// What is wrong with it.
+        rule: String,
+    },
+    /// No owner could be found for the agent.
+    #[error("the token's agent has no owner on this server")]
+    NoOwner,
+    /// Introspection says the token is not active.
+    #[error("the authorization server says the token is not active")]
+    Inactive,
 }
 
 /// Turns the credentials of a request into a principal. Implement it to
@@ -473,31 +527,6 @@ impl TokenConfig {
     }
 }
 
-/// Reads a TOML file and returns its token section (other sections ignored).
-pub fn load_token_config(path: &Path) -> Result<TokenConfig, TokenConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TokenConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse_token_config(path, &text)
-}
-
-/// The tokens of a configuration file's text, read by the file's one
-/// schema ([`ConfigFile`](crate::config::ConfigFile)).
-fn parse_token_config(path: &Path, text: &str) -> Result<TokenConfig, TokenConfigError> {
-    match crate::config::ConfigFile::parse(text) {
-        Ok(file) => Ok(file.tokens()),
-        Err(crate::config::ConfigError::Parse { source, .. }) => Err(TokenConfigError::Parse {
-            path: path.to_owned(),
-            source,
-        }),
-        Err(other) => Err(TokenConfigError::Read {
-            path: path.to_owned(),
-            source: std::io::Error::other(other.to_string()),
-        }),
-    }
-}
-
 /// A request with no `Authorization` header: the authenticator's anonymous
 /// principal, if it has one, or [`AuthError::MissingCredentials`].
 async fn without_credentials<A: Authenticator + ?Sized>(
@@ -515,7 +544,7 @@ async fn without_credentials<A: Authenticator + ?Sized>(
 /// [`Authenticator::authenticate_request`] of an authenticator that keeps
 /// its tokens by hash: the same answers as the default, with the token
 /// hashed once (for the look-up and for revocation alike).
-async fn authenticate_by_hash<A: Authenticator + ?Sized>(
+pub(crate) async fn authenticate_by_hash<A: Authenticator + ?Sized>(
     authenticator: &A,
     headers: &HeaderMap,
     lookup: impl FnOnce(&str) -> Result<Option<Principal>, AuthError>,
@@ -563,151 +592,6 @@ impl Authenticator for StaticTokens {
 
     async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
         self.by_hash.get(token_sha256) == Some(principal)
-    }
-}
-
-/// The built-in authenticator: a TOML token file, watched for changes.
-///
-/// A background thread looks at the file every [`TokenFile::RECHECK`] and
-/// reloads it when its modification time, size or inode changed, so
-/// `token revoke` takes effect on a running server at once: new requests
-/// are refused, and [`Authenticator::revocations`] fires so that streams,
-/// held calls and sessions of a revoked token end (within about a second).
-/// A file that changed but cannot be used is reported and the previous
-/// tokens are kept. The thread ends with the last clone of the value.
-#[derive(Debug)]
-pub struct TokenFile {
-    shared: Arc<TokenFileShared>,
-}
-
-#[derive(Debug)]
-struct TokenFileShared {
-    path: PathBuf,
-    tokens: RwLock<HashMap<String, Principal>>,
-    /// What the file looked like when last read.
-    seen: Mutex<Option<FileStamp>>,
-    /// Bumped on every reload.
-    generation: tokio::sync::watch::Sender<u64>,
-}
-
-/// Modification time, size and (on Unix) inode: a rename or a rewrite changes one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileStamp {
-    modified: Option<SystemTime>,
-    len: u64,
-    inode: u64,
-}
-
-impl FileStamp {
-    fn of(path: &Path) -> Option<Self> {
-        let meta = std::fs::metadata(path).ok()?;
-        #[cfg(unix)]
-        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
-        #[cfg(not(unix))]
-        let inode = 0;
-        Some(Self {
-            modified: meta.modified().ok(),
-            len: meta.len(),
-            inode,
-        })
-    }
-}
-
-impl TokenFile {
-    /// How often the watcher thread looks at the file.
-    pub const RECHECK: Duration = Duration::from_millis(250);
-
-    /// Loads `path` and starts watching it.
-    pub fn open(path: impl Into<PathBuf>) -> Result<Self, TokenConfigError> {
-        let path = path.into();
-        let stamp = FileStamp::of(&path);
-        let tokens = load_token_config(&path)?.principals()?;
-        let shared = Arc::new(TokenFileShared {
-            path,
-            tokens: RwLock::new(tokens),
-            seen: Mutex::new(stamp),
-            generation: tokio::sync::watch::Sender::new(0),
-        });
-        let weak = Arc::downgrade(&shared);
-        let spawned = std::thread::Builder::new()
-            .name("graph-relay-tokens".into())
-            .spawn(move || {
-                loop {
-                    std::thread::sleep(Self::RECHECK);
-                    let Some(shared) = weak.upgrade() else {
-                        return;
-                    };
-                    shared.refresh();
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "cannot watch the token file; changes are read on the next request");
-        }
-        Ok(Self { shared })
-    }
-
-    /// How many times the file was reloaded since it was opened.
-    pub fn reloads(&self) -> u64 {
-        *self.shared.generation.borrow()
-    }
-}
-
-impl TokenFileShared {
-    /// Reloads the file if it changed since it was last read.
-    fn refresh(&self) {
-        let Ok(mut seen) = self.seen.lock() else {
-            return;
-        };
-        let stamp = FileStamp::of(&self.path);
-        if stamp == *seen {
-            return;
-        }
-        *seen = stamp;
-        match load_token_config(&self.path).and_then(|c| c.principals()) {
-            Ok(tokens) => {
-                if let Ok(mut current) = self.tokens.write() {
-                    *current = tokens;
-                }
-                self.generation.send_modify(|g| *g += 1);
-                tracing::info!(path = %self.path.display(), "token file reloaded");
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "token file changed but cannot be used; keeping the previous tokens")
-            }
-        }
-    }
-
-    fn lookup(&self, token_sha256: &str) -> Result<Option<Principal>, AuthError> {
-        let tokens = self
-            .tokens
-            .read()
-            .map_err(|_| AuthError::Unavailable("token table poisoned".into()))?;
-        Ok(tokens.get(token_sha256).cloned())
-    }
-}
-
-#[async_trait]
-impl Authenticator for TokenFile {
-    async fn authenticate(&self, token: &str) -> Result<Principal, AuthError> {
-        self.shared
-            .lookup(&hash_token(token))?
-            .ok_or(AuthError::InvalidToken)
-    }
-
-    async fn authenticate_request(&self, headers: &HeaderMap) -> Result<Authenticated, AuthError> {
-        authenticate_by_hash(self, headers, |hash| self.shared.lookup(hash)).await
-    }
-
-    fn revocations(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.shared.generation.subscribe())
-    }
-
-    async fn still_valid(&self, token_sha256: &str, principal: &Principal) -> bool {
-        // A poisoned table cannot say; keep what is open.
-        self.shared
-            .tokens
-            .read()
-            .map_or(true, |tokens| tokens.get(token_sha256) == Some(principal))
     }
 }
 
@@ -777,7 +661,8 @@ mod tests {
             hash_token("t2"),
             hash_token("t3")
         );
-        let config = parse_token_config(Path::new("x.toml"), &text).unwrap();
+        let config =
+            crate::config::parse_token_config(std::path::Path::new("x.toml"), &text).unwrap();
         let map = config.principals().unwrap();
         assert_eq!(map.len(), 2);
         assert!(

@@ -2,7 +2,7 @@
 //! `[server]` section (the HTTP edge, sessions, leases, metrics), the
 //! `[oauth]` section ([`OAuthConfig`]) and the static agent and device
 //! tokens (`[[agent]]`, `[[device]]`, hashes only). This is the file's one
-//! schema: `graph-relay serve` reads it, [`TokenFile`](crate::auth::TokenFile)
+//! schema: `graph-relay serve` reads it, [`TokenFile`](crate::token_file::TokenFile)
 //! re-reads its tokens when it changes, and a
 //! [`ServerBuilder`](crate::server::ServerBuilder) takes it whole
 //! ([`ServerBuilder::config`](crate::server::ServerBuilder::config)).
@@ -38,7 +38,7 @@ use std::time::Duration;
 use graph_relay_core::queue::QueueConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{AgentToken, DeviceToken, TokenConfig};
+use crate::auth::{AgentToken, DeviceToken, TokenConfig, TokenConfigError};
 use crate::oauth::OAuthConfig;
 use graph_relay_core::mcp::McpSessionLimits;
 
@@ -285,5 +285,30 @@ impl ServerSection {
             queue.lease_interval_controls = controls;
         }
         queue
+    }
+}
+
+/// Reads a TOML file and returns its token section (other sections ignored).
+pub fn load_token_config(path: &Path) -> Result<TokenConfig, TokenConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TokenConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_token_config(path, &text)
+}
+
+/// The tokens of a configuration file's text, read by the file's one
+/// schema ([`ConfigFile`](ConfigFile)).
+pub(crate) fn parse_token_config(path: &Path, text: &str) -> Result<TokenConfig, TokenConfigError> {
+    match ConfigFile::parse(text) {
+        Ok(file) => Ok(file.tokens()),
+        Err(ConfigError::Parse { source, .. }) => Err(TokenConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(other) => Err(TokenConfigError::Read {
+            path: path.to_owned(),
+            source: std::io::Error::other(other.to_string()),
+        }),
     }
 }

@@ -53,7 +53,7 @@
 //!   `notifications/progress` of a waiting `get_graph_run` as they happen,
 //!   then the result.
 //! - Credentials are checked by the [`Authenticator`]: the static token file
-//!   ([`auth::TokenFile`]), access tokens of an OAuth authorization server
+//!   ([`token_file::TokenFile`]), access tokens of an OAuth authorization server
 //!   ([`oauth::OAuthAuthenticator`]: JWTs checked with its JWKS, opaque
 //!   tokens by introspection), or both ([`oauth::AuthChain`]).
 //! - `GET /mcp`: 405 (no SSE stream is offered). `DELETE /mcp` ends an
@@ -119,6 +119,7 @@ pub mod health;
 mod listen;
 mod mcp_endpoint;
 pub mod mcp_headers;
+mod mcp_reply;
 pub mod mcp_sessions;
 pub mod metrics;
 pub mod oauth;
@@ -129,6 +130,7 @@ pub mod relay_wire;
 pub mod serve;
 pub mod server;
 pub mod store_timing;
+pub mod token_file;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

@@ -25,19 +25,16 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::HeaderValue;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use axum::response::sse::Event;
 use graph_relay_core::hold::Look;
 use graph_relay_core::ids::CommandId;
 use graph_relay_core::mcp::{Caller, ErrorCode, Incoming, Outgoing};
 use serde_json::{Value, json};
 
+use crate::mcp_reply::{event, sse_response};
 use crate::mcp_sessions::AgentKey;
 use crate::{Authenticated, HttpState};
-
-/// How often an idle stream sends a keep-alive comment.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Default of [`ListenLimits::max_streams_per_agent`].
 pub const DEFAULT_MAX_LISTEN_STREAMS_PER_AGENT: usize = 16;
@@ -136,11 +133,11 @@ pub(crate) async fn serve(
             ),
             Some(json!({"limit": limit, "name": "max_listen_streams_per_agent"})),
         );
-        return crate::mcp_endpoint::json_reply(&reply);
+        return crate::mcp_reply::json_reply(&reply);
     };
     let listen = match server.listen(&caller, &incoming).await {
         Ok(listen) => listen,
-        Err(reply) => return crate::mcp_endpoint::json_reply(&reply),
+        Err(reply) => return crate::mcp_reply::json_reply(&reply),
     };
     let lifetime = limits.max_lifetime;
     let watcher = state.clone();
@@ -246,55 +243,4 @@ enum End {
     Gone,
     /// The hold ran out: the stream's lifetime, or the server's shutdown.
     HoldEnded,
-}
-
-/// One SSE `message` event carrying a JSON-RPC message (compact JSON,
-/// so one `data:` line).
-pub(crate) fn event(message: &Value) -> Event {
-    Event::default().event("message").data(message.to_string())
-}
-
-/// An SSE response (`text/event-stream`, `Cache-Control: no-cache`,
-/// unbuffered by proxies) of the events `rx` yields, ending when every
-/// sender is gone; a `: keep-alive` comment follows every
-/// [`KEEP_ALIVE`] without an event.
-pub(crate) fn sse_response(mut rx: tokio::sync::mpsc::Receiver<Event>) -> Response {
-    let stream = futures::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|item| item.map(Ok::<_, Infallible>))
-    });
-    let keep_alive = KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive");
-    let mut response = Sse::new(stream).keep_alive(keep_alive).into_response();
-    response
-        .headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http_body_util::BodyExt;
-
-    #[tokio::test(start_paused = true)]
-    async fn events_are_framed_and_an_idle_stream_is_kept_alive() {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let response = sse_response(rx);
-        assert_eq!(response.headers()["content-type"], "text/event-stream");
-        assert_eq!(response.headers()["cache-control"], "no-cache");
-        assert_eq!(response.headers()["x-accel-buffering"], "no");
-        let mut body = response.into_body();
-        tx.send(event(&json!({"jsonrpc": "2.0", "method": "x"})))
-            .await
-            .unwrap();
-        let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(
-            &frame[..],
-            b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n"
-        );
-        // Nothing for 15 s (virtual time): a comment line.
-        let frame = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(&frame[..], b": keep-alive\n\n");
-        drop(tx);
-        assert!(body.frame().await.is_none());
-    }
 }

@@ -16,39 +16,8 @@ use graph_relay_core::mcp::{
 use serde_json::json;
 
 use crate::mcp_headers::{self, McpHeaderError, McpRoute};
+use crate::mcp_reply::{into_json_reply, json_reply};
 use crate::{Authenticated, HttpState, gate};
-
-pub(crate) fn json_reply(reply: &Outgoing) -> Response {
-    json_response(reply.http_status(), reply.to_bytes())
-}
-
-/// [`json_reply`], moving the reply's bytes into the body instead of copying them.
-fn into_json_reply(reply: Outgoing) -> Response {
-    json_response(reply.http_status(), reply.into_bytes())
-}
-
-fn json_response(status: u16, body: Vec<u8>) -> Response {
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    let mut response = (
-        status,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        // A 503 is always a passing refusal (the queue's store could not
-        // serve the request, or every session slot is taken): say when to
-        // try again.
-        response.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(graph_relay_core::mcp::STORE_RETRY_AFTER_SECONDS),
-        );
-    }
-    response
-}
 
 /// Who may use the sessions `who` creates: the agent (owner, name) and its token.
 fn session_owner(who: &Authenticated, caller: &Caller) -> McpSessionOwner {
@@ -184,7 +153,7 @@ struct StreamNotifier(tokio::sync::mpsc::Sender<Event>);
 impl Notifier for StreamNotifier {
     fn notify(&self, notification: serde_json::Value) {
         // A full queue drops this notification; a later one says more.
-        let _ = self.0.try_send(crate::listen::event(&notification));
+        let _ = self.0.try_send(crate::mcp_reply::event(&notification));
     }
 }
 
@@ -242,10 +211,10 @@ fn stream_core(
             }
         };
         if let Some(reply) = reply {
-            let _ = tx.send(crate::listen::event(reply.message())).await;
+            let _ = tx.send(crate::mcp_reply::event(reply.message())).await;
         }
     });
-    crate::listen::sse_response(rx)
+    crate::mcp_reply::sse_response(rx)
 }
 
 /// `/mcp`, every method: the only edge of this path. The checks the

@@ -174,7 +174,7 @@ impl McpHeaderError {
 
 impl IntoResponse for McpHeaderError {
     fn into_response(self) -> Response {
-        crate::mcp_endpoint::json_reply(&self.to_outgoing())
+        crate::mcp_reply::json_reply(&self.to_outgoing())
     }
 }
 

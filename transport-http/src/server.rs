@@ -58,11 +58,12 @@ use graph_relay_core::store::Store;
 use graph_relay_core::time::{RandomIds, SystemClock};
 use tokio::net::TcpListener;
 
-use crate::auth::{AnonymousFallback, TokenConfigError, TokenFile};
+use crate::auth::{AnonymousFallback, TokenConfigError};
 use crate::config::{ConfigError, ConfigFile};
 use crate::metrics::Metrics;
 use crate::oauth::{AuthChain, OAuthAuthenticator, OAuthConfig, OAuthConfigError, OAuthStartError};
 use crate::serve::{RESERVED_FILES, raise_open_file_limit};
+use crate::token_file::TokenFile;
 use crate::{Authenticator, HttpConfig, HttpState, ServeConfig, TokioSleeper};
 
 /// How long [`ServerBuilder::build`] waits for the authorization server's

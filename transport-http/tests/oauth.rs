@@ -18,9 +18,11 @@ use graph_relay_core::catalog::ToolCatalog;
 use graph_relay_core::mcp::{McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
 use graph_relay_store_memory::MemoryStore;
-use graph_relay_transport_http::auth::{AgentToken, StaticTokens, TokenConfig, hash_token};
+use graph_relay_transport_http::auth::{
+    AgentToken, StaticTokens, TokenConfig, TokenRefusal, hash_token,
+};
 use graph_relay_transport_http::oauth::{
-    AuthChain, IntrospectionConfig, OAuthAuthenticator, OAuthConfig, SubjectEntry, TokenRefusal,
+    AuthChain, IntrospectionConfig, OAuthAuthenticator, OAuthConfig, SubjectEntry,
 };
 use graph_relay_transport_http::{
     AuthError, Authenticator, HttpConfig, HttpState, Principal, router,

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use common::*;
 use graph_relay_core::prelude::*;
-use graph_relay_transport_http::auth::{TokenConfig, TokenFile};
+use graph_relay_transport_http::auth::TokenConfig;
+use graph_relay_transport_http::token_file::TokenFile;
 use graph_relay_transport_http::{HttpConfig, HttpState, ServeConfig};
 use serde_json::{Value, json};
 

@@ -67,7 +67,9 @@ pub use self::config::{
 };
 pub use self::jwks::FetchError;
 use self::jwks::{Endpoints, KeySet};
-use crate::auth::{AuthError, Authenticated, Authenticator, Challenge, Principal, hash_token};
+use crate::auth::{
+    AuthError, Authenticated, Authenticator, Challenge, Principal, TokenRefusal, hash_token,
+};
 
 /// Most tokens remembered by each cache (verified JWTs, introspection answers).
 pub const MAX_CACHED_TOKENS: usize = 10_000;
@@ -81,61 +83,6 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(500);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Shortest time between two scheduled key refreshes.
 const MIN_REFRESH: Duration = Duration::from_secs(1);
-
-/// Why a token from the authorization server was refused (401
-/// `invalid_token`; the text is the `error_description`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TokenRefusal {
-    /// Not a JWS compact token with a known algorithm (this covers `alg: none`).
-    #[error("the token is not a well-formed JWT signed with an algorithm this server accepts")]
-    Malformed,
-    /// A `typ` header other than the accepted access-token types.
-    #[error(
-        "the token's typ `{0}` is not an access token type this server accepts (RFC 9068 at+jwt)"
-    )]
-    TokenType(String),
-    /// An algorithm that is not configured (e.g. HS256).
-    #[error("the token is signed with {0}, which this server does not accept")]
-    Algorithm(String),
-    /// A `kid` the authorization server does not publish (any more).
-    #[error("the token is signed with a key the authorization server does not publish")]
-    UnknownKey,
-    /// The signature does not verify.
-    #[error("the token's signature does not verify")]
-    Signature,
-    /// `exp` has passed.
-    #[error("the token has expired")]
-    Expired,
-    /// `nbf` is still ahead.
-    #[error("the token is not valid yet (nbf)")]
-    NotYetValid,
-    /// `iat` is ahead.
-    #[error("the token was issued in the future (iat)")]
-    IssuedInFuture,
-    /// `iss` names another authorization server.
-    #[error("the token was issued by another authorization server (iss)")]
-    Issuer,
-    /// `aud` does not name this resource.
-    #[error("the token is not meant for this resource (aud must include {0})")]
-    Audience(String),
-    /// A required claim is missing.
-    #[error("the token has no `{0}` claim")]
-    MissingClaim(String),
-    /// A claim whose value cannot be used.
-    #[error("the token's `{claim}` claim {rule}")]
-    BadClaim {
-        /// The claim.
-        claim: String,
-        /// What is wrong with it.
-        rule: String,
-    },
-    /// No owner could be found for the agent.
-    #[error("the token's agent has no owner on this server")]
-    NoOwner,
-    /// Introspection says the token is not active.
-    #[error("the authorization server says the token is not active")]
-    Inactive,
-}
 
 /// Seconds since the Unix epoch.
 fn unix_now() -> u64 {
