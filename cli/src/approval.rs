@@ -21,7 +21,7 @@
 use std::process::Stdio;
 
 use async_trait::async_trait;
-use graph_relay_core::executor::Approver;
+use graph_relay_core::relay::executor::Approver;
 use graph_relay_core::relay::{ApprovalDecision, Job};
 use graph_relay_core::time::Timestamp;
 use nix::sys::signal::{Signal, killpg};

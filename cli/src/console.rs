@@ -45,9 +45,11 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use graph_relay_core::executor::{Approver, CancelSignal, Executor, ProgressReport, ProgressSink};
 use graph_relay_core::ids::CommandId;
 use graph_relay_core::relay::driver::LocalCanceller;
+use graph_relay_core::relay::executor::{
+    Approver, CancelSignal, Executor, ProgressReport, ProgressSink,
+};
 use graph_relay_core::relay::{
     ApprovalDecision, CANCELLED_ON_THE_DESKTOP, DECLINED_ON_THE_DESKTOP, ExecutionOutcome, Job,
     NOT_APPROVED_IN_TIME, RelayEvent,

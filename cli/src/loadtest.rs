@@ -56,9 +56,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_core::envelope::FinishStatus;
-use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::prelude::*;
 use graph_relay_core::relay::driver::{DriverEvent, RelayDriver};
+use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::relay::{
     ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, RelayMode, SharedSet,
 };

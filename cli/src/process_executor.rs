@@ -45,9 +45,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use graph_relay_core::envelope::{FinishStatus, cut_utf16};
-use graph_relay_core::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
 use graph_relay_core::ids::CommandId;
 use graph_relay_core::limits::ERROR_LIMIT;
+use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
 use graph_relay_core::relay::{ExecutionOutcome, Job};
 use graph_relay_store_sqlite::SqliteOutbox;
 use nix::sys::signal::{Signal, killpg};

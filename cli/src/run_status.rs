@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use graph_relay_core::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
 use graph_relay_core::ids::CommandId;
+use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
 use graph_relay_core::relay::{ExecutionOutcome, Job};
 
 /// What runs now, shared between the executor and the status line.

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use graph_relay_core::executor::{Approver, Executor};
 use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
+use graph_relay_core::relay::executor::{Approver, Executor};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
 use graph_relay_core::time::Clock;
 use graph_relay_core::time::SystemClock;

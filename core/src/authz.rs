@@ -12,13 +12,13 @@
 //!
 //! | tool | level | published scope |
 //! |---|---|---|
-//! | `run_graph_session`, `cancel_graph_run` | [`ScopeLevel::Run`] | `osfoundry:run` |
-//! | `list_graph_sessions`, `get_graph_run` | [`ScopeLevel::Read`] | `osfoundry:read` |
+//! | `run_graph_session`, `cancel_graph_run` | [`ScopeLevel::Run`](crate::catalog::ScopeLevel::Run) | `osfoundry:run` |
+//! | `list_graph_sessions`, `get_graph_run` | [`ScopeLevel::Read`](crate::catalog::ScopeLevel::Read) | `osfoundry:read` |
 //!
 //! Scope *strings* live in the [`ToolCatalog`], because integrators may
 //! rename them; a method that is not a tool call needs "what tool X needs",
 //! so the table and the catalog cannot disagree. The catalog's defaults come
-//! from [`tool_level`].
+//! from [`tool_level`](crate::catalog::tool_level).
 //!
 //! The MCP dispatcher ([`crate::mcp::McpServer::handle_incoming`]) only
 //! answers methods it can parse into a [`Method`], and [`Method::access`] is
@@ -27,37 +27,7 @@
 //! ([`crate::mcp::McpServer::authorize`]) and render a refusal, a
 //! [`ScopeDenied`], as their one `insufficient_scope` answer.
 
-use serde_json::json;
-
-use crate::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog, ToolKind};
-use crate::mcp::{ErrorCode, Outgoing, RequestId};
-
-/// The two access levels of the published system.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ScopeLevel {
-    /// Reading: listing sessions, reading runs and their notifications.
-    Read,
-    /// Acting: queueing, cancelling or updating runs.
-    Run,
-}
-
-impl ScopeLevel {
-    /// The published scope string of the level.
-    pub const fn default_scope(self) -> &'static str {
-        match self {
-            Self::Read => READ_SCOPE,
-            Self::Run => RUN_SCOPE,
-        }
-    }
-}
-
-/// The level each tool needs; the catalog's default scopes come from here.
-pub const fn tool_level(kind: ToolKind) -> ScopeLevel {
-    match kind {
-        ToolKind::RunGraphSession | ToolKind::CancelGraphRun => ScopeLevel::Run,
-        ToolKind::ListGraphSessions | ToolKind::GetGraphRun => ScopeLevel::Read,
-    }
-}
+use crate::catalog::{ToolCatalog, ToolKind};
 
 /// Every JSON-RPC method the MCP server answers (or, for notifications,
 /// accepts). Anything else is answered `-32601` without being looked at.
@@ -182,24 +152,10 @@ pub struct ScopeDenied {
     pub scope: String,
 }
 
-impl ScopeDenied {
-    /// The JSON-RPC answer to request `id`: `-32003` naming the scope, with
-    /// `data: {error: "insufficient_scope", scope, subject}` and HTTP 403.
-    pub fn to_outgoing(&self, id: Option<RequestId>) -> Outgoing {
-        Outgoing::error(
-            id,
-            ErrorCode::InsufficientScope,
-            self.to_string(),
-            Some(
-                json!({"error": "insufficient_scope", "scope": self.scope, "subject": self.subject}),
-            ),
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::{READ_SCOPE, RUN_SCOPE, tool_level};
 
     #[test]
     fn parse_and_name_round_trip_for_every_method() {

@@ -6,14 +6,6 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::{Value, json};
-
-use crate::mcp::wire::{SecurityScheme, Tool, ToolAnnotations};
-
-use crate::limits::{
-    MAX_IDEMPOTENCY_KEY_CHARS, MAX_LIST_LIMIT, MIN_IDEMPOTENCY_KEY_CHARS, MIN_LIST_LIMIT,
-};
-
 /// Published description of `run_graph_session`.
 pub const RUN_DESCRIPTION: &str = "Queue a Graph run on the owner's online desktop in a connected project. Retrieve progress and result with get_graph_run. The desktop can go offline, and local tool approvals still apply.";
 /// Description of `list_graph_sessions`.
@@ -26,6 +18,34 @@ pub const CANCEL_DESCRIPTION: &str = "Cancel a Graph run queued with run_graph_s
 pub const RUN_SCOPE: &str = "osfoundry:run";
 /// Scope required by the read-only tools.
 pub const READ_SCOPE: &str = "osfoundry:read";
+
+/// The two access levels of the published system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScopeLevel {
+    /// Reading: listing sessions, reading runs and their notifications.
+    Read,
+    /// Acting: queueing, cancelling or updating runs.
+    Run,
+}
+
+impl ScopeLevel {
+    /// The published scope string of the level.
+    pub const fn default_scope(self) -> &'static str {
+        match self {
+            Self::Read => READ_SCOPE,
+            Self::Run => RUN_SCOPE,
+        }
+    }
+}
+
+/// The level each tool needs; the catalog's default scopes come from here.
+pub const fn tool_level(kind: ToolKind) -> ScopeLevel {
+    match kind {
+        ToolKind::RunGraphSession | ToolKind::CancelGraphRun => ScopeLevel::Run,
+        ToolKind::ListGraphSessions | ToolKind::GetGraphRun => ScopeLevel::Read,
+    }
+}
+
 /// Largest `wait_seconds` the server-side wait accepts by default.
 pub const DEFAULT_MAX_WAIT_SECONDS: u32 = 60;
 
@@ -79,18 +99,11 @@ impl ToolKind {
         }
     }
 
-    /// The published scope, from the one authorization table ([`crate::authz`]).
+    /// The published scope of the tool's level.
     const fn default_scope(self) -> &'static str {
-        crate::authz::tool_level(self).default_scope()
+        tool_level(self).default_scope()
     }
 }
-
-/// The annotations of a tool that only reads.
-const READ_ONLY: ToolAnnotations = ToolAnnotations {
-    destructive_hint: None,
-    idempotent_hint: None,
-    read_only_hint: true,
-};
 
 /// One tool as configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,102 +183,6 @@ impl ToolCatalog {
     pub fn max_wait_seconds(&self) -> Option<u32> {
         self.max_wait_seconds
     }
-
-    /// The `tools/list` array, as JSON.
-    pub fn tools_list(&self) -> Value {
-        crate::mcp::wire::to_value(&self.tool_definitions())
-    }
-
-    /// The `tools/list` array, typed.
-    pub fn tool_definitions(&self) -> Vec<Tool> {
-        self.tools.iter().map(|t| self.definition(t)).collect()
-    }
-
-    fn definition(&self, tool: &ToolSpec) -> Tool {
-        let command_id = json!({"type": "string", "format": "uuid"});
-        let (schema, annotations) = match tool.kind {
-            ToolKind::RunGraphSession => (
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "graph_session_id": {"type": "string"},
-                        "arguments": {"type": "object"},
-                        "idempotency_key": {"type": "string", "minLength": MIN_IDEMPOTENCY_KEY_CHARS, "maxLength": MAX_IDEMPOTENCY_KEY_CHARS}
-                    },
-                    "required": ["graph_session_id", "idempotency_key"],
-                    "additionalProperties": false
-                }),
-                ToolAnnotations {
-                    destructive_hint: Some(true),
-                    idempotent_hint: None,
-                    read_only_hint: false,
-                },
-            ),
-            ToolKind::ListGraphSessions => (
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "project_id": {"type": "string"},
-                        "limit": {"type": "integer", "minimum": MIN_LIST_LIMIT, "maximum": MAX_LIST_LIMIT}
-                    },
-                    "required": ["project_id"],
-                    "additionalProperties": false
-                }),
-                READ_ONLY,
-            ),
-            ToolKind::GetGraphRun => {
-                let mut properties = json!({"command_id": command_id});
-                if let Some(max) = self.max_wait_seconds {
-                    properties["wait_seconds"] = json!({
-                        "type": "integer",
-                        "minimum": 0,
-                        "maximum": max,
-                        "description": format!("Optional. Hold the call up to this many seconds (0 to {max}, default 0) and return as soon as the run finishes.")
-                    });
-                }
-                (
-                    json!({
-                        "type": "object",
-                        "properties": properties,
-                        "required": ["command_id"],
-                        "additionalProperties": false
-                    }),
-                    READ_ONLY,
-                )
-            }
-            ToolKind::CancelGraphRun => (
-                json!({
-                    "type": "object",
-                    "properties": {"command_id": command_id},
-                    "required": ["command_id"],
-                    "additionalProperties": false
-                }),
-                ToolAnnotations {
-                    destructive_hint: Some(true),
-                    idempotent_hint: Some(true),
-                    read_only_hint: false,
-                },
-            ),
-        };
-        let mut description = tool.description.clone();
-        if tool.kind == ToolKind::GetGraphRun
-            && let Some(max) = self.max_wait_seconds
-        {
-            description.push_str(&format!(
-                " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
-            ));
-        }
-        Tool {
-            annotations,
-            description,
-            input_schema: schema,
-            name: tool.name.clone(),
-            security_schemes: vec![SecurityScheme {
-                scopes: tool.scopes.clone(),
-                kind: "oauth2".to_owned(),
-            }],
-        }
-    }
 }
 
 impl Default for ToolCatalog {
@@ -341,6 +258,8 @@ impl CatalogBuilder {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     /// The `tools/list` wire form is pinned by a committed insta snapshot

@@ -32,11 +32,10 @@
 //! - [`hold`]: the one rule of every request that may wait.
 //! - [`signals`]: runtime-free wake-ups for held requests.
 //! - [`mcp`]: MCP (JSON-RPC) message handling shared by the transports.
-//! - [`executor`]: what runs a Graph on the desktop.
 //! - [`outbox`]: the relay's durable outbox trait.
-//! - [`relay`]: the desktop relay as a sans-IO state machine, its
-//!   runtime-free driver ([`relay::driver`]) and in-process transport
-//!   ([`relay::in_process`]).
+//! - [`relay`]: the desktop relay as a sans-IO state machine, what runs a
+//!   Graph on the desktop ([`relay::executor`]), its runtime-free driver
+//!   ([`relay::driver`]) and in-process transport ([`relay::in_process`]).
 //! - [`stats`]: the operator's view of a queue (status document, metrics
 //!   figures) and the trait a store implements to give it.
 //! - [`time`]: the clock, sleepers and id sources, the only doors to the
@@ -67,7 +66,6 @@ pub mod authz;
 pub mod catalog;
 pub mod command;
 pub mod envelope;
-pub mod executor;
 pub mod hold;
 pub mod ids;
 pub mod limits;

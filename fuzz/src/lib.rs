@@ -26,12 +26,12 @@ use graph_relay_core::command::WAITING_FOR_APPROVAL;
 use graph_relay_core::envelope::{
     EnvelopeBody, FinishStatus, ResultEnvelope, js_json_length, utf16_len,
 };
-use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, ProjectId};
 use graph_relay_core::limits::{ERROR_LIMIT, RESULT_LIMIT};
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo};
 use graph_relay_core::outbox::{OutboxItem, RelayReport};
 use graph_relay_core::queue::SyncRequest;
+use graph_relay_core::relay::executor::ProgressReport;
 use graph_relay_core::relay::{
     APPROVED_ON_THE_DESKTOP, Action, ApprovalDecision, CANCELLED_ON_THE_DESKTOP, ClaimOutcome,
     ExecutionOutcome, Job, PostOutcome, Relay, RelayCommand, RelayConfig, RelayMode, SharedSet,

@@ -15,13 +15,13 @@ use futures::FutureExt;
 use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::envelope::FinishStatus;
-use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::hold::Hold;
 use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{ControlAnswer, Queue, QueueConfig, RunView, SyncRequest};
 use graph_relay_core::relay::driver::RelayTransport;
+use graph_relay_core::relay::executor::ProgressReport;
 use graph_relay_core::relay::in_process::QueueTransport;
 use graph_relay_core::relay::{
     Action, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay, RelayCommand,

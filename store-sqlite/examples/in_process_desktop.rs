@@ -4,8 +4,8 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, executor::block_on, future::join};
-use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::prelude::*;
+use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::relay::{ExecutionOutcome, Job, SharedSet, driver::RelayDriver};
 use graph_relay_core::time::{Sleeper, ThreadSleeper};
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};

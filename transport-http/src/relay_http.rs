@@ -17,11 +17,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use graph_relay_core::command::CommandStatus;
-use graph_relay_core::executor::ProgressReport;
 use graph_relay_core::ids::{CommandId, ExecutionId};
 use graph_relay_core::outbox::{OutboxItem, RelayReport};
 use graph_relay_core::queue::{ControlAnswer, SyncRequest};
 use graph_relay_core::relay::driver::RelayTransport;
+use graph_relay_core::relay::executor::ProgressReport;
 use graph_relay_core::relay::{ClaimOutcome, PostOutcome, Refusal, RelayCommand, SyncFailure};
 use serde::Serialize;
 use serde::de::DeserializeOwned;

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
-use graph_relay_core::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::mcp::{McpServer, ServerInfo};
 use graph_relay_core::outbox::Outbox;
 use graph_relay_core::prelude::*;
 use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
+use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressSink};
 use graph_relay_core::relay::{ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, SharedSet};
 use graph_relay_core::testkit::FaultyTransport;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
@@ -558,9 +558,9 @@ async fn progress_is_taken_only_from_the_running_execution_and_within_its_limits
 #[tokio::test]
 async fn the_client_reads_a_closed_run_in_the_control_answer_and_posts_progress() {
     use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-    use graph_relay_core::executor::ProgressReport;
     use graph_relay_core::outbox::{OutboxItem, RelayReport};
     use graph_relay_core::relay::PostOutcome;
+    use graph_relay_core::relay::executor::ProgressReport;
     // Interval mode: a lease of two 100 ms control intervals.
     let s = server_with(
         Duration::from_secs(5),
@@ -1332,7 +1332,7 @@ impl Executor for WaitingExecutor {
         cancel: CancelSignal,
         progress: ProgressSink,
     ) -> ExecutionOutcome {
-        progress.report(graph_relay_core::executor::ProgressReport {
+        progress.report(graph_relay_core::relay::executor::ProgressReport {
             message: Some("working".into()),
             percent: Some(10.0),
         });

@@ -53,6 +53,7 @@ mod progress;
 mod result;
 mod session_store;
 mod tasks;
+mod tool_list;
 mod tools;
 mod version;
 pub(crate) mod wire;
@@ -60,7 +61,7 @@ pub(crate) mod wire;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use self::jsonrpc::MetaProbe;
 pub use self::jsonrpc::{
@@ -767,6 +768,23 @@ impl McpServer {
 mod replies;
 #[cfg(test)]
 mod tests;
+
+// The refusal is the authorization table's decision; its JSON-RPC form is
+// this module's.
+impl ScopeDenied {
+    /// The JSON-RPC answer to request `id`: `-32003` naming the scope, with
+    /// `data: {error: "insufficient_scope", scope, subject}` and HTTP 403.
+    pub fn to_outgoing(&self, id: Option<RequestId>) -> Outgoing {
+        Outgoing::error(
+            id,
+            ErrorCode::InsufficientScope,
+            self.to_string(),
+            Some(
+                json!({"error": "insufficient_scope", "scope": self.scope, "subject": self.subject}),
+            ),
+        )
+    }
+}
 
 /// The refusal of a request that carries no `_meta` protocol version and
 /// is not inside an initialize-era session.

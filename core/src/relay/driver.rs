@@ -25,7 +25,7 @@
 //! use graph_relay_core::relay::{Relay, RelayConfig, SharedSet};
 //! # use graph_relay_core::time::Clock;
 //! # use graph_relay_core::time::{SystemClock, ThreadSleeper};
-//! # use graph_relay_core::executor::{Executor, NoApprover};
+//! # use graph_relay_core::relay::executor::{Executor, NoApprover};
 //! # use graph_relay_core::outbox::Outbox;
 //! # fn demo(transport: Arc<dyn RelayTransport>, outbox: Arc<dyn Outbox>,
 //! #         executor: Arc<dyn Executor>) {
@@ -51,12 +51,12 @@ use super::{
     Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay,
     RelayCommand, RelayEvent, SharedSet, SyncFailure,
 };
-use crate::executor::{
-    Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
-};
 use crate::ids::{CommandId, ExecutionId};
 use crate::outbox::{Outbox, OutboxItem};
 use crate::queue::{ControlAnswer, SyncRequest};
+use crate::relay::executor::{
+    Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
+};
 use crate::time::{Clock, Sleeper};
 
 /// The relay's side of the relay API, one call per request kind.

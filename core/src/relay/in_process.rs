@@ -13,11 +13,11 @@ use async_trait::async_trait;
 
 use super::driver::RelayTransport;
 use super::{ClaimOutcome, PostOutcome, Refusal, RelayCommand, SyncFailure};
-use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId};
 use crate::outbox::{OutboxItem, RelayReport};
 use crate::principal::Device;
 use crate::queue::{ControlAnswer, Queue, SyncRequest};
+use crate::relay::executor::ProgressReport;
 use crate::time::Sleeper;
 
 /// The relay API of `queue`, spoken by `device` without a network.

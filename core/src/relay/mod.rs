@@ -155,6 +155,7 @@
 
 mod control;
 pub mod driver;
+pub mod executor;
 pub mod in_process;
 mod machine;
 mod pass;

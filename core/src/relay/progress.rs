@@ -2,8 +2,8 @@
 //! interval, one post at a time, and never through the outbox.
 
 use crate::command::InvalidProgress;
-use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId};
+use crate::relay::executor::ProgressReport;
 use crate::time::Timestamp;
 
 use super::*;

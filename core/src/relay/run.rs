@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use crate::command::{CommandStatus, NO_LONGER_SHARED, WAITING_FOR_APPROVAL};
 use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId};
 use crate::outbox::{OutboxItem, RelayReport};
+use crate::relay::executor::ProgressReport;
 use crate::time::Timestamp;
 
 use super::control::{ControlPoll, first_control};

@@ -8,11 +8,11 @@ use serde_json::{Map, Value};
 
 use crate::command::CommandStatus;
 use crate::envelope::FinishStatus;
-use crate::executor::ProgressReport;
 use crate::ids::{AgentId, CommandId, ExecutionId, GraphSessionId, ProjectId};
 use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::outbox::OutboxItem;
 use crate::queue::SyncRequest;
+use crate::relay::executor::ProgressReport;
 use crate::session::SessionMeta;
 use crate::time::Timestamp;
 

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use async_trait::async_trait;
 
-use crate::executor::ProgressReport;
 use crate::ids::{CommandId, ExecutionId};
 use crate::outbox::{OutboxItem, RelayReport};
 use crate::queue::{ControlAnswer, SyncRequest};
 use crate::relay::driver::RelayTransport;
+use crate::relay::executor::ProgressReport;
 use crate::relay::{ClaimOutcome, PostOutcome, Refusal, RelayCommand, SyncFailure};
 
 /// Wraps a transport and loses completion POSTs.

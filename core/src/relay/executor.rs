@@ -36,7 +36,7 @@ use crate::time::Timestamp;
 /// ```
 /// use futures::FutureExt;
 /// use graph_relay_core::envelope::FinishStatus;
-/// use graph_relay_core::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
+/// use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressReport, ProgressSink};
 /// use graph_relay_core::relay::{ExecutionOutcome, Job};
 ///
 /// struct Steps(u32);
