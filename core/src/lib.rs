@@ -69,7 +69,6 @@ pub mod envelope;
 pub mod hold;
 pub mod ids;
 pub mod limits;
-mod live;
 pub mod mcp;
 pub mod outbox;
 pub mod principal;

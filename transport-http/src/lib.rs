@@ -85,7 +85,7 @@
 //!   (the one table in `graph_relay_core::authz`: tools, `tasks/*`,
 //!   `subscriptions/listen`) gets 403 `insufficient_scope` naming the scope,
 //!   before any queue work.
-//! - Hosts and origins are parsed strictly ([`authority`]) and checked (DNS
+//! - Hosts and origins are parsed strictly ([`host_origin`]) and checked (DNS
 //!   rebinding): by default only loopback names on the listening port; 403
 //!   otherwise. Bodies are bounded (413) and requests time out (408).
 //! - `subscriptions/listen` streams are bounded per agent and in lifetime
@@ -112,10 +112,10 @@
 struct YourOwnServerGuide;
 
 pub mod auth;
-pub mod authority;
 pub mod config;
 mod gate;
 pub mod health;
+pub mod host_origin;
 mod listen;
 mod mcp_endpoint;
 pub mod mcp_headers;
@@ -147,8 +147,8 @@ use serde_json::json;
 
 pub use crate::auth::Authenticated;
 pub use crate::auth::{AuthError, Authenticator, Challenge, Principal};
-use crate::authority::{Authority, AuthorityError, Origin};
 pub use crate::gate::{AgentPrincipal, DevicePrincipal};
+use crate::host_origin::{Authority, AuthorityError, Origin};
 pub use crate::listen::ListenLimits;
 pub use crate::mcp_sessions::MemoryMcpSessionStore;
 pub use crate::relay_api::RelayApiConfig;
@@ -178,7 +178,7 @@ pub struct HttpConfig {
     pub authorization_servers: Vec<String>,
     /// Hosts accepted in `Host` (`name`, `1.2.3.4`, `[::1]`, optionally with
     /// `:port`); `"*"` accepts any well-formed host on any port. Each value
-    /// is parsed strictly ([`authority`]): userinfo, look-alike suffixes and
+    /// is parsed strictly ([`host_origin`]): userinfo, look-alike suffixes and
     /// malformed values are refused whatever this list says.
     pub allowed_hosts: Vec<String>,
     /// Ports accepted in `Host` besides the port of `listen_addr` and that

@@ -117,7 +117,7 @@ impl Queue {
         };
         match self.store.insert_command(&command, &key, now).await? {
             InsertOutcome::Inserted => {
-                self.live.put(&command);
+                self.last_seen.put(&command);
                 self.signals.notify(&Topic::DeviceWork(
                     command.owner.clone(),
                     command.device.clone(),

@@ -62,6 +62,7 @@ mod agent;
 mod devices;
 mod errors;
 mod holds;
+mod last_seen;
 mod maintenance;
 mod memo;
 mod progress;
@@ -238,8 +239,8 @@ pub struct Queue {
     /// The store's external-write marker as [`Queue::maintain`] last read it.
     marker: Arc<std::sync::Mutex<Option<u64>>>,
     /// Open commands as this queue last wrote or read them: the first
-    /// guess of a transition's compare-and-swap (see [`crate::live`]).
-    live: Arc<crate::live::LiveRecords>,
+    /// guess of a transition's compare-and-swap (see [`last_seen`]).
+    last_seen: Arc<last_seen::LastSeen>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -269,7 +270,7 @@ impl Queue {
             synced: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
             progress: Arc::new(Memo::new(MAX_PROGRESS_STATES)),
             marker: Arc::default(),
-            live: Arc::default(),
+            last_seen: Arc::default(),
         }
     }
 
@@ -330,7 +331,7 @@ impl Queue {
         self.clock.now()
     }
 
-    /// Takes a record (this queue's copy of it, see [`crate::live`], or a
+    /// Takes a record (this queue's copy of it, see [`last_seen`], or a
     /// fresh read), lets `apply` turn it into the next revision in place
     /// (`Ok(false)`: nothing to write), and writes it with a compare-and-swap,
     /// retrying from a fresh read if another writer won. An answer that
@@ -345,7 +346,7 @@ impl Queue {
         // The first attempt starts from this queue's last copy, if it has
         // one for this party: a write that succeeds proves the copy was
         // current; any other outcome is judged again on a fresh read.
-        let mut guess = self.live.get(id, |record| party.owns(record));
+        let mut guess = self.last_seen.get(id, |record| party.owns(record));
         for _ in 0..MAX_CAS_ATTEMPTS {
             let from_copy = guess.is_some();
             let mut record = match guess.take() {
@@ -366,7 +367,7 @@ impl Queue {
                     }
                     .map_err(TransitionError::Store)?;
                     let Some(read) = read else {
-                        self.live.forget(id);
+                        self.last_seen.forget(id);
                         return Err(TransitionError::NotFound);
                     };
                     read
@@ -389,12 +390,12 @@ impl Queue {
             match apply(&mut record, now) {
                 // A copy's refusal or "nothing to do" may be out of date.
                 Err(_) | Ok(false) if !verified => {
-                    self.live.forget(id);
+                    self.last_seen.forget(id);
                     continue;
                 }
                 Err(refusal) => return Err(TransitionError::Refused(refusal)),
                 Ok(false) => {
-                    self.live.put(&record);
+                    self.last_seen.put(&record);
                     return Ok(record);
                 }
                 Ok(true) => {}
@@ -414,10 +415,10 @@ impl Queue {
     async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
         let written = self.store.update_command(record).await?;
         if written {
-            self.live.put(record);
+            self.last_seen.put(record);
             self.signals.notify(&Topic::Command(record.id));
         } else {
-            self.live.forget(&record.id);
+            self.last_seen.forget(&record.id);
         }
         Ok(written)
     }

@@ -215,7 +215,7 @@ impl Queue {
         // The desktop starts them next: that transition can begin from
         // these copies.
         for command in &queued {
-            self.live.put(command);
+            self.last_seen.put(command);
         }
         Ok(queued)
     }

@@ -5,7 +5,7 @@
 //! `complete`, `control`, `cancel_graph_run`, …) is a read followed by a
 //! compare-and-swap on the record's revision. Most transitions of a command
 //! follow one this queue made itself a moment earlier: the insert, then the
-//! start, then the control renewals, then the result. [`LiveRecords`] keeps
+//! start, then the control renewals, then the result. [`LastSeen`] keeps
 //! the record as this queue last saw it, and the transition tries its
 //! compare-and-swap on that copy straight away.
 //!
@@ -40,7 +40,7 @@ type Map = std::collections::HashMap<CommandId, CommandRecord, foldhash::fast::R
 
 /// See the module docs.
 #[derive(Default)]
-pub(crate) struct LiveRecords {
+pub(crate) struct LastSeen {
     state: Mutex<Generations>,
 }
 
@@ -50,7 +50,7 @@ struct Generations {
     previous: Map,
 }
 
-impl LiveRecords {
+impl LastSeen {
     fn lock(&self) -> MutexGuard<'_, Generations> {
         // Every change below leaves both maps consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -141,7 +141,7 @@ mod tests {
     #[test]
     fn keeps_the_newest_open_revision_and_forgets_finished_ones() {
         let ids = SeededIds::new(1);
-        let live = LiveRecords::default();
+        let live = LastSeen::default();
         let mut record = queued(ids.new_command_id());
         live.put(&record);
         let older = record.clone();
@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn holds_at_most_two_generations() {
         let ids = SeededIds::new(7);
-        let live = LiveRecords::default();
+        let live = LastSeen::default();
         let first = queued(ids.new_command_id());
         live.put(&first);
         let second = queued(ids.new_command_id());
