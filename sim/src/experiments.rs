@@ -10,7 +10,7 @@ use graph_relay_core::args::RunArgs;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
 use graph_relay_core::command::{CommandStatus, DESKTOP_RESTARTED, LEASE_LAPSED};
 use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-use graph_relay_core::ids::{CommandId, ExecutionId, IdempotencyKey};
+use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, IdempotencyKey};
 use graph_relay_core::limits::RESULT_LIMIT;
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo, TASKS_EXTENSION};
 use graph_relay_core::queue::{GetError, RUN_NOT_FOUND};
@@ -307,12 +307,14 @@ pub const STRATEGIES: [Strategy; 8] = [
     Strategy::Wait(60),
 ];
 
-/// One agent following `strategy` until it sees the run terminal: (tool calls, detection delay).
+/// One agent following `strategy` until it sees the run terminal: (tool
+/// calls, detection delay). `tasks` is the client [`Strategy::Tasks`] polls with.
 fn poll_run(
     w: &mut World,
     strategy: Strategy,
     first_hint: u64,
     id: CommandId,
+    tasks: Option<&TasksClient>,
 ) -> Option<(f64, f64)> {
     let t0 = w.now();
     let limit = t0.plus(Duration::from_secs(3600));
@@ -343,7 +345,7 @@ fn poll_run(
         w.run_until(when);
         calls += 1;
         let hint = if strategy == Strategy::Tasks {
-            let task = tasks_get(w, &id)?;
+            let task = tasks?.get(&id)?;
             if task["status"] != "working" {
                 return seen(w, calls);
             }
@@ -369,17 +371,49 @@ fn poll_run(
     None
 }
 
-/// The MCP server a tasks-extension client talks to, over the world's queue.
-fn mcp(w: &World) -> (McpServer, Caller) {
-    let server = McpServer::new(
-        w.queue.clone(),
-        ToolCatalog::published(),
-        ServerInfo::new("graph-relay-sim", "0"),
-    );
-    (
-        server,
-        Caller::new(w.agent.clone(), [READ_SCOPE, RUN_SCOPE]),
-    )
+/// A tasks-extension client of one world: the real MCP handling over the
+/// world's queue. Made once per world and kept for every call: making the
+/// server renders its `tools/list`, which costs more than a `tasks/get`.
+struct TasksClient {
+    server: McpServer,
+    caller: Caller,
+}
+
+impl TasksClient {
+    fn new(w: &World) -> Self {
+        let server = McpServer::new(
+            w.queue.clone(),
+            ToolCatalog::published(),
+            ServerInfo::new("graph-relay-sim", "0"),
+        );
+        let caller = Caller::new(w.agent.clone(), [READ_SCOPE, RUN_SCOPE]);
+        Self { server, caller }
+    }
+
+    /// `tools/call run_graph_session` as a tasks client: (task id, first poll in seconds).
+    fn run(&self, session: &GraphSessionId, n: u64) -> Option<(CommandId, u64)> {
+        let body = modern_request(
+            "tools/call",
+            json!({"name": "run_graph_session", "arguments": {"graph_session_id": session, "idempotency_key": key(n)}}),
+        );
+        let reply = block_on(
+            self.server
+                .handle(&mut McpSession::new(), &self.caller, &body),
+        )?;
+        let task = reply.result_value()?;
+        let id = CommandId::parse(task["taskId"].as_str()?).ok()?;
+        Some((id, task["pollIntervalMs"].as_u64()? / 1000))
+    }
+
+    /// `tasks/get` through the real MCP handling.
+    fn get(&self, id: &CommandId) -> Option<Value> {
+        let body = modern_request("tasks/get", json!({"taskId": id}));
+        let reply = block_on(
+            self.server
+                .handle(&mut McpSession::new(), &self.caller, &body),
+        )?;
+        reply.result_value().cloned()
+    }
 }
 
 fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
@@ -390,27 +424,6 @@ fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
         .to_string()
         .into_bytes()
-}
-
-/// `tools/call run_graph_session` as a tasks client: (task id, first poll in seconds).
-fn tasks_run(w: &World, n: u64) -> Option<(CommandId, u64)> {
-    let (server, caller) = mcp(w);
-    let body = modern_request(
-        "tools/call",
-        json!({"name": "run_graph_session", "arguments": {"graph_session_id": w.session, "idempotency_key": key(n)}}),
-    );
-    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
-    let task = reply.result_value()?;
-    let id = CommandId::parse(task["taskId"].as_str()?).ok()?;
-    Some((id, task["pollIntervalMs"].as_u64()? / 1000))
-}
-
-/// `tasks/get` through the real MCP handling.
-fn tasks_get(w: &World, id: &CommandId) -> Option<Value> {
-    let (server, caller) = mcp(w);
-    let body = modern_request("tasks/get", json!({"taskId": id}));
-    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
-    reply.result_value().cloned()
 }
 
 /// Experiment 3: tool calls per run and detection delay for each polling strategy.
@@ -441,8 +454,9 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
             for i in 0..n {
                 let mut w = world(*mode, &mut rng);
                 w.run_until(START.plus(REQUEST_AT));
-                let started = if strategy == Strategy::Tasks {
-                    tasks_run(&w, i as u64)
+                let tasks = (strategy == Strategy::Tasks).then(|| TasksClient::new(&w));
+                let started = if let Some(tasks) = &tasks {
+                    tasks.run(&w.session, i as u64)
                 } else {
                     let args = RunArgs {
                         graph_session_id: w.session.clone(),
@@ -456,7 +470,7 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
                 let Some((id, first_hint)) = started else {
                     continue;
                 };
-                if let Some((c, d)) = poll_run(&mut w, strategy, first_hint, id) {
+                if let Some((c, d)) = poll_run(&mut w, strategy, first_hint, id, tasks.as_ref()) {
                     calls.push(c);
                     delays.push(d);
                 }
