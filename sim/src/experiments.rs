@@ -16,7 +16,7 @@ use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo, TASKS_EXT
 use graph_relay_core::queue::{GetError, RUN_NOT_FOUND};
 use graph_relay_core::relay::RelayMode;
 use graph_relay_core::time::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::rng::SimRng;
@@ -340,16 +340,18 @@ fn poll_run(
         Strategy::Hint | Strategy::Tasks | Strategy::Wait(_) => first_hint as f64,
     };
     let mut backoff: f64 = 1.0;
+    let tasks_get = tasks.map(|client| (client, TasksClient::get_request(&id)));
     let mut when = t0.plus(Duration::from_secs_f64(next));
     while when < limit {
         w.run_until(when);
         calls += 1;
         let hint = if strategy == Strategy::Tasks {
-            let task = tasks?.get(&id)?;
-            if task["status"] != "working" {
+            let (client, request) = tasks_get.as_ref()?;
+            let task = client.get(request)?;
+            if task.status != "working" {
                 return seen(w, calls);
             }
-            task["pollIntervalMs"].as_u64().unwrap_or(5000) / 1000
+            task.poll_interval_ms.unwrap_or(5000) / 1000
         } else {
             let view = block_on(w.queue.get_graph_run(&w.agent, &id)).ok()?;
             if view.command.status.is_terminal() {
@@ -405,15 +407,36 @@ impl TasksClient {
         Some((id, task["pollIntervalMs"].as_u64()? / 1000))
     }
 
-    /// `tasks/get` through the real MCP handling.
-    fn get(&self, id: &CommandId) -> Option<Value> {
-        let body = modern_request("tasks/get", json!({"taskId": id}));
+    /// The `tasks/get` request for task `id`: the same bytes on every poll
+    /// of that task, so a client writes them once.
+    fn get_request(id: &CommandId) -> Vec<u8> {
+        modern_request("tasks/get", json!({"taskId": id}))
+    }
+
+    /// `tasks/get` through the real MCP handling; the client reads only
+    /// the two fields it acts on.
+    fn get(&self, request: &[u8]) -> Option<TaskState> {
         let reply = block_on(
             self.server
-                .handle(&mut McpSession::new(), &self.caller, &body),
+                .handle(&mut McpSession::new(), &self.caller, request),
         )?;
-        reply.result_value().cloned()
+        let reply: TaskReply = serde_json::from_slice(reply.as_bytes()).ok()?;
+        Some(reply.result)
     }
+}
+
+/// A successful `tasks/get` reply, as far as the polling client reads it.
+#[derive(Deserialize)]
+struct TaskReply {
+    result: TaskState,
+}
+
+/// What a tasks client acts on: whether the task still works, and when to ask again.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskState {
+    status: String,
+    poll_interval_ms: Option<u64>,
 }
 
 fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
