@@ -10,13 +10,13 @@ use graph_relay_core::args::RunArgs;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
 use graph_relay_core::command::{CommandStatus, DESKTOP_RESTARTED, LEASE_LAPSED};
 use graph_relay_core::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-use graph_relay_core::ids::{CommandId, ExecutionId, IdempotencyKey};
+use graph_relay_core::ids::{CommandId, ExecutionId, GraphSessionId, IdempotencyKey};
 use graph_relay_core::limits::RESULT_LIMIT;
 use graph_relay_core::mcp::{Caller, McpServer, McpSession, ServerInfo, TASKS_EXTENSION};
 use graph_relay_core::queue::{GetError, RUN_NOT_FOUND};
 use graph_relay_core::relay::RelayMode;
 use graph_relay_core::time::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use crate::rng::SimRng;
@@ -307,12 +307,14 @@ pub const STRATEGIES: [Strategy; 8] = [
     Strategy::Wait(60),
 ];
 
-/// One agent following `strategy` until it sees the run terminal: (tool calls, detection delay).
+/// One agent following `strategy` until it sees the run terminal: (tool
+/// calls, detection delay). `tasks` is the client [`Strategy::Tasks`] polls with.
 fn poll_run(
     w: &mut World,
     strategy: Strategy,
     first_hint: u64,
     id: CommandId,
+    tasks: Option<&TasksClient>,
 ) -> Option<(f64, f64)> {
     let t0 = w.now();
     let limit = t0.plus(Duration::from_secs(3600));
@@ -338,16 +340,18 @@ fn poll_run(
         Strategy::Hint | Strategy::Tasks | Strategy::Wait(_) => first_hint as f64,
     };
     let mut backoff: f64 = 1.0;
+    let tasks_get = tasks.map(|client| (client, TasksClient::get_request(&id)));
     let mut when = t0.plus(Duration::from_secs_f64(next));
     while when < limit {
         w.run_until(when);
         calls += 1;
         let hint = if strategy == Strategy::Tasks {
-            let task = tasks_get(w, &id)?;
-            if task["status"] != "working" {
+            let (client, request) = tasks_get.as_ref()?;
+            let task = client.get(request)?;
+            if task.status != "working" {
                 return seen(w, calls);
             }
-            task["pollIntervalMs"].as_u64().unwrap_or(5000) / 1000
+            task.poll_interval_ms.unwrap_or(5000) / 1000
         } else {
             let view = block_on(w.queue.get_graph_run(&w.agent, &id)).ok()?;
             if view.command.status.is_terminal() {
@@ -369,17 +373,70 @@ fn poll_run(
     None
 }
 
-/// The MCP server a tasks-extension client talks to, over the world's queue.
-fn mcp(w: &World) -> (McpServer, Caller) {
-    let server = McpServer::new(
-        w.queue.clone(),
-        ToolCatalog::published(),
-        ServerInfo::new("graph-relay-sim", "0"),
-    );
-    (
-        server,
-        Caller::new(w.agent.clone(), [READ_SCOPE, RUN_SCOPE]),
-    )
+/// A tasks-extension client of one world: the real MCP handling over the
+/// world's queue. Made once per world and kept for every call: making the
+/// server renders its `tools/list`, which costs more than a `tasks/get`.
+struct TasksClient {
+    server: McpServer,
+    caller: Caller,
+}
+
+impl TasksClient {
+    fn new(w: &World) -> Self {
+        let server = McpServer::new(
+            w.queue.clone(),
+            ToolCatalog::published(),
+            ServerInfo::new("graph-relay-sim", "0"),
+        );
+        let caller = Caller::new(w.agent.clone(), [READ_SCOPE, RUN_SCOPE]);
+        Self { server, caller }
+    }
+
+    /// `tools/call run_graph_session` as a tasks client: (task id, first poll in seconds).
+    fn run(&self, session: &GraphSessionId, n: u64) -> Option<(CommandId, u64)> {
+        let body = modern_request(
+            "tools/call",
+            json!({"name": "run_graph_session", "arguments": {"graph_session_id": session, "idempotency_key": key(n)}}),
+        );
+        let reply = block_on(
+            self.server
+                .handle(&mut McpSession::new(), &self.caller, &body),
+        )?;
+        let task = reply.result_value()?;
+        let id = CommandId::parse(task["taskId"].as_str()?).ok()?;
+        Some((id, task["pollIntervalMs"].as_u64()? / 1000))
+    }
+
+    /// The `tasks/get` request for task `id`: the same bytes on every poll
+    /// of that task, so a client writes them once.
+    fn get_request(id: &CommandId) -> Vec<u8> {
+        modern_request("tasks/get", json!({"taskId": id}))
+    }
+
+    /// `tasks/get` through the real MCP handling; the client reads only
+    /// the two fields it acts on.
+    fn get(&self, request: &[u8]) -> Option<TaskState> {
+        let reply = block_on(
+            self.server
+                .handle(&mut McpSession::new(), &self.caller, request),
+        )?;
+        let reply: TaskReply = serde_json::from_slice(reply.as_bytes()).ok()?;
+        Some(reply.result)
+    }
+}
+
+/// A successful `tasks/get` reply, as far as the polling client reads it.
+#[derive(Deserialize)]
+struct TaskReply {
+    result: TaskState,
+}
+
+/// What a tasks client acts on: whether the task still works, and when to ask again.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TaskState {
+    status: String,
+    poll_interval_ms: Option<u64>,
 }
 
 fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
@@ -390,27 +447,6 @@ fn modern_request(method: &str, mut params: Value) -> Vec<u8> {
     json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
         .to_string()
         .into_bytes()
-}
-
-/// `tools/call run_graph_session` as a tasks client: (task id, first poll in seconds).
-fn tasks_run(w: &World, n: u64) -> Option<(CommandId, u64)> {
-    let (server, caller) = mcp(w);
-    let body = modern_request(
-        "tools/call",
-        json!({"name": "run_graph_session", "arguments": {"graph_session_id": w.session, "idempotency_key": key(n)}}),
-    );
-    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
-    let task = reply.result_value()?;
-    let id = CommandId::parse(task["taskId"].as_str()?).ok()?;
-    Some((id, task["pollIntervalMs"].as_u64()? / 1000))
-}
-
-/// `tasks/get` through the real MCP handling.
-fn tasks_get(w: &World, id: &CommandId) -> Option<Value> {
-    let (server, caller) = mcp(w);
-    let body = modern_request("tasks/get", json!({"taskId": id}));
-    let reply = block_on(server.handle(&mut McpSession::new(), &caller, &body))?;
-    reply.result_value().cloned()
 }
 
 /// Experiment 3: tool calls per run and detection delay for each polling strategy.
@@ -441,8 +477,9 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
             for i in 0..n {
                 let mut w = world(*mode, &mut rng);
                 w.run_until(START.plus(REQUEST_AT));
-                let started = if strategy == Strategy::Tasks {
-                    tasks_run(&w, i as u64)
+                let tasks = (strategy == Strategy::Tasks).then(|| TasksClient::new(&w));
+                let started = if let Some(tasks) = &tasks {
+                    tasks.run(&w.session, i as u64)
                 } else {
                     let args = RunArgs {
                         graph_session_id: w.session.clone(),
@@ -456,7 +493,7 @@ pub fn polling(seed: u64, n: usize) -> Outcome {
                 let Some((id, first_hint)) = started else {
                     continue;
                 };
-                if let Some((c, d)) = poll_run(&mut w, strategy, first_hint, id) {
+                if let Some((c, d)) = poll_run(&mut w, strategy, first_hint, id, tasks.as_ref()) {
                     calls.push(c);
                     delays.push(d);
                 }

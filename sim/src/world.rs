@@ -775,16 +775,22 @@ impl World {
         let device = self.device.clone();
         match request {
             Request::Sync(request) => {
-                // Subscribed before the look, as the queue's hold does.
-                let hold = self.queue.sync_hold(&device);
-                let subscriptions = self.subscribe(&hold);
-                let answer = match block_on(self.queue.sync(&device, &request)) {
-                    Ok(response) if request.long_poll && response.commands.is_empty() => {
+                // A long poll subscribes before the look, as the queue's hold
+                // does; a request that is never held needs no subscription.
+                let held = request.long_poll.then(|| {
+                    let hold = self.queue.sync_hold(&device);
+                    let subscriptions = self.subscribe(&hold);
+                    (hold, subscriptions)
+                });
+                let answer = match (block_on(self.queue.sync(&device, &request)), held) {
+                    (Ok(response), Some((hold, subscriptions))) if response.commands.is_empty() => {
                         self.hold(epoch, HeldKind::Sync(request.project), subscriptions, &hold);
                         return;
                     }
-                    Ok(response) => Ok(response.commands.iter().map(RelayCommand::from).collect()),
-                    Err(e) => Err(Refusal::new(Some(e.is_retryable()), e.to_string()).into()),
+                    (Ok(response), _) => {
+                        Ok(response.commands.iter().map(RelayCommand::from).collect())
+                    }
+                    (Err(e), _) => Err(Refusal::new(Some(e.is_retryable()), e.to_string()).into()),
                 };
                 self.schedule(reply_at, Event::Answer(epoch, Answer::Sync(answer)));
             }
@@ -796,18 +802,23 @@ impl World {
                 );
             }
             Request::Control { command, long_poll } => {
-                // Subscribed before the look, as the queue's hold does; how
-                // long it holds follows the lease the look reports.
-                let lease = self.queue.config().lease_long_poll;
-                let subscriptions = self.subscribe(&self.queue.control_hold(&command, lease));
-                let answer = match block_on(self.queue.control_renewing(&device, &command)) {
-                    Ok((a, lease)) if long_poll && !a.is_settled() => {
+                // A long poll subscribes before the look, as the queue's hold
+                // does; how long it holds follows the lease the look reports.
+                let subscriptions = long_poll.then(|| {
+                    let lease = self.queue.config().lease_long_poll;
+                    self.subscribe(&self.queue.control_hold(&command, lease))
+                });
+                let answer = match (
+                    block_on(self.queue.control_renewing(&device, &command)),
+                    subscriptions,
+                ) {
+                    (Ok((a, lease)), Some(subscriptions)) if !a.is_settled() => {
                         let hold = self.queue.control_hold(&command, lease);
                         self.hold(epoch, HeldKind::Control(command), subscriptions, &hold);
                         return;
                     }
-                    Ok((a, _)) => Ok(a),
-                    Err(e) => Err(Refusal::new(Some(e.is_retryable()), e.to_string())),
+                    (Ok((a, _)), _) => Ok(a),
+                    (Err(e), _) => Err(Refusal::new(Some(e.is_retryable()), e.to_string())),
                 };
                 self.schedule(
                     reply_at,

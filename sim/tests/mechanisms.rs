@@ -289,3 +289,25 @@ fn progress_reported_every_10_ms_reaches_the_agent_and_costs_at_most_a_write_a_s
         );
     }
 }
+
+#[test]
+fn every_polling_strategy_sees_every_run_end_and_tasks_get_keeps_the_hints_pace() {
+    let runs = 12;
+    let figures = experiments::polling(3, runs).figures;
+    let strategies = figures.as_object().expect("one entry per strategy");
+    assert_eq!(strategies.len(), experiments::STRATEGIES.len());
+    for (strategy, modes) in strategies {
+        for mode in ["interval (published)", "long-poll"] {
+            assert_eq!(
+                modes[mode]["tool_calls"]["n"], runs,
+                "{strategy}, {mode}: every run's end is seen"
+            );
+        }
+    }
+    // pollIntervalMs is poll_after_seconds in milliseconds, so a tasks
+    // client makes the same calls, at the same times, as one following the hint.
+    assert_eq!(
+        figures["tasks extension (tasks/get at pollIntervalMs)"],
+        figures["poll_after_seconds hint"]
+    );
+}
