@@ -5,8 +5,8 @@ use super::wire::{CallToolResult, GraphRun, GraphRunTicket, SessionList, ToolOut
 use super::{
     Answer, Caller, ErrorCode, Incoming, McpServer, Notifier, Outgoing, ProtocolVersion, RequestId,
 };
-use crate::args::{ArgError, ToolArgs};
-use crate::queue::{CancelError, GetError, ListError, RunError};
+use crate::args::{ArgError, GetArgs, ToolArgs};
+use crate::queue::{CancelError, GetError, ListError, RunError, RunTicket, RunView};
 
 /// Why a `tools/call` got no result: a JSON-RPC error.
 #[derive(Debug, thiserror::Error)]
@@ -131,26 +131,7 @@ async fn run(
     match args {
         ToolArgs::Run(args) => {
             let ticket = queue.run_graph_session(agent, args).await?;
-            if tasks {
-                // The tasks extension: a task whose id is the command id.
-                let view = crate::queue::RunView {
-                    command: ticket.command.clone(),
-                    poll_after_seconds: Some(ticket.poll_after_seconds),
-                    device_offline_since: None,
-                };
-                return Ok(Answer::Value(super::tasks::created(&view)));
-            }
-            let structured = GraphRunTicket::from(&ticket);
-            let text = format!(
-                "Queued ticket, not a result. {} Ticket: {}",
-                structured.message,
-                to_json(&structured)
-            );
-            Ok(tool_result_with_text(
-                text,
-                ToolOutput::Ticket(structured),
-                version,
-            ))
+            Ok(ticket_answer(&ticket, version, tasks))
         }
         ToolArgs::List(args) => {
             let list = queue
@@ -162,32 +143,7 @@ async fn run(
             ))
         }
         ToolArgs::Get(args) => {
-            // `wait_seconds` waits on the queue's signals with the transport's timer.
-            let wait = std::time::Duration::from_secs(u64::from(args.wait_seconds));
-            // With a progress token, each change while it waits is a
-            // `notifications/progress` before the result. The waiting
-            // futures are boxed: they are large, and inline they would make
-            // every call's future (moved as a whole by the transports) as
-            // large as theirs.
-            let view = match (server.sleeper(), progress_token(incoming)) {
-                (Some(sleeper), Some(token)) if args.wait_seconds > 0 => {
-                    let mut progress = ProgressNotifications::new(token, notifier);
-                    Box::pin(queue.watch_graph_run(
-                        agent,
-                        &args.command_id,
-                        wait,
-                        sleeper.as_ref(),
-                        &mut |view| progress.observe(view),
-                    ))
-                    .await
-                }
-                (Some(sleeper), None) if args.wait_seconds > 0 => {
-                    Box::pin(queue.wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref()))
-                        .await
-                }
-                _ => queue.get_graph_run(agent, &args.command_id).await,
-            };
-            let view = view?;
+            let view = read_run(server, caller, incoming, &args, notifier).await?;
             Ok(tool_result(
                 ToolOutput::Run(Box::new(GraphRun::from(&view))),
                 version,
@@ -200,5 +156,60 @@ async fn run(
                 version,
             ))
         }
+    }
+}
+
+/// The answer to `run_graph_session`: the ticket, or with the tasks
+/// extension a task whose id is the command id.
+fn ticket_answer(ticket: &RunTicket, version: ProtocolVersion, tasks: bool) -> Answer {
+    if tasks {
+        let view = crate::queue::RunView {
+            command: ticket.command.clone(),
+            poll_after_seconds: Some(ticket.poll_after_seconds),
+            device_offline_since: None,
+        };
+        return Answer::Value(super::tasks::created(&view));
+    }
+    let structured = GraphRunTicket::from(ticket);
+    let text = format!(
+        "Queued ticket, not a result. {} Ticket: {}",
+        structured.message,
+        to_json(&structured)
+    );
+    tool_result_with_text(text, ToolOutput::Ticket(structured), version)
+}
+
+/// `get_graph_run`: the run now, or once it finished within
+/// `wait_seconds` (waiting on the queue's signals with the transport's
+/// timer). With a progress token, each change while it waits is a
+/// `notifications/progress` before the result.
+async fn read_run(
+    server: &McpServer,
+    caller: &Caller,
+    incoming: &Incoming,
+    args: &GetArgs,
+    notifier: &dyn Notifier,
+) -> Result<RunView, GetError> {
+    let (queue, agent) = (server.queue(), &caller.agent);
+    let wait = std::time::Duration::from_secs(u64::from(args.wait_seconds));
+    // The waiting futures are boxed: they are large, and inline they would
+    // make every call's future (moved as a whole by the transports) as
+    // large as theirs.
+    match (server.sleeper(), progress_token(incoming)) {
+        (Some(sleeper), Some(token)) if args.wait_seconds > 0 => {
+            let mut progress = ProgressNotifications::new(token, notifier);
+            Box::pin(queue.watch_graph_run(
+                agent,
+                &args.command_id,
+                wait,
+                sleeper.as_ref(),
+                &mut |view| progress.observe(view),
+            ))
+            .await
+        }
+        (Some(sleeper), None) if args.wait_seconds > 0 => {
+            Box::pin(queue.wait_graph_run(agent, &args.command_id, wait, sleeper.as_ref())).await
+        }
+        _ => queue.get_graph_run(agent, &args.command_id).await,
     }
 }
