@@ -12,10 +12,12 @@
 //! first syncs then tell the server it restarted, so the runs that died with
 //! the predecessor end at once.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use graph_relay_core::ids::GraphSessionId;
 use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
 use graph_relay_core::relay::executor::{Approver, Executor};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
@@ -28,7 +30,7 @@ use graph_relay_transport_http::relay_metrics::RelayMetrics;
 
 use crate::approval::HookApprover;
 use crate::console::{Console, ConsoleApprover, ConsoleExecutor};
-use crate::graphs::{self, Graphs};
+use crate::graphs::{self, GraphSpec, Graphs};
 use crate::process_executor::ProcessExecutor;
 use crate::run_status::{CurrentRun, Watched, report_long_runs};
 
@@ -234,6 +236,45 @@ pub fn default_outbox(server: &str, token: &str) -> Result<PathBuf, WorkerError>
     Ok(dir.join(format!("outbox-{}.db", &key[..12])))
 }
 
+/// A warning for each Graph that needs the owner's approval but has no
+/// hook (`approval_command`) to ask: without a console to answer, its runs
+/// could only time out.
+fn unaskable_approvals(specs: &HashMap<GraphSessionId, GraphSpec>) -> Vec<String> {
+    specs
+        .iter()
+        .filter_map(|(id, spec)| {
+            let approval = spec.approval.as_ref().filter(|a| a.command.is_none())?;
+            Some(format!(
+                "warning: graph {id} needs the owner's approval but has no approval_command and the worker has no --console: its runs wait {} s for an approval that this worker cannot ask for, then fail",
+                approval.timeout.as_secs()
+            ))
+        })
+        .collect()
+}
+
+/// The device token in `path` (surrounding whitespace removed).
+fn read_token(path: &Path) -> Result<String, WorkerError> {
+    let text = std::fs::read_to_string(path).map_err(|source| WorkerError::Token {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(text.trim().to_owned())
+}
+
+/// The relay's configuration from the command line: its mode, a fresh
+/// seed for execution ids, and time to stop within the grace period.
+fn relay_config(args: &WorkerArgs) -> RelayConfig {
+    RelayConfig {
+        mode: match args.mode {
+            Mode::LongPoll => RelayMode::LongPoll,
+            Mode::Interval => RelayMode::Interval,
+        },
+        seed: uuid::Uuid::new_v4().as_u128() as u64,
+        shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
+        ..RelayConfig::default()
+    }
+}
+
 /// Runs the worker until SIGINT/SIGTERM.
 pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     let verbosity = args.verbosity();
@@ -251,25 +292,12 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
         status(&warning);
     }
-    // Approval is answered by the graph's hook (`approval_command`) or by
-    // the console; a graph with neither would only ever time out.
     if args.console.is_none() {
-        for (id, spec) in &graphs.specs {
-            if spec.approval.as_ref().is_some_and(|a| a.command.is_none()) {
-                status(&format!(
-                    "warning: graph {id} needs the owner's approval but has no approval_command and the worker has no --console: its runs wait {} s for an approval that this worker cannot ask for, then fail",
-                    spec.approval.as_ref().map_or(0, |a| a.timeout.as_secs())
-                ));
-            }
+        for warning in unaskable_approvals(&graphs.specs) {
+            status(&warning);
         }
     }
-    let token = std::fs::read_to_string(&args.token_file)
-        .map_err(|source| WorkerError::Token {
-            path: args.token_file.clone(),
-            source,
-        })?
-        .trim()
-        .to_owned();
+    let token = read_token(&args.token_file)?;
     let outbox_path = match &args.outbox {
         Some(path) => path.clone(),
         None => default_outbox(&args.server, &token)?,
@@ -291,16 +319,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     ));
     let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
-    let config = RelayConfig {
-        mode: match args.mode {
-            Mode::LongPoll => RelayMode::LongPoll,
-            Mode::Interval => RelayMode::Interval,
-        },
-        seed: uuid::Uuid::new_v4().as_u128() as u64,
-        shutdown_timeout: Duration::from_secs(args.grace_seconds + 20),
-        ..RelayConfig::default()
-    };
-    let relay = Relay::new(config, graphs.shared.clone(), clock.now());
+    let relay = Relay::new(relay_config(&args), graphs.shared.clone(), clock.now());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
