@@ -778,52 +778,7 @@ fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
             owner,
             projects,
             scopes,
-        } => {
-            let (token, kind_name) = match kind {
-                Kind::Agent => {
-                    let token = new_token(TokenKind::Agent);
-                    file.agents.push(AgentToken {
-                        name: name.clone(),
-                        owner,
-                        projects: if projects.is_empty() {
-                            vec!["default".into()]
-                        } else {
-                            projects
-                        },
-                        scopes: if scopes.is_empty() {
-                            vec![READ_SCOPE.into(), RUN_SCOPE.into()]
-                        } else {
-                            scopes
-                        },
-                        token_sha256: hash_token(&token),
-                        revoked: false,
-                    });
-                    (token, "agent")
-                }
-                Kind::Device => {
-                    let token = new_token(TokenKind::Device);
-                    file.devices.push(DeviceToken {
-                        name: name.clone(),
-                        owner,
-                        token_sha256: hash_token(&token),
-                        revoked: false,
-                    });
-                    (token, "device")
-                }
-            };
-            // Validate before writing.
-            graph_relay_transport_http::auth::TokenConfig {
-                agents: file.agents.clone(),
-                devices: file.devices.clone(),
-            }
-            .principals()?;
-            file.save(config_path)?;
-            eprintln!(
-                "Created {kind_name} token for `{name}` in {}. It is shown once:",
-                config_path.display()
-            );
-            println!("{token}");
-        }
+        } => create_token(&mut file, config_path, kind, name, owner, projects, scopes),
         TokenCommand::Operator => {
             let token = new_token(TokenKind::Operator);
             file.server.operator_token_sha256 = Some(hash_token(&token));
@@ -833,96 +788,165 @@ fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
                 config_path.display()
             );
             println!("{token}");
+            Ok(())
         }
         TokenCommand::List => {
-            println!(
-                "{:<7} {:<24} {:<16} {:<14} {:<8} scopes/projects",
-                "kind", "name", "owner", "hash", "state"
-            );
-            for a in &file.agents {
-                println!(
-                    "{:<7} {:<24} {:<16} {:<14} {:<8} {} / {}",
-                    "agent",
-                    a.name,
-                    a.owner,
-                    &a.token_sha256[..12.min(a.token_sha256.len())],
-                    if a.revoked { "revoked" } else { "active" },
-                    a.scopes.join(" "),
-                    a.projects.join(" ")
-                );
-            }
-            for d in &file.devices {
-                println!(
-                    "{:<7} {:<24} {:<16} {:<14} {:<8}",
-                    "device",
-                    d.name,
-                    d.owner,
-                    &d.token_sha256[..12.min(d.token_sha256.len())],
-                    if d.revoked { "revoked" } else { "active" }
-                );
-            }
+            list_tokens(&file);
+            Ok(())
         }
-        TokenCommand::Revoke { target } => {
-            let by_hash = target.len() >= 8 && target.bytes().all(|b| b.is_ascii_hexdigit());
-            let mut count = 0;
-            if by_hash {
-                for a in file
-                    .agents
-                    .iter_mut()
-                    .filter(|a| a.token_sha256.starts_with(&target) && !a.revoked)
-                {
-                    a.revoked = true;
-                    count += 1;
-                }
-                for d in file
-                    .devices
-                    .iter_mut()
-                    .filter(|d| d.token_sha256.starts_with(&target) && !d.revoked)
-                {
-                    d.revoked = true;
-                    count += 1;
-                }
-            }
-            if count == 0 {
-                // By name: every active token of one (owner, name), agents
-                // and devices alike; a name several owners use needs its owner.
-                let agents: Vec<usize> = (0..file.agents.len())
-                    .filter(|&i| !file.agents[i].revoked)
-                    .collect();
-                let devices: Vec<usize> = (0..file.devices.len())
-                    .filter(|&i| !file.devices[i].revoked)
-                    .collect();
-                let entries = agents
-                    .iter()
-                    .map(|&i| (file.agents[i].owner.as_str(), file.agents[i].name.as_str()))
-                    .chain(devices.iter().map(|&i| {
-                        (
-                            file.devices[i].owner.as_str(),
-                            file.devices[i].name.as_str(),
-                        )
-                    }));
-                let picked = match select_principals("token", &target, entries) {
-                    Ok(picked) => picked,
-                    Err(CliError::Usage(text)) if text.starts_with("no token") => Vec::new(),
-                    Err(e) => return Err(e),
-                };
-                for index in picked {
-                    match agents.get(index) {
-                        Some(&i) => file.agents[i].revoked = true,
-                        None => file.devices[devices[index - agents.len()]].revoked = true,
-                    }
-                    count += 1;
-                }
-            }
-            if count == 0 {
-                return Err(CliError::Usage(format!(
-                    "no active token matches `{target}`"
-                )));
-            }
-            file.save(config_path)?;
-            eprintln!("Revoked {count} token(s); a running server picks this up within seconds.");
+        TokenCommand::Revoke { target } => revoke_tokens(&mut file, config_path, &target),
+    }
+}
+
+/// `token create`: a new agent or device token, validated with the rest
+/// of the file before it is written, and shown once.
+fn create_token(
+    file: &mut ConfigFile,
+    config_path: &Path,
+    kind: Kind,
+    name: String,
+    owner: String,
+    projects: Vec<String>,
+    scopes: Vec<String>,
+) -> Result<(), CliError> {
+    let (token, kind_name) = match kind {
+        Kind::Agent => {
+            let token = new_token(TokenKind::Agent);
+            file.agents.push(AgentToken {
+                name: name.clone(),
+                owner,
+                projects: if projects.is_empty() {
+                    vec!["default".into()]
+                } else {
+                    projects
+                },
+                scopes: if scopes.is_empty() {
+                    vec![READ_SCOPE.into(), RUN_SCOPE.into()]
+                } else {
+                    scopes
+                },
+                token_sha256: hash_token(&token),
+                revoked: false,
+            });
+            (token, "agent")
+        }
+        Kind::Device => {
+            let token = new_token(TokenKind::Device);
+            file.devices.push(DeviceToken {
+                name: name.clone(),
+                owner,
+                token_sha256: hash_token(&token),
+                revoked: false,
+            });
+            (token, "device")
+        }
+    };
+    // Validate before writing.
+    graph_relay_transport_http::auth::TokenConfig {
+        agents: file.agents.clone(),
+        devices: file.devices.clone(),
+    }
+    .principals()?;
+    file.save(config_path)?;
+    eprintln!(
+        "Created {kind_name} token for `{name}` in {}. It is shown once:",
+        config_path.display()
+    );
+    println!("{token}");
+    Ok(())
+}
+
+/// `token list`: every token of the file, active or revoked.
+fn list_tokens(file: &ConfigFile) {
+    println!(
+        "{:<7} {:<24} {:<16} {:<14} {:<8} scopes/projects",
+        "kind", "name", "owner", "hash", "state"
+    );
+    for a in &file.agents {
+        println!(
+            "{:<7} {:<24} {:<16} {:<14} {:<8} {} / {}",
+            "agent",
+            a.name,
+            a.owner,
+            &a.token_sha256[..12.min(a.token_sha256.len())],
+            if a.revoked { "revoked" } else { "active" },
+            a.scopes.join(" "),
+            a.projects.join(" ")
+        );
+    }
+    for d in &file.devices {
+        println!(
+            "{:<7} {:<24} {:<16} {:<14} {:<8}",
+            "device",
+            d.name,
+            d.owner,
+            &d.token_sha256[..12.min(d.token_sha256.len())],
+            if d.revoked { "revoked" } else { "active" }
+        );
+    }
+}
+
+/// `token revoke`: by hash prefix, or every active token of one (owner,
+/// name).
+fn revoke_tokens(file: &mut ConfigFile, config_path: &Path, target: &str) -> Result<(), CliError> {
+    let by_hash = target.len() >= 8 && target.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut count = 0;
+    if by_hash {
+        for a in file
+            .agents
+            .iter_mut()
+            .filter(|a| a.token_sha256.starts_with(target) && !a.revoked)
+        {
+            a.revoked = true;
+            count += 1;
+        }
+        for d in file
+            .devices
+            .iter_mut()
+            .filter(|d| d.token_sha256.starts_with(target) && !d.revoked)
+        {
+            d.revoked = true;
+            count += 1;
         }
     }
+    if count == 0 {
+        // By name: every active token of one (owner, name), agents
+        // and devices alike; a name several owners use needs its owner.
+        let agents: Vec<usize> = (0..file.agents.len())
+            .filter(|&i| !file.agents[i].revoked)
+            .collect();
+        let devices: Vec<usize> = (0..file.devices.len())
+            .filter(|&i| !file.devices[i].revoked)
+            .collect();
+        let entries = agents
+            .iter()
+            .map(|&i| (file.agents[i].owner.as_str(), file.agents[i].name.as_str()))
+            .chain(devices.iter().map(|&i| {
+                (
+                    file.devices[i].owner.as_str(),
+                    file.devices[i].name.as_str(),
+                )
+            }));
+        let picked = match select_principals("token", target, entries) {
+            Ok(picked) => picked,
+            Err(CliError::Usage(text)) if text.starts_with("no token") => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        for index in picked {
+            match agents.get(index) {
+                Some(&i) => file.agents[i].revoked = true,
+                None => file.devices[devices[index - agents.len()]].revoked = true,
+            }
+            count += 1;
+        }
+    }
+    if count == 0 {
+        return Err(CliError::Usage(format!(
+            "no active token matches `{target}`"
+        )));
+    }
+    file.save(config_path)?;
+    eprintln!("Revoked {count} token(s); a running server picks this up within seconds.");
     Ok(())
 }
 
