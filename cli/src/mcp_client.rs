@@ -26,6 +26,8 @@ pub enum McpClientError {
         method: String,
         /// The HTTP status.
         status: reqwest::StatusCode,
+        /// Its `Retry-After` in seconds, when it gave one.
+        retry_after: Option<u64>,
         /// The parse error.
         reason: String,
         /// The body (at most 500 characters of it).
@@ -36,6 +38,10 @@ pub enum McpClientError {
     Rpc {
         /// The JSON-RPC method.
         method: String,
+        /// The HTTP status it came with.
+        status: reqwest::StatusCode,
+        /// Its `Retry-After` in seconds, when it gave one.
+        retry_after: Option<u64>,
         /// The `error` member.
         error: Value,
     },
@@ -47,6 +53,82 @@ pub enum McpClientError {
         /// The error text the model would read.
         text: String,
     },
+}
+
+/// The longest `Retry-After` a client waits; a longer one is taken as this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(5);
+/// The back-off of a failure that named no delay: doubled from this …
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// … up to this.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+impl McpClientError {
+    /// How long to wait before sending the request again, when sending it
+    /// again is what a careful client does (`attempt` counts from 0): no
+    /// answer at all, a 5xx or 429 that is not a JSON-RPC reply (a load
+    /// balancer's or proxy's page), or a JSON-RPC error whose `data` says
+    /// `retryable`. `Retry-After` (or the error's `retryAfterSeconds`) is
+    /// honoured up to 5 s; otherwise the wait doubles from 100 ms to 1 s.
+    /// `None`: the answer is final.
+    pub fn retry_delay(&self, attempt: u32) -> Option<Duration> {
+        let backoff = FIRST_BACKOFF
+            .saturating_mul(1 << attempt.min(10))
+            .min(MAX_BACKOFF);
+        let told = |seconds: Option<u64>| {
+            seconds.map_or(backoff, |s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+        };
+        match self {
+            McpClientError::Http(_) => Some(backoff),
+            McpClientError::NotJson {
+                status,
+                retry_after,
+                ..
+            } if status.is_server_error() || *status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                Some(told(*retry_after))
+            }
+            McpClientError::Rpc {
+                error, retry_after, ..
+            } if error["data"]["retryable"] == Value::Bool(true) => Some(told(
+                retry_after.or_else(|| error["data"]["retryAfterSeconds"].as_u64()),
+            )),
+            _ => None,
+        }
+    }
+
+    /// A short description of the failure for counting by kind: what came
+    /// back (status, `Retry-After`, JSON-RPC code, `retryable`) or that
+    /// nothing did.
+    pub fn kind(&self) -> String {
+        let after =
+            |seconds: &Option<u64>| seconds.map_or(String::new(), |s| format!(", Retry-After {s}"));
+        match self {
+            McpClientError::Http(e) if e.is_timeout() => "no answer in time".into(),
+            McpClientError::Http(e) if e.is_connect() => "cannot connect".into(),
+            McpClientError::Http(_) => "connection lost".into(),
+            McpClientError::NotJson {
+                status,
+                retry_after,
+                ..
+            } => format!("HTTP {}{} (not JSON)", status.as_u16(), after(retry_after)),
+            McpClientError::Rpc {
+                status,
+                retry_after,
+                error,
+                ..
+            } => format!(
+                "HTTP {}{}, JSON-RPC {}{}",
+                status.as_u16(),
+                after(retry_after),
+                error["code"],
+                if error["data"]["retryable"] == Value::Bool(true) {
+                    " retryable"
+                } else {
+                    ""
+                }
+            ),
+            McpClientError::Tool { .. } => "tool error".into(),
+        }
+    }
 }
 
 /// What a `tools/call` answered.
@@ -99,17 +181,27 @@ impl McpClient {
         }
         let response = request.json(&body).send().await?;
         let status = response.status();
+        // Only the delay-seconds form: the servers and the load balancers
+        // in front of them send no HTTP dates.
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
         let text = response.text().await?;
         let mut reply: Value =
             serde_json::from_str(&text).map_err(|e| McpClientError::NotJson {
                 method: method.into(),
                 status,
+                retry_after,
                 reason: e.to_string(),
                 body: text.chars().take(500).collect(),
             })?;
         if let Some(error) = reply.get_mut("error") {
             return Err(McpClientError::Rpc {
                 method: method.into(),
+                status,
+                retry_after,
                 error: error.take(),
             });
         }
