@@ -235,14 +235,20 @@ pub struct FaultFigures {
     pub ended_as_asked: usize,
     /// Runs that ended otherwise, by status and reason.
     pub ended_otherwise: BTreeMap<String, usize>,
-    /// Pickup of the window's runs.
+    /// Pickup of the runs that started in the window (those sent just
+    /// before it and slowed by its fault included).
     pub pickup_ms: Latency,
     /// The worst pickup p99 of one second's runs in the window.
     pub worst_second_p99_ms: f64,
     /// Seconds from the lift until every later second's pickup p99 in the
     /// window is under [`RECOVERED_P99_MS`] (0: it never went above after
-    /// the lift); `None`: not within the window.
+    /// the lift); `None`: not within the window. Of the runs that started
+    /// in the window, by the second they were sent in.
     pub p99_recovered_after_s: Option<f64>,
+    /// Each second of the window: seconds from the injection, runs (that
+    /// started in the window) sent in that second, their pickup p99; runs
+    /// sent before the injection count in the first second.
+    pub p99_by_second_ms: Vec<(f64, usize, f64)>,
     /// What the agents saw and retried, by kind.
     pub agents_saw: BTreeMap<String, u64>,
     /// What the desktops saw, by kind.
@@ -318,11 +324,16 @@ impl Timeline<'_> {
                 None => {}
             }
         }
-        let pickups: Vec<(Instant, Duration)> = runs
+        // Pickup goes by when the run started: a run sent just before a
+        // fault and slowed by it counts with that fault.
+        let pickups: Vec<(Instant, Duration)> = self
+            .records
             .iter()
-            .filter_map(|&i| Some((self.records[i].sent?, self.records[i].pickup?)))
+            .filter_map(|r| Some((r.sent?, r.pickup?)))
+            .filter(|(sent, pickup)| inside(*sent + *pickup))
             .collect();
-        let (worst, recovered) = recovery(&pickups, from, lifted);
+        let seconds = per_second(&pickups, from);
+        let (worst, recovered) = recovery(&seconds, from, lifted);
         let mut agents_saw = BTreeMap::new();
         let mut desktops_saw = BTreeMap::new();
         for o in self.observations.iter().filter(|o| inside(o.at)) {
@@ -377,6 +388,10 @@ impl Timeline<'_> {
             pickup_ms: Latency::of(pickups.iter().map(|(_, d)| *d).collect()),
             worst_second_p99_ms: worst,
             p99_recovered_after_s: recovered,
+            p99_by_second_ms: seconds
+                .iter()
+                .map(|(i, n, p99)| (*i as f64 * BUCKET.as_secs_f64(), *n, *p99))
+                .collect(),
             agents_saw,
             desktops_saw,
             balancer,
@@ -387,10 +402,9 @@ impl Timeline<'_> {
     }
 }
 
-/// The worst one-second pickup p99 from `from` on, and the seconds from
-/// `lifted` until every later second's p99 is under [`RECOVERED_P99_MS`]
-/// (0 when none after the lift is above; `None` when the last one is).
-fn recovery(pickups: &[(Instant, Duration)], from: Instant, lifted: Instant) -> (f64, Option<f64>) {
+/// Pickups by the second (from `from`) they were sent in: the second's
+/// number, how many, their p99.
+fn per_second(pickups: &[(Instant, Duration)], from: Instant) -> Vec<(u64, usize, f64)> {
     let mut buckets: BTreeMap<u64, Vec<Duration>> = BTreeMap::new();
     for (sent, pickup) in pickups {
         let index = sent.saturating_duration_since(from).as_millis() / BUCKET.as_millis();
@@ -399,15 +413,21 @@ fn recovery(pickups: &[(Instant, Duration)], from: Instant, lifted: Instant) -> 
             .or_default()
             .push(*pickup);
     }
-    let p99s: Vec<(u64, f64)> = buckets
+    buckets
         .into_iter()
-        .map(|(i, samples)| (i, Latency::of(samples).p99))
-        .collect();
-    let worst = p99s.iter().map(|(_, p)| *p).fold(0.0, f64::max);
-    // The first bucket after which none is above the threshold.
-    let recovered_bucket = match p99s.iter().rposition(|(_, p)| *p >= RECOVERED_P99_MS) {
+        .map(|(i, samples)| (i, samples.len(), Latency::of(samples).p99))
+        .collect()
+}
+
+/// The worst second's pickup p99, and the seconds from `lifted` until
+/// every later second's p99 is under [`RECOVERED_P99_MS`] (0 when none
+/// after the lift is above; `None` when the last one is).
+fn recovery(seconds: &[(u64, usize, f64)], from: Instant, lifted: Instant) -> (f64, Option<f64>) {
+    let worst = seconds.iter().map(|(_, _, p)| *p).fold(0.0, f64::max);
+    // The first second after which none is above the threshold.
+    let recovered_bucket = match seconds.iter().rposition(|(_, _, p)| *p >= RECOVERED_P99_MS) {
         None => Some(0),
-        Some(last_bad) => p99s.get(last_bad + 1).map(|(i, _)| *i),
+        Some(last_bad) => seconds.get(last_bad + 1).map(|(i, _, _)| *i),
     };
     let recovered = recovered_bucket.map(|i| {
         let at = from + BUCKET * u32::try_from(i).unwrap_or(u32::MAX);
@@ -419,7 +439,7 @@ fn recovery(pickups: &[(Instant, Duration)], from: Instant, lifted: Instant) -> 
 /// `Server graph_relay/s1 is DOWN, reason: …, check duration: …` → the
 /// part up to the check duration.
 fn balancer_line(text: &str) -> String {
-    let text = text.split("] : ").nth(1).unwrap_or(text);
+    let text = text.split(") : ").nth(1).unwrap_or(text);
     let text = text.split(", check duration").next().unwrap_or(text);
     shorten(text)
 }
@@ -452,14 +472,16 @@ mod tests {
             (at(3100), fast),
             (at(4100), fast),
         ];
+        let seconds = |p: &[(Instant, Duration)]| per_second(p, from);
+        assert_eq!(seconds(&pickups)[1], (1, 1, 800.0));
         // Lifted at 1 s: the slow seconds end at 3 s, 2 s after the lift.
-        let (worst, recovered) = recovery(&pickups, from, at(1000));
+        let (worst, recovered) = recovery(&seconds(&pickups), from, at(1000));
         assert_eq!(worst, 800.0);
         assert_eq!(recovered, Some(2.0));
         // Nothing slow: recovered at once.
-        assert_eq!(recovery(&pickups[3..], from, at(1000)).1, Some(0.0));
+        assert_eq!(recovery(&seconds(&pickups[3..]), from, at(1000)).1, Some(0.0));
         // Slow to the end: not recovered within the window.
-        assert_eq!(recovery(&pickups[..3], from, at(1000)).1, None);
+        assert_eq!(recovery(&seconds(&pickups[..3]), from, at(1000)).1, None);
     }
 
     #[test]
