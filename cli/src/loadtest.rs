@@ -101,6 +101,7 @@ mod cluster_report;
 mod faults;
 mod own_postgres;
 mod samples;
+mod workers;
 
 pub use cluster::ClusterArgs;
 use cluster_report::{ClusterReport, cluster_report};
@@ -434,6 +435,9 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let agent_tokens: Vec<String> = (0..args.agents)
         .map(|_| new_token(TokenKind::Agent))
         .collect();
+    let worker_tokens: Vec<String> = (0..workers(args))
+        .map(|_| new_token(TokenKind::Device))
+        .collect();
     let agents: Vec<AgentToken> = agent_tokens
         .iter()
         .enumerate()
@@ -449,8 +453,15 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let devices: Vec<DeviceToken> = device_tokens
         .iter()
         .enumerate()
-        .map(|(i, token)| DeviceToken {
-            name: format!("loadtest-desktop-{i}"),
+        .map(|(i, token)| (format!("loadtest-desktop-{i}"), token))
+        .chain(
+            worker_tokens
+                .iter()
+                .enumerate()
+                .map(|(k, token)| (format!("loadtest-worker-{}", k + 1), token)),
+        )
+        .map(|(name, token)| DeviceToken {
+            name,
             owner: owner.clone(),
             token_sha256: hash_token(token),
             revoked: false,
@@ -472,7 +483,12 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
         }
         _ => ServerUnderTest::local(args, agents, devices).await?,
     };
-    let outcome = drive(args, &device_tokens, &agent_tokens, &server).await;
+    let tokens = Tokens {
+        desktops: &device_tokens,
+        agents: &agent_tokens,
+        workers: &worker_tokens,
+    };
+    let outcome = drive(args, &tokens, &server).await;
     let stopped = server.stop().await;
     let mut report = outcome?;
     stopped?;
@@ -487,12 +503,29 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
 }
 
 /// Desktops, idle window, load and drain against the servers.
+/// The tokens of the load's parties.
+struct Tokens<'a> {
+    desktops: &'a [String],
+    agents: &'a [String],
+    /// Of the `graph-relay worker` processes (`--cluster --workers`).
+    workers: &'a [String],
+}
+
+/// Worker processes of a cluster run.
+fn workers(args: &LoadtestArgs) -> usize {
+    if args.cluster.cluster {
+        usize::try_from(args.cluster.workers).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 async fn drive(
     args: &LoadtestArgs,
-    device_tokens: &[String],
-    agent_tokens: &[String],
+    tokens: &Tokens<'_>,
     server: &ServerUnderTest,
 ) -> Result<Report, LoadtestError> {
+    let (device_tokens, agent_tokens) = (tokens.desktops, tokens.agents);
     let bases: Vec<&str> = server.entry.iter().map(String::as_str).collect();
     let n = bases.len().max(1);
     let tally = Arc::new(Tally::default());
@@ -517,13 +550,33 @@ async fn drive(
             tokio::task::yield_now().await;
         }
     }
+    let workers = match &server.cluster {
+        Some(cluster) if !tokens.workers.is_empty() => Some(
+            workers::Workers::start(
+                cluster.dir(),
+                bases[0],
+                tokens.workers,
+                device_tokens.len(),
+                args.run_seconds,
+                Arc::clone(&tally),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let connect_deadline = Duration::from_secs(30 + (device_tokens.len() / 100) as u64);
-    while tally.connected.load(Ordering::Relaxed) < device_tokens.len() {
+    while tally.connected.load(Ordering::Relaxed) < device_tokens.len()
+        || tally.workers_connected.load(Ordering::Relaxed) < tokens.workers.len()
+    {
         if connect_start.elapsed() > connect_deadline {
             let _ = stop_tx.send(true);
+            if let Some(workers) = workers {
+                workers.stop().await;
+            }
             return Err(LoadtestError::NotConnected {
-                connected: tally.connected.load(Ordering::Relaxed),
-                desktops: device_tokens.len(),
+                connected: tally.connected.load(Ordering::Relaxed)
+                    + tally.workers_connected.load(Ordering::Relaxed),
+                desktops: device_tokens.len() + tokens.workers.len(),
                 seconds: connect_deadline.as_secs(),
             });
         }
@@ -578,10 +631,16 @@ async fn drive(
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
+        // Round robin over the desktops, then the workers; a worker's
+        // run is never cancelled (its start is read from its ledger at
+        // the end, and a cancel waits for the start).
+        let desktop = i % (device_tokens.len() + tokens.workers.len());
+        let worker = desktop >= device_tokens.len();
         let plan = RunPlan {
             index: i,
-            desktop: i % device_tokens.len(),
-            cancel: cancels(i, args.cancel_fraction),
+            desktop,
+            worker,
+            cancel: !worker && cancels(i, args.cancel_fraction),
             key: format!("loadtest-{key_tag}-{i}"),
             wait: args.wait,
             poll: Duration::from_millis(args.poll_ms),
@@ -637,6 +696,10 @@ async fn drive(
     // Stop the desktops before the server.
     tally.loaded.store(false, Ordering::Relaxed);
     let _ = stop_tx.send(true);
+    if let Some(workers) = workers {
+        let ledger = workers.stop().await;
+        tally.count_ledger(&ledger, &mut records);
+    }
     for desktop in desktops {
         if tokio::time::timeout(Duration::from_secs(15), desktop)
             .await
@@ -859,6 +922,8 @@ struct Tally {
     observations: Mutex<Vec<Observation>>,
     /// (sent, pickup) of every run picked up so far.
     pickups: Mutex<Vec<(Instant, Duration)>>,
+    /// Worker processes whose first sync was answered.
+    workers_connected: AtomicUsize,
 }
 
 impl Tally {
@@ -926,6 +991,33 @@ impl Tally {
 
     fn finished(&self, id: &str) -> Option<Instant> {
         self.executions().get(id).and_then(|e| e.finished)
+    }
+
+    /// Counts the executions the workers' Graphs wrote, and gives each
+    /// worker run its pickup (from the wall clock the agent sent it by).
+    fn count_ledger(&self, ledger: &[workers::LedgerEntry], records: &mut [RunRecord]) {
+        let started: HashMap<&str, std::time::SystemTime> = ledger
+            .iter()
+            .map(|e| (e.command.as_str(), e.started))
+            .collect();
+        {
+            let mut executions = self.executions();
+            let mut runs = lock(&self.runs);
+            for entry in ledger {
+                executions.entry(entry.command.clone()).or_default().starts += 1;
+                if let Some(run) = entry.run {
+                    runs.entry(run).or_default().insert(entry.command.clone());
+                }
+            }
+        }
+        for record in records.iter_mut().filter(|r| r.worker) {
+            let (Some(id), Some(sent)) = (&record.command, record.sent_wall) else {
+                continue;
+            };
+            record.worker_pickup = started
+                .get(id.as_str())
+                .and_then(|at| at.duration_since(sent).ok());
+        }
     }
 }
 
@@ -1001,6 +1093,8 @@ impl Executor for LoadExecutor {
 struct RunPlan {
     index: usize,
     desktop: usize,
+    /// The desktop is a worker process.
+    worker: bool,
     cancel: bool,
     key: String,
     wait: bool,
@@ -1016,6 +1110,12 @@ struct RunRecord {
     run: usize,
     /// When the agent first sent `run_graph_session`.
     sent: Option<Instant>,
+    /// The same, by the wall clock (a worker's Graph writes its start so).
+    sent_wall: Option<std::time::SystemTime>,
+    /// It went to a worker process.
+    worker: bool,
+    /// A worker run's pickup: sent → its Graph started (from the ledger).
+    worker_pickup: Option<Duration>,
     command: Option<String>,
     cancel: bool,
     pickup: Option<Duration>,
@@ -1038,6 +1138,8 @@ async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan) -> RunReco
     let mut record = RunRecord {
         run: plan.index,
         sent: Some(sent),
+        sent_wall: Some(std::time::SystemTime::now()),
+        worker: plan.worker,
         cancel: plan.cancel,
         ..RunRecord::default()
     };
@@ -1061,21 +1163,25 @@ async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan) -> RunReco
         return record.failed(&tally, "ticket_without_command_id");
     };
     record.command = Some(id.clone());
-    let started = tally.started(&id);
+    // A worker's start is in its ledger, read at the end.
+    let started = (!plan.worker).then(|| tally.started(&id));
     let left = give_up.saturating_duration_since(Instant::now());
-    match tokio::time::timeout(left, started).await {
-        Ok(Ok(at)) => {
-            let pickup = at.saturating_duration_since(sent);
-            record.pickup = Some(pickup);
-            tally.picked_up(sent, pickup);
-        }
-        _ => {
-            // Never started: read where it stands, for the report.
-            let last = client.get_graph_run(&id, 0).await.ok();
-            record.stuck = !last.as_ref().is_some_and(is_terminal);
-            record.read(last.as_ref());
-            return record.failed(&tally, "not_picked_up");
-        }
+    match started {
+        None => {}
+        Some(started) => match tokio::time::timeout(left, started).await {
+            Ok(Ok(at)) => {
+                let pickup = at.saturating_duration_since(sent);
+                record.pickup = Some(pickup);
+                tally.picked_up(sent, pickup);
+            }
+            _ => {
+                // Never started: read where it stands, for the report.
+                let last = client.get_graph_run(&id, 0).await.ok();
+                record.stuck = !last.as_ref().is_some_and(is_terminal);
+                record.read(last.as_ref());
+                return record.failed(&tally, "not_picked_up");
+            }
+        },
     }
     if plan.cancel {
         let asked = Instant::now();
@@ -1673,6 +1779,12 @@ fn summarize(
         "cancel".to_owned(),
         Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
     );
+    if records.iter().any(|r| r.worker) {
+        latency.insert(
+            "pickup_worker".to_owned(),
+            Latency::of(records.iter().filter_map(|r| r.worker_pickup).collect()),
+        );
+    }
     latency.insert(
         "result".to_owned(),
         Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),

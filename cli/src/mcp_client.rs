@@ -288,3 +288,76 @@ pub fn is_terminal(run: &Value) -> bool {
         Some("completed" | "failed" | "cancelled")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rpc(status: u16, retry_after: Option<u64>, error: Value) -> McpClientError {
+        McpClientError::Rpc {
+            method: "tools/call".into(),
+            status: reqwest::StatusCode::from_u16(status).expect("a status"),
+            retry_after,
+            error,
+        }
+    }
+
+    fn page(status: u16, retry_after: Option<u64>) -> McpClientError {
+        McpClientError::NotJson {
+            method: "tools/call".into(),
+            status: reqwest::StatusCode::from_u16(status).expect("a status"),
+            retry_after,
+            reason: "expected value".into(),
+            body: "<html>".into(),
+        }
+    }
+
+    #[test]
+    fn a_retryable_store_error_waits_retry_after() {
+        let e = rpc(
+            503,
+            Some(1),
+            json!({"code": -32603, "message": "store unavailable",
+                   "data": {"retryable": true, "retryAfterSeconds": 1}}),
+        );
+        assert_eq!(e.retry_delay(0), Some(Duration::from_secs(1)));
+        assert_eq!(
+            e.kind(),
+            "HTTP 503, Retry-After 1, JSON-RPC -32603 retryable"
+        );
+        // Without the header, the error's own delay; a long one is capped.
+        let e = rpc(
+            200,
+            None,
+            json!({"code": -32603, "data": {"retryable": true, "retryAfterSeconds": 60}}),
+        );
+        assert_eq!(e.retry_delay(0), Some(MAX_RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_final_error_is_not_retried() {
+        let e = rpc(400, None, json!({"code": -32602, "message": "bad params"}));
+        assert_eq!(e.retry_delay(0), None);
+        assert_eq!(e.kind(), "HTTP 400, JSON-RPC -32602");
+        assert_eq!(page(404, None).retry_delay(0), None);
+        let tool = McpClientError::Tool {
+            tool: "get_graph_run".into(),
+            text: "Graph run not found or access removed".into(),
+        };
+        assert_eq!(tool.retry_delay(0), None);
+    }
+
+    #[test]
+    fn a_balancer_page_is_retried_with_a_growing_backoff() {
+        let e = page(502, None);
+        assert_eq!(e.kind(), "HTTP 502 (not JSON)");
+        assert_eq!(e.retry_delay(0), Some(Duration::from_millis(100)));
+        assert_eq!(e.retry_delay(2), Some(Duration::from_millis(400)));
+        assert_eq!(e.retry_delay(30), Some(MAX_BACKOFF));
+        assert_eq!(
+            page(503, Some(2)).retry_delay(0),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(page(429, None).retry_delay(0), Some(FIRST_BACKOFF));
+    }
+}

@@ -159,7 +159,8 @@ fn every_fault_loses_no_run_and_runs_none_twice() {
     );
     assert!(
         balancer("crash-postgres").contains("Server graph_relay/s")
-            && balancer("crash-postgres").contains("is DOWN, reason: Layer7 wrong status, code: 503"),
+            && balancer("crash-postgres")
+                .contains("is DOWN, reason: Layer7 wrong status, code: 503"),
         "{}",
         balancer("crash-postgres")
     );
@@ -176,10 +177,7 @@ fn every_fault_loses_no_run_and_runs_none_twice() {
 #[test]
 fn fault_options_are_checked_before_anything_starts() {
     for (args, says) in [
-        (
-            vec!["--faults", "kill-server"],
-            "--cluster",
-        ),
+        (vec!["--faults", "kill-server"], "--cluster"),
         (
             vec!["--cluster", "--faults", "kill-server", "--duration", "5"],
             "too short for 1 faults",

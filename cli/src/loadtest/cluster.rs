@@ -88,6 +88,13 @@ pub struct ClusterArgs {
     /// (default: the newest /usr/lib/postgresql/*/bin, else PATH).
     #[arg(long, value_name = "DIR", requires = "cluster")]
     pub postgres_bin: Option<PathBuf>,
+    /// With `--cluster`: `graph-relay worker` processes besides the
+    /// in-process desktops, each sharing one Graph (a shell script that
+    /// writes the command id it runs under to a ledger); runs go round
+    /// robin over desktops and workers.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "cluster",
+          value_parser = clap::value_parser!(u64).range(0..=100))]
+    pub workers: u64,
     /// HAProxy's binary.
     #[arg(
         long,
@@ -180,7 +187,7 @@ struct ClusterServer {
 /// The running cluster.
 pub struct Cluster {
     /// The temporary folder (configuration, logs, the database's data).
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     config: PathBuf,
     postgres: OwnPostgres,
     servers: Vec<ClusterServer>,
@@ -241,7 +248,7 @@ impl Cluster {
             });
         }
         let cluster = Self {
-            _dir: dir,
+            dir,
             config,
             postgres,
             servers,
@@ -268,6 +275,11 @@ impl Cluster {
     /// The balancer's base URL, where desktops and agents go.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The cluster's temporary folder.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// The database.

@@ -479,7 +479,10 @@ mod tests {
         assert_eq!(worst, 800.0);
         assert_eq!(recovered, Some(2.0));
         // Nothing slow: recovered at once.
-        assert_eq!(recovery(&seconds(&pickups[3..]), from, at(1000)).1, Some(0.0));
+        assert_eq!(
+            recovery(&seconds(&pickups[3..]), from, at(1000)).1,
+            Some(0.0)
+        );
         // Slow to the end: not recovered within the window.
         assert_eq!(recovery(&seconds(&pickups[..3]), from, at(1000)).1, None);
     }

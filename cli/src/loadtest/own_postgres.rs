@@ -450,7 +450,7 @@ impl Namespace {
     fn used_bytes(&self) -> Result<u64, PostgresError> {
         let stat = nix::sys::statvfs::statvfs(&self.inside()).map_err(std::io::Error::from)?;
         let used_blocks = stat.blocks().saturating_sub(stat.blocks_free());
-        Ok(u64::from(used_blocks).saturating_mul(stat.fragment_size()))
+        Ok(used_blocks.saturating_mul(stat.fragment_size()))
     }
 
     /// `mount -o remount,OPTIONS` of the tmpfs, inside the namespace.
