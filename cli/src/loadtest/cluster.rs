@@ -514,7 +514,7 @@ fn haproxy_config(port: u16, max_connections: usize, servers: &[ClusterServer]) 
     let mut config = format!(
         "global\n    maxconn {max_connections}\n\n\
          defaults\n    mode http\n    timeout connect 1s\n    timeout client 60s\n    \
-         timeout server 60s\n    timeout check 1s\n    retries 2\n    option redispatch\n\n\
+         timeout server 60s\n    retries 2\n    option redispatch\n\n\
          frontend mcp\n    bind 127.0.0.1:{port}\n    \
          use_backend graph_relay_alive if {{ nbsrv(graph_relay) eq 0 }}\n    \
          default_backend graph_relay\n"
