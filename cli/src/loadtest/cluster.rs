@@ -525,7 +525,8 @@ fn haproxy_config(port: u16, max_connections: usize, servers: &[ClusterServer]) 
     ] {
         config.push_str(&format!(
             "\nbackend {backend}\n    balance roundrobin\n    option httpchk GET {probe}\n    \
-             http-check expect status 200\n    default-server inter 500ms fall 2 rise 2\n"
+             http-check expect status 200\n    \
+             default-server inter 500ms fall 2 rise 2 on-marked-down shutdown-sessions\n"
         ));
         for server in servers {
             config.push_str(&format!(

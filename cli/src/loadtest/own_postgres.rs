@@ -140,7 +140,11 @@ impl OwnPostgres {
                 &[],
             )
             .await?;
-        Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+        Ok(row
+            .try_get::<_, i64>(0)
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
+            .unwrap_or(0))
     }
 
     /// `pg_ctl stop -m immediate`: every Postgres process ends at once,
@@ -237,18 +241,26 @@ impl OwnPostgres {
                     &[],
                 )
                 .await?;
+            let bytes = |r: &tokio_postgres::Row, i: usize| {
+                r.try_get::<_, i64>(i)
+                    .ok()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .unwrap_or(0)
+            };
             Ok::<_, PostgresError>(DatabaseFigures {
                 tables: tables
                     .iter()
-                    .map(|r| TableSize {
-                        name: r.get(0),
-                        table_bytes: u64::try_from(r.get::<_, i64>(1)).unwrap_or(0),
-                        index_bytes: u64::try_from(r.get::<_, i64>(2)).unwrap_or(0),
+                    .filter_map(|r| {
+                        Some(TableSize {
+                            name: r.try_get(0).ok()?,
+                            table_bytes: bytes(r, 1),
+                            index_bytes: bytes(r, 2),
+                        })
                     })
                     .collect(),
                 connections: connections
                     .iter()
-                    .map(|r| (r.get(0), u64::try_from(r.get::<_, i64>(1)).unwrap_or(0)))
+                    .filter_map(|r| Some((r.try_get(0).ok()?, bytes(r, 1))))
                     .collect(),
             })
         };
@@ -575,11 +587,17 @@ pub fn find_bin(explicit: Option<&Path>) -> Result<PathBuf, PostgresError> {
         })
 }
 
-/// A command from its argument vector.
+/// A command from its argument vector (the program first).
 fn command<S: AsRef<OsStr>>(argv: &[S]) -> Command {
-    let mut command = Command::new(argv[0].as_ref());
-    command.args(&argv[1..]);
-    command
+    match argv.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args);
+            command
+        }
+        // Every caller names a program; an empty one fails at spawn.
+        None => Command::new(""),
+    }
 }
 
 fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {

@@ -43,7 +43,9 @@ pub struct ClusterSample {
 pub struct IntervalRow {
     /// Seconds since the start of the load, at the interval's end.
     pub until_s: f64,
-    /// Pickup of the runs sent in the interval.
+    /// Pickup of the runs sent in the interval and picked up by its end
+    /// by an in-process desktop (a worker's runs are read from its ledger
+    /// at the end).
     pub pickup_ms: Latency,
     /// The cluster at the interval's end.
     pub sample: ClusterSample,
@@ -129,7 +131,7 @@ impl IntervalRow {
             },
         );
         format!(
-            "+{:>6.0}s  runs {:>5}  pickup p50 {:>7.1}  p99 {:>7.1}  max {:>8.1} ms  RSS MiB {}  sockets {}  {database}",
+            "+{:>6.0}s  picked up {:>5}  pickup p50 {:>7.1}  p99 {:>7.1}  max {:>8.1} ms  RSS MiB {}  sockets {}  {database}",
             self.until_s,
             p.count,
             p.p50,
