@@ -7,9 +7,11 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use super::ClusterRun;
+use super::agents::RunRecord;
 use super::faults::{self, FaultFigures, RECOVERED_P99_MS};
 use super::samples::{self, ClusterSample};
-use super::{ClusterRun, RunRecord, Tally};
+use super::tally::Tally;
 
 /// What a cluster run adds to the report.
 #[derive(Debug, Clone, Serialize)]

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
+use super::Latency;
+use super::agents::RunRecord;
 use super::cluster::{Cluster, Source};
-use super::{Latency, Observation, Party, RunRecord};
+use super::tally::{Observation, Party};
 
 /// Pickup p99 that counts as recovered, milliseconds.
 pub const RECOVERED_P99_MS: f64 = 50.0;

@@ -11,7 +11,8 @@ use serde::Serialize;
 
 use super::cluster::Cluster;
 use super::own_postgres::DatabaseFigures;
-use super::{Latency, ProcessSample, Tally};
+use super::tally::Tally;
+use super::{Latency, ProcessSample};
 
 /// One server at one moment.
 #[derive(Debug, Clone, Serialize)]

@@ -21,7 +21,9 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Child;
 
-use super::{LoadtestError, PROJECT, Party, Tally, reason_kind, session_id};
+use super::desktops::reason_kind;
+use super::tally::{Party, Tally};
+use super::{LoadtestError, PROJECT, session_id};
 
 /// The Graph: ledger line first (so a run that is stopped still counts),
 /// then the run itself.
