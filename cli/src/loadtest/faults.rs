@@ -40,7 +40,8 @@ pub enum Fault {
     TerminateBackends,
     /// `pg_ctl stop -m immediate`; start Postgres again after the hold.
     CrashPostgres,
-    /// The database's disk full for the hold.
+    /// Fill the database's disk (its tmpfs shrunk to what is in use) for
+    /// the hold; start Postgres again if it stopped.
     DiskFull,
 }
 
