@@ -122,8 +122,11 @@ impl ClusterReport {
                 other,
                 f.pickup_ms.p99,
                 f.worst_second_p99_ms,
-                f.p99_recovered_after_s
-                    .map_or("not in window".to_owned(), |s| format!("{s:.1} s")),
+                match f.p99_recovered_after_s {
+                    _ if f.fault == "baseline" => "-".to_owned(),
+                    Some(s) => format!("{s:.1} s"),
+                    None => "not in window".to_owned(),
+                },
             );
         }
         for f in &self.faults {
