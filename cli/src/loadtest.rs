@@ -35,16 +35,20 @@
 //!   because the queue assigns a session shared by several desktops to one
 //!   of them. Their executor runs the Graph in-process: it sleeps
 //!   `--run-seconds` and completes, or, for a run the harness will cancel,
-//!   waits for the cancel.
+//!   waits for the cancel ([`desktops`]). A cluster also has `--workers`
+//!   `graph-relay worker` processes, whose Graph is a shell script that
+//!   writes the command id it runs under to a ledger ([`workers`]).
 //! - **agents** speak MCP over HTTP (`run_graph_session`, then
 //!   `get_graph_run` with `wait_seconds` under `--wait`, or polling), each
-//!   with its own agent token. Runs are issued at `--rate` per second for
-//!   `--duration` seconds, round robin over agents and desktops.
+//!   with its own agent token ([`agents`]). Runs are issued at `--rate`
+//!   per second for `--duration` seconds, round robin over agents and
+//!   desktops (and workers).
 //!
 //! Figures (milliseconds; p50, p99 and max by nearest rank):
 //!
 //! - **pickup**: the agent sends `run_graph_session` → the desktop's
-//!   executor starts the run;
+//!   executor starts the run (**pickup_worker**: → a worker's Graph wrote
+//!   its ledger line, by the wall clock, process start included);
 //! - **cancel**: the agent sends `cancel_graph_run` on a running run → the
 //!   agent reads it `cancelled`;
 //! - **result**: the desktop's executor returns → the agent reads the run
@@ -429,7 +433,7 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let agent_tokens: Vec<String> = (0..args.agents)
         .map(|_| new_token(TokenKind::Agent))
         .collect();
-    let worker_tokens: Vec<String> = (0..workers(args))
+    let worker_tokens: Vec<String> = (0..worker_count(args))
         .map(|_| new_token(TokenKind::Device))
         .collect();
     let agents: Vec<AgentToken> = agent_tokens
@@ -506,7 +510,7 @@ struct Tokens<'a> {
 }
 
 /// Worker processes of a cluster run.
-fn workers(args: &LoadtestArgs) -> usize {
+fn worker_count(args: &LoadtestArgs) -> usize {
     if args.cluster.cluster {
         usize::try_from(args.cluster.workers).unwrap_or(0)
     } else {

@@ -1,5 +1,5 @@
 //! The cluster of `graph-relay loadtest --cluster`: a Postgres of its own
-//! ([`own_postgres`](super::own_postgres)), several `serve --postgres`
+//! ([`own_postgres`]), several `serve --postgres`
 //! processes on it, and HAProxy in front, all children of the harness in
 //! one temporary folder. Desktops and agents reach the servers only
 //! through HAProxy, which checks each server's `/readyz` every 500 ms: a

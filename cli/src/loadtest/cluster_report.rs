@@ -1,5 +1,5 @@
 //! The cluster's part of `graph-relay loadtest --cluster`'s report: each
-//! fault's window (from [`faults`](super::faults)), the rows taken every
+//! fault's window (from [`faults`]), the rows taken every
 //! `--report-every` seconds and the cluster before and after the load,
 //! as JSON and as the table printed after the load's own figures.
 
