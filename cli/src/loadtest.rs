@@ -19,6 +19,15 @@
 //!   desktops and agents in multiples of *n* every run is queued on another
 //!   server than the one its desktop waits on, and its pickup depends on
 //!   the servers waking each other.
+//! - **a cluster** (`--cluster`): a Postgres of the harness's own, several
+//!   `serve --postgres` servers on it and HAProxy in front, checking each
+//!   server's `/readyz`; desktops and agents go through HAProxy only
+//!   ([`cluster`]). With `--faults` the harness injects faults while the
+//!   load runs (a server killed or stopped, every database connection
+//!   terminated, the database crashed, its disk full) and reports what
+//!   each did to the runs ([`faults`]); every `--report-every` seconds it
+//!   samples the servers and the database ([`samples`]), which makes a
+//!   long run a soak test.
 //! - **desktops** are real relays: the core's `RelayDriver` with the HTTP
 //!   transport in long-poll mode, each with its own device token and an
 //!   in-memory outbox. All belong to one owner and share into one project;
@@ -26,57 +35,74 @@
 //!   because the queue assigns a session shared by several desktops to one
 //!   of them. Their executor runs the Graph in-process: it sleeps
 //!   `--run-seconds` and completes, or, for a run the harness will cancel,
-//!   waits for the cancel.
+//!   waits for the cancel ([`desktops`]). A cluster also has `--workers`
+//!   `graph-relay worker` processes, whose Graph is a shell script that
+//!   writes the command id it runs under to a ledger ([`workers`]).
 //! - **agents** speak MCP over HTTP (`run_graph_session`, then
 //!   `get_graph_run` with `wait_seconds` under `--wait`, or polling), each
-//!   with its own agent token. Runs are issued at `--rate` per second for
-//!   `--duration` seconds, round robin over agents and desktops.
+//!   with its own agent token ([`agents`]). Runs are issued at `--rate`
+//!   per second for `--duration` seconds, round robin over agents and
+//!   desktops (and workers).
 //!
 //! Figures (milliseconds; p50, p99 and max by nearest rank):
 //!
 //! - **pickup**: the agent sends `run_graph_session` → the desktop's
-//!   executor starts the run;
+//!   executor starts the run (**pickup_worker**: → a worker's Graph wrote
+//!   its ledger line, by the wall clock, process start included);
 //! - **cancel**: the agent sends `cancel_graph_run` on a running run → the
 //!   agent reads it `cancelled`;
 //! - **result**: the desktop's executor returns → the agent reads the run
 //!   `completed`.
 //!
-//! Every execution is counted per command id at the desktops: a run that
-//! was never executed, or executed twice, is an error. Errors are counted
-//! by kind; the command exits non-zero when there is any.
+//! Every execution is counted per command id at the desktops, and per run
+//! (the run's number is in the arguments its Graph gets): an acknowledged
+//! run that was never executed, or one executed twice (a command id
+//! started twice, or one run started under two command ids), is an error.
+//! Agents retry what a careful MCP client retries (no answer, a 502/503/504,
+//! a JSON-RPC error marked retryable), waiting `Retry-After` when given, and
+//! a run started again reuses its idempotency key; what they retried is
+//! counted by kind. Errors are counted by kind; the command exits non-zero
+//! when there is any. Under `--faults`, failed requests of agents and
+//! desktops are what the faults are expected to cause: they are reported
+//! per fault, and only what the runs came to (lost, twice, stuck, ended
+//! otherwise) and a server that exited on its own are errors.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
-use graph_relay_core::envelope::FinishStatus;
-use graph_relay_core::prelude::*;
-use graph_relay_core::relay::driver::{DriverEvent, RelayDriver};
-use graph_relay_core::relay::executor::{CancelSignal, Executor, ProgressSink};
-use graph_relay_core::relay::{
-    ExecutionOutcome, Job, Relay, RelayConfig, RelayEvent, RelayMode, SharedSet,
-};
-use graph_relay_store_memory::MemoryOutbox;
-use graph_relay_transport_http::TokioSleeper;
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
 };
-use graph_relay_transport_http::relay_http::{
-    ClientBuildError, HttpRelayConfig, HttpRelayTransport,
-};
+use graph_relay_transport_http::config::{ConfigFile, ServerSection};
+use graph_relay_transport_http::relay_http::ClientBuildError;
 use graph_relay_transport_http::serve::raise_open_file_limit;
 use serde::Serialize;
-use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
 
-use crate::mcp_client::{McpClient, McpClientError, is_terminal};
-use graph_relay_transport_http::config::{ConfigFile, ServerSection};
+use crate::mcp_client::{McpClient, McpClientError};
+
+mod agents;
+mod cluster;
+mod cluster_report;
+mod desktops;
+mod faults;
+mod own_postgres;
+mod samples;
+mod tally;
+mod workers;
+
+use agents::{RunPlan, RunRecord, one_run};
+use desktops::start_desktop;
+use tally::{Tally, lock};
+
+pub use cluster::ClusterArgs;
+use cluster_report::{ClusterReport, cluster_report};
 
 /// Most desktops one harness connects.
 pub const MAX_DESKTOPS: usize = 20_000;
@@ -84,8 +110,12 @@ pub const MAX_DESKTOPS: usize = 20_000;
 pub const MAX_AGENTS: usize = 2_000;
 /// Highest target rate, in runs per second.
 pub const MAX_RATE: f64 = 1_000.0;
-/// Longest load phase, in seconds.
-pub const MAX_DURATION_SECONDS: f64 = 600.0;
+/// Longest load phase, in seconds (a day: a soak test).
+pub const MAX_DURATION_SECONDS: f64 = 86_400.0;
+/// The load phase when `--duration` is not given and there are no faults.
+const DEFAULT_DURATION_SECONDS: f64 = 10.0;
+/// Longest `--fault-hold` and `--fault-gap`, in seconds.
+pub const MAX_FAULT_SECONDS: f64 = 600.0;
 /// Longest simulated Graph run, in seconds.
 pub const MAX_RUN_SECONDS: f64 = 60.0;
 /// Most runs in one harness run (rate × duration).
@@ -94,6 +124,8 @@ pub const MAX_RUNS: usize = 100_000;
 const WAIT_SECONDS: u32 = 20;
 /// How long a run may take to be picked up or to end before it is an error.
 const RUN_DEADLINE: Duration = Duration::from_secs(90);
+/// `serve`'s lease of a run on a long-polling desktop, when not given.
+const DEFAULT_LEASE_SECONDS: u64 = 60;
 /// The project every desktop shares into and every agent is connected to.
 const PROJECT: &str = "loadtest";
 
@@ -128,9 +160,10 @@ pub struct LoadtestArgs {
     /// Target rate of new runs, per second.
     #[arg(long, value_name = "RUNS_PER_S", default_value_t = 10.0)]
     pub rate: f64,
-    /// How long runs are issued, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
-    pub duration: f64,
+    /// How long runs are issued, in seconds (default 10; with `--faults`,
+    /// long enough for every fault and the gaps around them).
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
     /// How long each Graph runs on its desktop, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 0.1)]
     pub run_seconds: f64,
@@ -152,6 +185,9 @@ pub struct LoadtestArgs {
     /// Print the report as one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The cluster and its faults.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// Why the harness could not run, or found errors.
@@ -197,6 +233,12 @@ pub enum LoadtestError {
     /// The report could not be written as JSON.
     #[error("cannot write the report: {0}")]
     Json(#[from] serde_json::Error),
+    /// The cluster could not be started or faulted.
+    #[error("the cluster: {0}")]
+    Cluster(String),
+    /// The cluster's own Postgres could not be set up.
+    #[error("the cluster's database: {0}")]
+    Postgres(#[from] own_postgres::PostgresError),
     /// The load ran, and some runs went wrong (the report says which).
     #[error("{0} errors during the load (see the report)")]
     Failed(u64),
@@ -261,10 +303,26 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
             args.rate
         ));
     }
-    if !(args.duration > 0.0 && args.duration <= MAX_DURATION_SECONDS) {
+    let duration = duration(args);
+    if !(duration > 0.0 && duration <= MAX_DURATION_SECONDS) {
         return bounds(format!(
-            "--duration must be above 0 and at most {MAX_DURATION_SECONDS} s, got {}",
-            args.duration
+            "--duration must be above 0 and at most {MAX_DURATION_SECONDS} s, got {duration}"
+        ));
+    }
+    let c = &args.cluster;
+    for (name, value) in [("--fault-hold", c.fault_hold), ("--fault-gap", c.fault_gap)] {
+        if !(value > 0.0 && value <= MAX_FAULT_SECONDS) {
+            return bounds(format!(
+                "{name} must be above 0 and at most {MAX_FAULT_SECONDS} s, got {value}"
+            ));
+        }
+    }
+    let needed = faults::schedule_seconds(c.faults.len(), c.fault_hold, c.fault_gap);
+    if !c.faults.is_empty() && duration < needed {
+        return bounds(format!(
+            "--duration {duration} s is too short for {} faults: they need {needed} s \
+             (--fault-gap, then each fault's --fault-hold and a gap)",
+            c.faults.len()
         ));
     }
     if !(args.run_seconds >= 0.0 && args.run_seconds <= MAX_RUN_SECONDS) {
@@ -310,7 +368,32 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
 /// How many runs the load phase issues.
 fn planned_runs(args: &LoadtestArgs) -> usize {
     // Both factors are bounded and positive: the product is a small float.
-    (args.rate * args.duration).round().max(1.0) as usize
+    (args.rate * duration(args)).round().max(1.0) as usize
+}
+
+/// The load phase in seconds: `--duration`, else what the faults need,
+/// else the default.
+fn duration(args: &LoadtestArgs) -> f64 {
+    let c = &args.cluster;
+    args.duration.unwrap_or(if c.faults.is_empty() {
+        DEFAULT_DURATION_SECONDS
+    } else {
+        faults::schedule_seconds(c.faults.len(), c.fault_hold, c.fault_gap)
+    })
+}
+
+/// How long an agent keeps at one run (its pickup, its end) before the
+/// run counts as not picked up or stuck. In a cluster a run may wait out a
+/// fault, and a run whose desktop went quiet ends only when its lease
+/// lapses.
+fn run_deadline(args: &LoadtestArgs) -> Duration {
+    if !args.cluster.cluster {
+        return RUN_DEADLINE;
+    }
+    let lease = args.cluster.lease_seconds.unwrap_or(DEFAULT_LEASE_SECONDS) as f64;
+    RUN_DEADLINE.max(Duration::from_secs_f64(
+        lease + args.cluster.fault_hold + 30.0,
+    ))
 }
 
 /// The host of an `http(s)://host[:port]` URL.
@@ -350,6 +433,9 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let agent_tokens: Vec<String> = (0..args.agents)
         .map(|_| new_token(TokenKind::Agent))
         .collect();
+    let worker_tokens: Vec<String> = (0..worker_count(args))
+        .map(|_| new_token(TokenKind::Device))
+        .collect();
     let agents: Vec<AgentToken> = agent_tokens
         .iter()
         .enumerate()
@@ -365,8 +451,15 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
     let devices: Vec<DeviceToken> = device_tokens
         .iter()
         .enumerate()
-        .map(|(i, token)| DeviceToken {
-            name: format!("loadtest-desktop-{i}"),
+        .map(|(i, token)| (format!("loadtest-desktop-{i}"), token))
+        .chain(
+            worker_tokens
+                .iter()
+                .enumerate()
+                .map(|(k, token)| (format!("loadtest-worker-{}", k + 1), token)),
+        )
+        .map(|(name, token)| DeviceToken {
+            name,
             owner: owner.clone(),
             token_sha256: hash_token(token),
             revoked: false,
@@ -374,6 +467,7 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
         .collect();
 
     let mut server = match &args.config {
+        _ if args.cluster.cluster => ServerUnderTest::cluster(args, agents, devices).await?,
         Some(config) if !args.server.is_empty() => {
             ServerUnderTest::external(
                 &args.server,
@@ -387,7 +481,12 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
         }
         _ => ServerUnderTest::local(args, agents, devices).await?,
     };
-    let outcome = drive(args, &device_tokens, &agent_tokens, &server).await;
+    let tokens = Tokens {
+        desktops: &device_tokens,
+        agents: &agent_tokens,
+        workers: &worker_tokens,
+    };
+    let outcome = drive(args, &tokens, &server).await;
     let stopped = server.stop().await;
     let mut report = outcome?;
     stopped?;
@@ -402,15 +501,34 @@ async fn load(args: &LoadtestArgs) -> Result<Report, LoadtestError> {
 }
 
 /// Desktops, idle window, load and drain against the servers.
+/// The tokens of the load's parties.
+struct Tokens<'a> {
+    desktops: &'a [String],
+    agents: &'a [String],
+    /// Of the `graph-relay worker` processes (`--cluster --workers`).
+    workers: &'a [String],
+}
+
+/// Worker processes of a cluster run.
+fn worker_count(args: &LoadtestArgs) -> usize {
+    if args.cluster.cluster {
+        usize::try_from(args.cluster.workers).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 async fn drive(
     args: &LoadtestArgs,
-    device_tokens: &[String],
-    agent_tokens: &[String],
+    tokens: &Tokens<'_>,
     server: &ServerUnderTest,
 ) -> Result<Report, LoadtestError> {
-    let bases: Vec<&str> = server.targets.iter().map(|t| t.base.as_str()).collect();
+    let (device_tokens, agent_tokens) = (tokens.desktops, tokens.agents);
+    let bases: Vec<&str> = server.entry.iter().map(String::as_str).collect();
     let n = bases.len().max(1);
     let tally = Arc::new(Tally::default());
+    let faulty = !args.cluster.faults.is_empty();
+    tally.faulty.store(faulty, Ordering::Relaxed);
     let run_time = Duration::from_secs_f64(args.run_seconds);
 
     // Desktops.
@@ -430,13 +548,33 @@ async fn drive(
             tokio::task::yield_now().await;
         }
     }
+    let workers = match &server.cluster {
+        Some(cluster) if !tokens.workers.is_empty() => Some(
+            workers::Workers::start(
+                cluster.dir(),
+                bases[0],
+                tokens.workers,
+                device_tokens.len(),
+                args.run_seconds,
+                Arc::clone(&tally),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let connect_deadline = Duration::from_secs(30 + (device_tokens.len() / 100) as u64);
-    while tally.connected.load(Ordering::Relaxed) < device_tokens.len() {
+    while tally.connected.load(Ordering::Relaxed) < device_tokens.len()
+        || tally.workers_connected.load(Ordering::Relaxed) < tokens.workers.len()
+    {
         if connect_start.elapsed() > connect_deadline {
             let _ = stop_tx.send(true);
+            if let Some(workers) = workers {
+                workers.stop().await;
+            }
             return Err(LoadtestError::NotConnected {
-                connected: tally.connected.load(Ordering::Relaxed),
-                desktops: device_tokens.len(),
+                connected: tally.connected.load(Ordering::Relaxed)
+                    + tally.workers_connected.load(Ordering::Relaxed),
+                desktops: device_tokens.len() + tokens.workers.len(),
                 seconds: connect_deadline.as_secs(),
             });
         }
@@ -453,26 +591,58 @@ async fn drive(
 
     // Load.
     // Agent j on the server after desktop j's: see the module docs.
+    let deadline = run_deadline(args);
     let clients = agent_tokens
         .iter()
         .enumerate()
-        .map(|(j, token)| McpClient::new(bases[(j + 1) % n], token, RUN_DEADLINE))
+        .map(|(j, token)| McpClient::new(bases[(j + 1) % n], token, deadline))
         .collect::<Result<Vec<_>, _>>()?;
     let total = planned_runs(args);
     let key_tag = uuid::Uuid::new_v4().simple().to_string();
     let load_start_server = server.sample();
     let load_start_self = ProcessSample::of_self();
-    let start = tokio::time::Instant::now();
+    let first_sample = match &server.cluster {
+        Some(cluster) => Some(samples::sample(cluster, Instant::now()).await),
+        None => None,
+    };
+    let origin = Instant::now();
+    let start = tokio::time::Instant::from_std(origin);
+    let (sampling_tx, sampling_rx) = watch::channel(false);
+    let injector = server.cluster.clone().filter(|_| faulty).map(|cluster| {
+        let c = &args.cluster;
+        let (faults, hold, gap) = (
+            c.faults.clone(),
+            Duration::from_secs_f64(c.fault_hold),
+            Duration::from_secs_f64(c.fault_gap),
+        );
+        tokio::spawn(async move { faults::inject(&cluster, &faults, start, hold, gap).await })
+    });
+    let sampler = server.cluster.clone().map(|cluster| {
+        tokio::spawn(samples::every(
+            cluster,
+            Arc::clone(&tally),
+            origin,
+            Duration::from_secs(args.cluster.report_every),
+            sampling_rx,
+        ))
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..total {
         tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
+        // Round robin over the desktops, then the workers; a worker's
+        // run is never cancelled (its start is read from its ledger at
+        // the end, and a cancel waits for the start).
+        let desktop = i % (device_tokens.len() + tokens.workers.len());
+        let worker = desktop >= device_tokens.len();
         let plan = RunPlan {
             index: i,
-            desktop: i % device_tokens.len(),
-            cancel: cancels(i, args.cancel_fraction),
+            desktop,
+            worker,
+            cancel: !worker && cancels(i, args.cancel_fraction),
             key: format!("loadtest-{key_tag}-{i}"),
             wait: args.wait,
             poll: Duration::from_millis(args.poll_ms),
+            deadline,
         };
         tasks.spawn(one_run(
             clients[i % clients.len()].clone(),
@@ -495,10 +665,39 @@ async fn drive(
     let load_seconds = start.elapsed().as_secs_f64();
     let load_end_server = server.sample();
     let load_self = ProcessSample::of_self().cpu_percent_since(&load_start_self);
+    let end = Instant::now();
+    let events = match injector {
+        Some(injector) => injector.await.unwrap_or_else(|_| {
+            tally.error("fault_injector_failed");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    let _ = sampling_tx.send(true);
+    let intervals = match sampler {
+        Some(sampler) => sampler.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let cluster = match (&server.cluster, first_sample) {
+        (Some(cluster), Some(first)) => Some(ClusterRun {
+            cluster: Arc::clone(cluster),
+            origin,
+            end,
+            events,
+            intervals,
+            first,
+            last: samples::sample(cluster, origin).await,
+        }),
+        _ => None,
+    };
 
     // Stop the desktops before the server.
     tally.loaded.store(false, Ordering::Relaxed);
     let _ = stop_tx.send(true);
+    if let Some(workers) = workers {
+        let ledger = workers.stop().await;
+        tally.count_ledger(&ledger, &mut records);
+    }
     for desktop in desktops {
         if tokio::time::timeout(Duration::from_secs(15), desktop)
             .await
@@ -512,6 +711,7 @@ async fn drive(
         args,
         &tally,
         records,
+        cluster,
         Phases {
             connect_seconds,
             issued_seconds,
@@ -522,6 +722,17 @@ async fn drive(
             harness_cpu: load_self,
         },
     ))
+}
+
+/// What a cluster run adds to the report's inputs.
+struct ClusterRun {
+    cluster: Arc<cluster::Cluster>,
+    origin: Instant,
+    end: Instant,
+    events: Vec<faults::FaultEvent>,
+    intervals: Vec<samples::IntervalRow>,
+    first: samples::ClusterSample,
+    last: samples::ClusterSample,
 }
 
 /// CPU use of each server between two samples of all of them.
@@ -537,321 +748,6 @@ fn cancels(i: usize, fraction: f64) -> bool {
     ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
 }
 
-/// Starts desktop `index`: a relay over HTTP in long-poll mode.
-fn start_desktop(
-    index: usize,
-    base: &str,
-    token: &str,
-    tally: Arc<Tally>,
-    run_time: Duration,
-    mut stop: watch::Receiver<bool>,
-) -> Result<tokio::task::JoinHandle<()>, LoadtestError> {
-    let mut shared = SharedSet::new();
-    let project = ProjectId::parse(PROJECT)
-        .map_err(|e| LoadtestError::Bounds(format!("project `{PROJECT}`: {e}")))?;
-    let session = session_id(index);
-    shared.share(
-        project,
-        SessionMeta {
-            graph_session_id: GraphSessionId::parse(&session)
-                .map_err(|e| LoadtestError::Bounds(format!("session `{session}`: {e}")))?,
-            name: format!("Load test {index}").into(),
-            description: "Sleeps for --run-seconds, then completes".into(),
-            slug: "loadtest".into(),
-            version: "1".into(),
-            status: "ready".into(),
-        },
-    );
-    let config = RelayConfig {
-        mode: RelayMode::LongPoll,
-        seed: index as u64,
-        shutdown_timeout: Duration::from_secs(5),
-        ..RelayConfig::default()
-    };
-    let transport = HttpRelayTransport::new(HttpRelayConfig::new(base, token))?;
-    let executor = LoadExecutor {
-        tally: Arc::clone(&tally),
-        run_time,
-    };
-    let driver = RelayDriver::new(
-        Relay::new(config, shared, SystemClock.now()),
-        Arc::new(transport),
-        Arc::new(MemoryOutbox::new()),
-        Arc::new(executor),
-        Arc::new(SystemClock),
-        Arc::new(TokioSleeper),
-    );
-    let mut connected = false;
-    Ok(tokio::spawn(driver.run(
-        async move {
-            let _ = stop.wait_for(|s| *s).await;
-        },
-        move |event| match event {
-            DriverEvent::Relay(RelayEvent::Synced { .. }) if !connected => {
-                connected = true;
-                tally.connected.fetch_add(1, Ordering::Relaxed);
-            }
-            DriverEvent::Relay(RelayEvent::SyncFailed { unreachable, .. })
-                if tally.loaded.load(Ordering::Relaxed) =>
-            {
-                tally.error(if unreachable {
-                    "relay_sync_no_answer"
-                } else {
-                    "relay_sync_refused"
-                });
-            }
-            DriverEvent::OutboxError(_) => tally.error("relay_outbox"),
-            _ => {}
-        },
-    )))
-}
-
-/// What the harness records of each execution, per command id.
-#[derive(Debug, Default)]
-struct Execution {
-    /// How many times a desktop's executor started the command.
-    starts: u32,
-    /// When it first started.
-    started: Option<Instant>,
-    /// When the executor returned.
-    finished: Option<Instant>,
-    /// Agents waiting for the start.
-    waiters: Vec<oneshot::Sender<Instant>>,
-}
-
-/// What the desktops and agents share: executions, errors, connections.
-#[derive(Debug, Default)]
-struct Tally {
-    executions: Mutex<HashMap<String, Execution>>,
-    errors: Mutex<BTreeMap<String, u64>>,
-    connected: AtomicUsize,
-    /// The load phase runs: failed syncs count as errors.
-    loaded: AtomicBool,
-}
-
-impl Tally {
-    fn executions(&self) -> MutexGuard<'_, HashMap<String, Execution>> {
-        self.executions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn error(&self, kind: &str) {
-        *self
-            .errors
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry(kind.to_owned())
-            .or_default() += 1;
-    }
-
-    /// Resolves when command `id` starts (at once if it did).
-    fn started(&self, id: &str) -> oneshot::Receiver<Instant> {
-        let (tx, rx) = oneshot::channel();
-        let mut executions = self.executions();
-        let execution = executions.entry(id.to_owned()).or_default();
-        match execution.started {
-            Some(at) => {
-                let _ = tx.send(at);
-            }
-            None => execution.waiters.push(tx),
-        }
-        rx
-    }
-
-    fn finished(&self, id: &str) -> Option<Instant> {
-        self.executions().get(id).and_then(|e| e.finished)
-    }
-}
-
-/// The desktops' executor: sleeps for the run time and completes, or waits
-/// for the cancel when the run says `hold`.
-struct LoadExecutor {
-    tally: Arc<Tally>,
-    run_time: Duration,
-}
-
-#[async_trait]
-impl Executor for LoadExecutor {
-    async fn execute(
-        &self,
-        job: Job,
-        cancel: CancelSignal,
-        _progress: ProgressSink,
-    ) -> ExecutionOutcome {
-        let id = job.command.id.to_string();
-        {
-            let now = Instant::now();
-            let mut executions = self.tally.executions();
-            let execution = executions.entry(id.clone()).or_default();
-            execution.starts += 1;
-            if execution.started.is_none() {
-                execution.started = Some(now);
-            }
-            for waiter in execution.waiters.drain(..) {
-                let _ = waiter.send(now);
-            }
-        }
-        let hold = job.command.arguments.get("hold") == Some(&Value::Bool(true));
-        let outcome = if hold {
-            // The agent cancels it; the deadline only bounds a lost cancel.
-            tokio::select! {
-                () = cancel => ExecutionOutcome {
-                    status: Some(FinishStatus::Cancelled),
-                    ..Default::default()
-                },
-                () = tokio::time::sleep(RUN_DEADLINE) => ExecutionOutcome::completed(json!({"held": true})),
-            }
-        } else {
-            tokio::select! {
-                () = cancel => ExecutionOutcome {
-                    status: Some(FinishStatus::Cancelled),
-                    ..Default::default()
-                },
-                () = tokio::time::sleep(self.run_time) => ExecutionOutcome::completed(json!({"slept_ms": self.run_time.as_millis()})),
-            }
-        };
-        if let Some(execution) = self.tally.executions().get_mut(&id) {
-            execution.finished = Some(Instant::now());
-        }
-        outcome
-    }
-}
-
-/// One run as the scheduler planned it.
-#[derive(Debug)]
-struct RunPlan {
-    index: usize,
-    desktop: usize,
-    cancel: bool,
-    key: String,
-    wait: bool,
-    poll: Duration,
-}
-
-/// What one run measured, or why it went wrong.
-#[derive(Debug, Default)]
-struct RunRecord {
-    command: Option<String>,
-    cancel: bool,
-    pickup: Option<Duration>,
-    cancel_latency: Option<Duration>,
-    result_latency: Option<Duration>,
-    /// The status the agent last read.
-    status: Option<String>,
-    error: Option<&'static str>,
-}
-
-/// An agent's side of one run: run, wait for the start, cancel or wait
-/// for the result.
-async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan) -> RunRecord {
-    let mut record = RunRecord {
-        cancel: plan.cancel,
-        ..RunRecord::default()
-    };
-    let sent = Instant::now();
-    let arguments = json!({
-        "graph_session_id": session_id(plan.desktop),
-        "idempotency_key": plan.key,
-        "arguments": {"hold": plan.cancel, "run": plan.index},
-    });
-    let ticket = match client.call("run_graph_session", arguments).await {
-        Ok(answer) if answer.is_error => return record.failed(&tally, "run_refused"),
-        Ok(answer) => answer.structured,
-        Err(e) => return record.failed(&tally, error_kind("run_graph_session", &e)),
-    };
-    let Some(id) = ticket["command_id"].as_str().map(str::to_owned) else {
-        return record.failed(&tally, "ticket_without_command_id");
-    };
-    record.command = Some(id.clone());
-    let started = tally.started(&id);
-    match tokio::time::timeout(RUN_DEADLINE, started).await {
-        Ok(Ok(at)) => record.pickup = Some(at.saturating_duration_since(sent)),
-        _ => return record.failed(&tally, "not_picked_up"),
-    }
-    if plan.cancel {
-        let asked = Instant::now();
-        if let Err(e) = client
-            .call_ok("cancel_graph_run", json!({"command_id": id}))
-            .await
-        {
-            return record.failed(&tally, error_kind("cancel_graph_run", &e));
-        }
-        match until_terminal(&client, &id, &plan).await {
-            Ok(run) => {
-                record.cancel_latency = Some(asked.elapsed());
-                record.status = run["status"].as_str().map(str::to_owned);
-            }
-            Err(kind) => return record.failed(&tally, kind),
-        }
-        if record.status.as_deref() != Some("cancelled") {
-            return record.failed(&tally, "cancelled_run_ended_otherwise");
-        }
-    } else {
-        match until_terminal(&client, &id, &plan).await {
-            Ok(run) => {
-                let have = Instant::now();
-                record.result_latency = tally
-                    .finished(&id)
-                    .map(|done| have.saturating_duration_since(done));
-                record.status = run["status"].as_str().map(str::to_owned);
-            }
-            Err(kind) => return record.failed(&tally, kind),
-        }
-        if record.status.as_deref() != Some("completed") {
-            return record.failed(&tally, "run_ended_otherwise");
-        }
-    }
-    record
-}
-
-impl RunRecord {
-    fn failed(mut self, tally: &Tally, kind: &'static str) -> Self {
-        tally.error(kind);
-        self.error = Some(kind);
-        self
-    }
-}
-
-/// The error kind of a failed MCP request.
-fn error_kind(tool: &str, error: &McpClientError) -> &'static str {
-    match (tool, error) {
-        (_, McpClientError::Http(e)) if e.is_timeout() => "agent_http_timeout",
-        (_, McpClientError::Http(e)) if e.is_connect() => "agent_http_connect",
-        (_, McpClientError::Http(_)) => "agent_http_other",
-        (_, McpClientError::NotJson { .. }) => "agent_reply_not_json",
-        (_, McpClientError::Rpc { .. }) => "agent_jsonrpc_error",
-        ("cancel_graph_run", McpClientError::Tool { .. }) => "cancel_refused",
-        ("get_graph_run", McpClientError::Tool { .. }) => "get_refused",
-        (_, McpClientError::Tool { .. }) => "tool_error",
-    }
-}
-
-/// `get_graph_run` (waiting or polling) until the run is terminal.
-async fn until_terminal(
-    client: &McpClient,
-    id: &str,
-    plan: &RunPlan,
-) -> Result<Value, &'static str> {
-    let start = Instant::now();
-    loop {
-        let wait = if plan.wait { WAIT_SECONDS } else { 0 };
-        let run = client
-            .get_graph_run(id, wait)
-            .await
-            .map_err(|e| error_kind("get_graph_run", &e))?;
-        if is_terminal(&run) {
-            return Ok(run);
-        }
-        if start.elapsed() > RUN_DEADLINE {
-            return Err("not_finished");
-        }
-        if !plan.wait {
-            tokio::time::sleep(plan.poll).await;
-        }
-    }
-}
-
 /// One server the load goes to.
 struct Target {
     base: String,
@@ -862,6 +758,11 @@ struct Target {
 struct ServerUnderTest {
     /// One, or (with several `--server`) every server, in order.
     targets: Vec<Target>,
+    /// Where desktops and agents connect: the targets, or a cluster's
+    /// load balancer.
+    entry: Vec<String>,
+    /// The cluster, with `--cluster`.
+    cluster: Option<Arc<cluster::Cluster>>,
     /// The child process and its folder, when the harness started it.
     child: Option<(tokio::process::Child, tempfile::TempDir)>,
     /// With an external server: its configuration file and the owner whose
@@ -878,12 +779,9 @@ impl ServerUnderTest {
     ) -> Result<Self, LoadtestError> {
         let dir = tempfile::tempdir()?;
         let config = dir.path().join("graph-relay.toml");
-        // Room for every desktop's held sync and its posts, every agent's
-        // requests in flight, and slack.
-        let in_flight = (args.rate * (args.run_seconds + f64::from(WAIT_SECONDS))).ceil() as usize;
         let file = ConfigFile {
             server: ServerSection {
-                max_connections: Some(args.desktops + args.agents * 2 + in_flight + 256),
+                max_connections: Some(max_connections(args)),
                 ..ServerSection::default()
             },
             oauth: None,
@@ -921,8 +819,31 @@ impl ServerUnderTest {
             .map_err(|_| LoadtestError::Server("did not start within 30 s".into()))?
             .map_err(|_| LoadtestError::Server("exited before it listened".into()))?;
         Ok(Self {
+            entry: vec![base.clone()],
             targets: vec![Target { base, pid }],
+            cluster: None,
             child: Some((child, dir)),
+            added: None,
+        })
+    }
+
+    /// Starts a cluster: its Postgres, its servers and HAProxy.
+    async fn cluster(
+        args: &LoadtestArgs,
+        agents: Vec<AgentToken>,
+        devices: Vec<DeviceToken>,
+    ) -> Result<Self, LoadtestError> {
+        let cluster =
+            cluster::Cluster::start(&args.cluster, max_connections(args), agents, devices).await?;
+        Ok(Self {
+            targets: cluster
+                .server_urls()
+                .into_iter()
+                .map(|base| Target { base, pid: None })
+                .collect(),
+            entry: vec![cluster.url().to_owned()],
+            cluster: Some(Arc::new(cluster)),
+            child: None,
             added: None,
         })
     }
@@ -943,15 +864,18 @@ impl ServerUnderTest {
         file.save(config)?;
         // The server looks at its token file four times a second.
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let targets: Vec<Target> = urls
+            .iter()
+            .enumerate()
+            .map(|(i, url)| Target {
+                base: url.trim_end_matches('/').to_owned(),
+                pid: pids.get(i).copied(),
+            })
+            .collect();
         Ok(Self {
-            targets: urls
-                .iter()
-                .enumerate()
-                .map(|(i, url)| Target {
-                    base: url.trim_end_matches('/').to_owned(),
-                    pid: pids.get(i).copied(),
-                })
-                .collect(),
+            entry: targets.iter().map(|t| t.base.clone()).collect(),
+            targets,
+            cluster: None,
             child: None,
             added: Some((config.to_owned(), owner.to_owned())),
         })
@@ -959,15 +883,27 @@ impl ServerUnderTest {
 
     /// CPU and memory of each server's process, where it is known.
     fn sample(&self) -> Vec<Option<ProcessSample>> {
-        self.targets
-            .iter()
-            .map(|t| t.pid.and_then(ProcessSample::of))
-            .collect()
+        match &self.cluster {
+            // A cluster's servers change their process when restarted.
+            Some(cluster) => cluster
+                .pids()
+                .into_iter()
+                .map(|pid| pid.and_then(ProcessSample::of))
+                .collect(),
+            None => self
+                .targets
+                .iter()
+                .map(|t| t.pid.and_then(ProcessSample::of))
+                .collect(),
+        }
     }
 
     /// Stops the child server (SIGTERM, then SIGKILL after 15 s), or
     /// removes the harness's tokens from an external server's file.
     async fn stop(&mut self) -> Result<(), LoadtestError> {
+        if let Some(cluster) = self.cluster.take() {
+            cluster.stop().await;
+        }
         if let Some((path, owner)) = self.added.take() {
             let mut file = ConfigFile::load(&path)?;
             file.agents.retain(|a| a.owner != owner);
@@ -996,6 +932,13 @@ impl ServerUnderTest {
     }
 }
 
+/// Connections a server should take: every desktop's held sync and its
+/// posts, every agent's requests in flight, and slack.
+fn max_connections(args: &LoadtestArgs) -> usize {
+    let in_flight = (args.rate * (args.run_seconds + f64::from(WAIT_SECONDS))).ceil() as usize;
+    args.desktops + args.agents * 2 + in_flight + 256
+}
+
 /// Reads the child server's log: sends its base URL once it listens, then
 /// passes warnings and errors on to this process's stderr.
 async fn read_server_log(stderr: tokio::process::ChildStderr, address: oneshot::Sender<String>) {
@@ -1019,6 +962,8 @@ async fn read_server_log(stderr: tokio::process::ChildStderr, address: oneshot::
 /// CPU time and memory of a process at one moment (`/proc/<pid>`).
 #[derive(Debug, Clone, Copy)]
 struct ProcessSample {
+    /// Whose (`None`: this process).
+    pid: Option<u32>,
     at: Instant,
     cpu: Duration,
     rss_bytes: u64,
@@ -1028,15 +973,15 @@ struct ProcessSample {
 impl ProcessSample {
     /// Process `pid`, or `None` where `/proc` does not have it.
     fn of(pid: u32) -> Option<Self> {
-        Self::read(&format!("/proc/{pid}"))
+        Self::read(&format!("/proc/{pid}"), Some(pid))
     }
 
     /// This process.
     fn of_self() -> Option<Self> {
-        Self::read("/proc/self")
+        Self::read("/proc/self", None)
     }
 
-    fn read(dir: &str) -> Option<Self> {
+    fn read(dir: &str, pid: Option<u32>) -> Option<Self> {
         let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
         // Fields after the command name, which ends at the last ')':
         // state is field 3; utime and stime are fields 14 and 15.
@@ -1058,6 +1003,7 @@ impl ProcessSample {
                 .map(|v| v * 1024)
         };
         Some(Self {
+            pid,
             at: Instant::now(),
             cpu: Duration::from_secs_f64(ticks as f64 / hz as f64),
             rss_bytes: kib("VmRSS:")?,
@@ -1074,6 +1020,10 @@ trait CpuSince {
 impl CpuSince for Option<ProcessSample> {
     fn cpu_percent_since(&self, earlier: &Self) -> Option<f64> {
         let (now, then) = ((*self)?, (*earlier)?);
+        // A server restarted in between: the CPU of two processes.
+        if now.pid != then.pid {
+            return None;
+        }
         let wall = now.at.saturating_duration_since(then.at).as_secs_f64();
         (wall > 0.0).then(|| now.cpu.saturating_sub(then.cpu).as_secs_f64() / wall * 100.0)
     }
@@ -1112,6 +1062,9 @@ pub struct Report {
     pub servers: Vec<ServerFigures>,
     /// The harness's own CPU during the load, in percent of one core.
     pub harness_cpu_percent: Option<f64>,
+    /// With `--cluster`: the faults, the rows and the samples.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterReport>,
 }
 
 /// The options of the run, as used.
@@ -1221,34 +1174,24 @@ fn summarize(
     args: &LoadtestArgs,
     tally: &Tally,
     records: Vec<RunRecord>,
+    cluster: Option<ClusterRun>,
     phases: Phases,
 ) -> Report {
-    let mut executed_once = 0;
-    let mut executed_twice = 0;
-    let mut never_executed = 0;
-    {
-        let mut executions = tally.executions();
-        for record in &records {
-            let Some(id) = &record.command else { continue };
-            match executions.remove(id).map_or(0, |e| e.starts) {
-                0 => never_executed += 1,
-                1 => executed_once += 1,
-                _ => executed_twice += 1,
-            }
-        }
-        // A command no agent queued in this run (or whose ticket was lost).
-        let unknown = executions.values().filter(|e| e.starts > 0).count();
-        drop(executions);
-        for _ in 0..unknown {
-            tally.error("executed_unknown_command");
-        }
-    }
+    let (twice, never) = count_executions(tally, &records);
+    let executed_twice = twice.iter().filter(|t| **t).count();
+    let never_executed = never.iter().filter(|n| **n).count();
+    let executed_once = records
+        .iter()
+        .zip(twice.iter().zip(&never))
+        .filter(|(r, (t, n))| r.command.is_some() && !**t && !**n)
+        .count();
     for _ in 0..executed_twice {
         tally.error("executed_twice");
     }
     for _ in 0..never_executed {
         tally.error("never_executed");
     }
+    let cluster = cluster.map(|run| cluster_report(run, tally, &records, &twice, &never));
     let queued = records.iter().filter(|r| r.command.is_some()).count();
     let ok = |r: &&RunRecord| r.error.is_none();
     let completed = records
@@ -1270,6 +1213,12 @@ fn summarize(
         "cancel".to_owned(),
         Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
     );
+    if records.iter().any(|r| r.worker) {
+        latency.insert(
+            "pickup_worker".to_owned(),
+            Latency::of(records.iter().filter_map(|r| r.worker_pickup).collect()),
+        );
+    }
     latency.insert(
         "result".to_owned(),
         Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
@@ -1298,7 +1247,7 @@ fn summarize(
             desktops: args.desktops,
             agents: args.agents,
             rate: args.rate,
-            duration_seconds: args.duration,
+            duration_seconds: duration(args),
             run_seconds: args.run_seconds,
             mode: if args.wait { "wait" } else { "poll" }.into(),
             cancel_fraction: args.cancel_fraction,
@@ -1327,7 +1276,41 @@ fn summarize(
         server: servers.first().cloned().unwrap_or_default(),
         servers,
         harness_cpu_percent: phases.harness_cpu,
+        cluster,
     }
+}
+
+/// Per run, in order: whether it was executed twice (its command started
+/// more than once, or the run started under two command ids), and whether
+/// it was acknowledged and never executed. A command executed that no
+/// acknowledged run names is an error of its own.
+fn count_executions(tally: &Tally, records: &[RunRecord]) -> (Vec<bool>, Vec<bool>) {
+    let mut executions = tally.executions();
+    let runs = lock(&tally.runs);
+    let mut twice = Vec::with_capacity(records.len());
+    let mut never = Vec::with_capacity(records.len());
+    for record in records {
+        let ids = u64::try_from(record.run)
+            .ok()
+            .and_then(|run| runs.get(&run))
+            .map_or(0, BTreeSet::len);
+        let starts = record
+            .command
+            .as_ref()
+            .and_then(|id| executions.remove(id))
+            .map_or(0, |e| e.starts);
+        twice.push(starts > 1 || ids > 1);
+        never.push(record.command.is_some() && starts == 0);
+    }
+    // A command no agent got a ticket for (its answer was lost and the
+    // agent gave up, or a second command for one run).
+    let unknown = executions.values().filter(|e| e.starts > 0).count();
+    drop(runs);
+    drop(executions);
+    for _ in 0..unknown {
+        tally.error("executed_unknown_command");
+    }
+    (twice, never)
 }
 
 impl Report {
@@ -1408,6 +1391,10 @@ impl Report {
             "harness CPU under load {}",
             opt(self.harness_cpu_percent, "%")
         );
+        if let Some(cluster) = &self.cluster {
+            out.push_str(&cluster.table());
+            let _ = writeln!(out);
+        }
         if self.errors.is_empty() {
             let _ = writeln!(out, "errors none");
         } else {

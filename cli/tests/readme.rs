@@ -17,6 +17,9 @@
 //!   token `serve` printed) with the Python of the real MCP peers, and
 //!   `status-command` on the database it left;
 //! - `loadtest-small` runs as is (the harness starts its own server);
+//!   `cluster-faults` and `cluster-soak`, which take minutes, are checked
+//!   to be accepted as written (`cli/tests/fault_cluster.rs` runs the
+//!   harness at CI scale);
 //! - the configuration examples: `config-server` and `config-oauth` load
 //!   as `graph-relay.toml`, `graphs-reference` loads in a worker, and the
 //!   `stdio-config` client configuration starts `graph-relay stdio`;
@@ -249,6 +252,8 @@ fn every_readme_block_is_run_or_says_why_not() {
         "console-script",
         "haproxy-config",
         "nginx-config",
+        "cluster-faults",
+        "cluster-soak",
     ] {
         assert!(
             blocks.contains_key(name),
@@ -257,13 +262,48 @@ fn every_readme_block_is_run_or_says_why_not() {
     }
     assert_eq!(
         blocks.len(),
-        16,
+        18,
         "a block is marked but not run: {:?}",
         blocks
             .iter()
             .map(|(n, b)| format!("{n} ({})", b.at()))
             .collect::<Vec<_>>()
     );
+}
+
+/// The fault run and the soak of the operating guide take minutes (the
+/// soak half an hour); `cli/tests/fault_cluster.rs` runs the same harness
+/// at CI scale. Here each documented command must be accepted as written:
+/// with `--fault-gap 0` in it, it stops at that bound, which is checked
+/// after every flag was parsed and the bounds before it (desktops, agents,
+/// rate, duration, fault hold) held, and before anything starts.
+#[test]
+fn the_cluster_fault_commands_are_accepted() {
+    let blocks = readme_blocks();
+    for name in ["cluster-faults", "cluster-soak"] {
+        let b = block(&blocks, name, "sh");
+        let mut args = command_line(&b, "loadtest");
+        assert!(
+            args.iter().any(|a| a == "--cluster"),
+            "{}: not a cluster run",
+            b.at()
+        );
+        match args.iter().position(|a| a == "--fault-gap") {
+            Some(i) => args[i + 1] = "0".into(),
+            None => args.extend(["--fault-gap".into(), "0".into()]),
+        }
+        let out = Command::new(BIN)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run loadtest");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("--fault-gap must be above 0"),
+            "{}: {args:?}: {stderr}",
+            b.at()
+        );
+    }
 }
 
 /// The package and example of a README line `cargo run [--release] -p PKG
