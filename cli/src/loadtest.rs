@@ -523,64 +523,14 @@ async fn drive(
     tokens: &Tokens<'_>,
     server: &ServerUnderTest,
 ) -> Result<Report, LoadtestError> {
-    let (device_tokens, agent_tokens) = (tokens.desktops, tokens.agents);
+    let agent_tokens = tokens.agents;
     let bases: Vec<&str> = server.entry.iter().map(String::as_str).collect();
     let n = bases.len().max(1);
     let tally = Arc::new(Tally::default());
     let faulty = !args.cluster.faults.is_empty();
     tally.faulty.store(faulty, Ordering::Relaxed);
-    let run_time = Duration::from_secs_f64(args.run_seconds);
-
-    // Desktops.
-    let connect_start = Instant::now();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut desktops = Vec::with_capacity(device_tokens.len());
-    for (index, token) in device_tokens.iter().enumerate() {
-        desktops.push(start_desktop(
-            index,
-            bases[index % n],
-            token,
-            Arc::clone(&tally),
-            run_time,
-            stop_rx.clone(),
-        )?);
-        if index % 100 == 99 {
-            tokio::task::yield_now().await;
-        }
-    }
-    let workers = match &server.cluster {
-        Some(cluster) if !tokens.workers.is_empty() => Some(
-            workers::Workers::start(
-                cluster.dir(),
-                bases[0],
-                tokens.workers,
-                device_tokens.len(),
-                args.run_seconds,
-                Arc::clone(&tally),
-            )
-            .await?,
-        ),
-        _ => None,
-    };
-    let connect_deadline = Duration::from_secs(30 + (device_tokens.len() / 100) as u64);
-    while tally.connected.load(Ordering::Relaxed) < device_tokens.len()
-        || tally.workers_connected.load(Ordering::Relaxed) < tokens.workers.len()
-    {
-        if connect_start.elapsed() > connect_deadline {
-            let _ = stop_tx.send(true);
-            if let Some(workers) = workers {
-                workers.stop().await;
-            }
-            return Err(LoadtestError::NotConnected {
-                connected: tally.connected.load(Ordering::Relaxed)
-                    + tally.workers_connected.load(Ordering::Relaxed),
-                desktops: device_tokens.len() + tokens.workers.len(),
-                seconds: connect_deadline.as_secs(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let connect_seconds = connect_start.elapsed().as_secs_f64();
+    let fleet = Fleet::connect(args, tokens, &bases, server, &tally).await?;
+    let fleet_connect_seconds = fleet.connect_seconds;
     // From here on a failed sync is an error, not a desktop still connecting.
     tally.loaded.store(true, Ordering::Relaxed);
 
@@ -597,8 +547,6 @@ async fn drive(
         .enumerate()
         .map(|(j, token)| McpClient::new(bases[(j + 1) % n], token, deadline))
         .collect::<Result<Vec<_>, _>>()?;
-    let total = planned_runs(args);
-    let key_tag = uuid::Uuid::new_v4().simple().to_string();
     let load_start_server = server.sample();
     let load_start_self = ProcessSample::of_self();
     let first_sample = match &server.cluster {
@@ -626,42 +574,8 @@ async fn drive(
             sampling_rx,
         ))
     });
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
-        // Round robin over the desktops, then the workers; a worker's
-        // run is never cancelled (its start is read from its ledger at
-        // the end, and a cancel waits for the start).
-        let desktop = i % (device_tokens.len() + tokens.workers.len());
-        let worker = desktop >= device_tokens.len();
-        let plan = RunPlan {
-            index: i,
-            desktop,
-            worker,
-            cancel: !worker && cancels(i, args.cancel_fraction),
-            key: format!("loadtest-{key_tag}-{i}"),
-            wait: args.wait,
-            poll: Duration::from_millis(args.poll_ms),
-            deadline,
-        };
-        tasks.spawn(one_run(
-            clients[i % clients.len()].clone(),
-            Arc::clone(&tally),
-            plan,
-        ));
-    }
-    let issued_seconds = start.elapsed().as_secs_f64();
-    let mut records = Vec::with_capacity(total);
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(record) => records.push(record),
-            Err(e) => tally.error(if e.is_panic() {
-                "harness_task_panicked"
-            } else {
-                "harness_task_cancelled"
-            }),
-        }
-    }
+    let (mut records, issued_seconds) =
+        issue_runs(args, tokens, &clients, &tally, start, deadline).await;
     let load_seconds = start.elapsed().as_secs_f64();
     let load_end_server = server.sample();
     let load_self = ProcessSample::of_self().cpu_percent_since(&load_start_self);
@@ -693,19 +607,7 @@ async fn drive(
 
     // Stop the desktops before the server.
     tally.loaded.store(false, Ordering::Relaxed);
-    let _ = stop_tx.send(true);
-    if let Some(workers) = workers {
-        let ledger = workers.stop().await;
-        tally.count_ledger(&ledger, &mut records);
-    }
-    for desktop in desktops {
-        if tokio::time::timeout(Duration::from_secs(15), desktop)
-            .await
-            .is_err()
-        {
-            tally.error("desktop_did_not_stop");
-        }
-    }
+    fleet.stop(&tally, &mut records).await;
 
     Ok(summarize(
         args,
@@ -713,7 +615,7 @@ async fn drive(
         records,
         cluster,
         Phases {
-            connect_seconds,
+            connect_seconds: fleet_connect_seconds,
             issued_seconds,
             load_seconds,
             idle_cpu,
@@ -722,6 +624,159 @@ async fn drive(
             harness_cpu: load_self,
         },
     ))
+}
+
+/// The simulated desktops and the worker processes of a run, connected.
+struct Fleet {
+    desktops: Vec<tokio::task::JoinHandle<()>>,
+    workers: Option<workers::Workers>,
+    stop: watch::Sender<bool>,
+    /// How long connecting every one of them took.
+    connect_seconds: f64,
+}
+
+impl Fleet {
+    /// Starts the desktops (desktop `i` on entry `i`) and the workers, and
+    /// waits until every one has synced (an error after a deadline that
+    /// grows with their number).
+    async fn connect(
+        args: &LoadtestArgs,
+        tokens: &Tokens<'_>,
+        bases: &[&str],
+        server: &ServerUnderTest,
+        tally: &Arc<Tally>,
+    ) -> Result<Self, LoadtestError> {
+        let device_tokens = tokens.desktops;
+        let n = bases.len().max(1);
+        let run_time = Duration::from_secs_f64(args.run_seconds);
+        let connect_start = Instant::now();
+        let (stop, stop_rx) = watch::channel(false);
+        let mut desktops = Vec::with_capacity(device_tokens.len());
+        for (index, token) in device_tokens.iter().enumerate() {
+            desktops.push(start_desktop(
+                index,
+                bases[index % n],
+                token,
+                Arc::clone(tally),
+                run_time,
+                stop_rx.clone(),
+            )?);
+            if index % 100 == 99 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let workers = match &server.cluster {
+            Some(cluster) if !tokens.workers.is_empty() => Some(
+                workers::Workers::start(
+                    cluster.dir(),
+                    bases[0],
+                    tokens.workers,
+                    device_tokens.len(),
+                    args.run_seconds,
+                    Arc::clone(tally),
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+        let fleet = Self {
+            desktops,
+            workers,
+            stop,
+            connect_seconds: 0.0,
+        };
+        let connect_deadline = Duration::from_secs(30 + (device_tokens.len() / 100) as u64);
+        while tally.connected.load(Ordering::Relaxed) < device_tokens.len()
+            || tally.workers_connected.load(Ordering::Relaxed) < tokens.workers.len()
+        {
+            if connect_start.elapsed() > connect_deadline {
+                let connected = tally.connected.load(Ordering::Relaxed)
+                    + tally.workers_connected.load(Ordering::Relaxed);
+                fleet.stop(tally, &mut []).await;
+                return Err(LoadtestError::NotConnected {
+                    connected,
+                    desktops: device_tokens.len() + tokens.workers.len(),
+                    seconds: connect_deadline.as_secs(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Self {
+            connect_seconds: connect_start.elapsed().as_secs_f64(),
+            ..fleet
+        })
+    }
+
+    /// Stops every desktop and worker; what the workers' Graphs wrote in
+    /// their ledger is matched with `records`.
+    async fn stop(self, tally: &Tally, records: &mut [RunRecord]) {
+        let _ = self.stop.send(true);
+        if let Some(workers) = self.workers {
+            let ledger = workers.stop().await;
+            tally.count_ledger(&ledger, records);
+        }
+        for desktop in self.desktops {
+            if tokio::time::timeout(Duration::from_secs(15), desktop)
+                .await
+                .is_err()
+            {
+                tally.error("desktop_did_not_stop");
+            }
+        }
+    }
+}
+
+/// Issues the planned runs at the configured rate from `start`, each run
+/// by the next agent's client, and waits for every one to end; returns
+/// their records and how long issuing them took.
+async fn issue_runs(
+    args: &LoadtestArgs,
+    tokens: &Tokens<'_>,
+    clients: &[McpClient],
+    tally: &Arc<Tally>,
+    start: tokio::time::Instant,
+    deadline: Duration,
+) -> (Vec<RunRecord>, f64) {
+    let total = planned_runs(args);
+    let key_tag = uuid::Uuid::new_v4().simple().to_string();
+    let desktops = tokens.desktops.len();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / args.rate)).await;
+        // Round robin over the desktops, then the workers; a worker's
+        // run is never cancelled (its start is read from its ledger at
+        // the end, and a cancel waits for the start).
+        let desktop = i % (desktops + tokens.workers.len());
+        let worker = desktop >= desktops;
+        let plan = RunPlan {
+            index: i,
+            desktop,
+            worker,
+            cancel: !worker && cancels(i, args.cancel_fraction),
+            key: format!("loadtest-{key_tag}-{i}"),
+            wait: args.wait,
+            poll: Duration::from_millis(args.poll_ms),
+            deadline,
+        };
+        tasks.spawn(one_run(
+            clients[i % clients.len()].clone(),
+            Arc::clone(tally),
+            plan,
+        ));
+    }
+    let issued_seconds = start.elapsed().as_secs_f64();
+    let mut records = Vec::with_capacity(total);
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(record) => records.push(record),
+            Err(e) => tally.error(if e.is_panic() {
+                "harness_task_panicked"
+            } else {
+                "harness_task_cancelled"
+            }),
+        }
+    }
+    (records, issued_seconds)
 }
 
 /// What a cluster run adds to the report's inputs.
