@@ -86,7 +86,9 @@ impl Revision<'_> {
     /// The reply to request `id` carrying `answer`.
     pub(crate) fn reply(self, id: &RequestId, answer: &Answer) -> Outgoing {
         let len = match answer {
-            Answer::Output { json, .. } => 2 * json.len() + 160,
+            // The text (escaped: a quote in eight, at most, in compact
+            // JSON of runs) and the structured copy, and the fixed members.
+            Answer::Output { json, .. } => 2 * json.len() + json.len() / 8 + 200,
             Answer::Rendered(bytes) => bytes.len(),
             Answer::Value(_) | Answer::Tool(_) => 256,
         } + self.extra_len();
@@ -187,8 +189,16 @@ fn write_member(out: &mut Vec<u8>, first: &mut bool, name: &str, value: Member<'
     if !std::mem::take(first) {
         out.push(b',');
     }
-    write_json(out, name);
-    out.push(b':');
+    // Member names are nearly always plain (the wire types' own): copied
+    // between quotes, the bytes serde_json writes, without its escaper.
+    if name.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+    } else {
+        write_json(out, name);
+        out.push(b':');
+    }
     match value {
         Member::Json(value) => write_json(out, value),
         Member::Content(blocks) => write_json(out, blocks),
