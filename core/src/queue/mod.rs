@@ -61,6 +61,7 @@ use std::time::Duration;
 mod agent;
 mod devices;
 mod errors;
+mod finished;
 mod holds;
 mod last_seen;
 mod maintenance;
@@ -241,6 +242,9 @@ pub struct Queue {
     /// Open commands as this queue last wrote or read them: the first
     /// guess of a transition's compare-and-swap (see [`last_seen`]).
     last_seen: Arc<last_seen::LastSeen>,
+    /// Finished commands as this queue last wrote or read them: what
+    /// `get_graph_run` answers from without the store (see [`finished`]).
+    finished: Arc<finished::FinishedRuns>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -263,7 +267,6 @@ impl Queue {
             store,
             clock,
             ids,
-            config,
             signals: Arc::new(Signals::new()),
             touched: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
             devices: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
@@ -271,6 +274,8 @@ impl Queue {
             progress: Arc::new(Memo::new(MAX_PROGRESS_STATES)),
             marker: Arc::default(),
             last_seen: Arc::default(),
+            finished: Arc::new(finished::FinishedRuns::new(config.terminal_retention)),
+            config,
         }
     }
 
@@ -395,7 +400,7 @@ impl Queue {
                 }
                 Err(refusal) => return Err(TransitionError::Refused(refusal)),
                 Ok(false) => {
-                    self.last_seen.put(&record);
+                    self.remember(&record);
                     return Ok(record);
                 }
                 Ok(true) => {}
@@ -415,12 +420,22 @@ impl Queue {
     async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
         let written = self.store.update_command(record).await?;
         if written {
-            self.last_seen.put(record);
+            self.remember(record);
             self.signals.notify(&Topic::Command(record.id));
         } else {
             self.last_seen.forget(&record.id);
         }
         Ok(written)
+    }
+}
+
+impl Queue {
+    /// Keeps `record`, just written or read fresh, as this queue's copy:
+    /// an open one for the next transition's compare-and-swap, a finished
+    /// one for the next read.
+    fn remember(&self, record: &CommandRecord) {
+        self.last_seen.put(record);
+        self.finished.put(record, self.clock.now());
     }
 }
 
