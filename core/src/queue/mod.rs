@@ -38,6 +38,17 @@
 //! read for [`QueueConfig::touch_interval`], the precision at which
 //! liveness is written anyway.
 //!
+//! A queue also keeps the finished commands it wrote or read, and
+//! [`Queue::get_graph_run`] answers from them without the store: a
+//! finished command never changes, and pruning, which deletes it, cannot
+//! reach it before its `finished_at` plus the pruner's
+//! [`QueueConfig::terminal_retention`]. A kept command is served only to
+//! its own agent, and only until that instant by this queue's retention,
+//! and never longer than an hour after it finished; on a store several
+//! processes share, this assumes none of them prunes finished commands
+//! sooner than that (the hour keeps the assumption small: any retention of
+//! an hour or more, whatever the others use).
+//!
 //! # Where things are
 //! This file holds the [`Queue`], its [`QueueConfig`] and the one path by
 //! which a command changes (`transition`, then `write`). The operations
@@ -109,6 +120,10 @@ pub struct QueueConfig {
     /// How long an idempotency key is remembered (24 h).
     pub idempotency_ttl: Duration,
     /// How long terminal commands are kept before pruning (30 days); `None` keeps them.
+    /// A queue serves a finished run it read or wrote from memory for at
+    /// most this long, and at most an hour, after it finished: every
+    /// process pruning the same store must keep finished runs at least
+    /// that long.
     pub terminal_retention: Option<Duration>,
     /// The relay's pass interval in interval mode (20 s).
     pub sync_interval: Duration,
