@@ -47,7 +47,7 @@
 //! [`Store::command_for_agent`]: crate::store::Store::command_for_agent
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -72,7 +72,7 @@ pub(crate) const MAX_RECORD_BYTES: usize = 1 << 20;
 
 /// A kept record, its weight and until when it may be served.
 struct Entry {
-    record: Arc<CommandRecord>,
+    record: CommandRecord,
     bytes: usize,
     /// `finished_at` plus the horizon: from this instant a pruner may have
     /// deleted the row.
@@ -133,7 +133,7 @@ impl FinishedRuns {
             return None;
         }
         let record = &entry.record;
-        (record.owner == agent.owner && record.agent == agent.id).then(|| (**record).clone())
+        (record.owner == agent.owner && record.agent == agent.id).then(|| record.clone())
     }
 
     /// Keeps `record` if it is finished and may be served at `now`; open
@@ -151,7 +151,7 @@ impl FinishedRuns {
             return;
         }
         let entry = Entry {
-            record: Arc::new(record.clone()),
+            record: record.clone(),
             bytes,
             serve_until,
         };
