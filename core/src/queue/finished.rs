@@ -5,8 +5,7 @@
 //! A finished (terminal) command never changes: the state machine has no
 //! transition out of `completed`, `failed` or `cancelled`, and a duplicate
 //! report writes nothing. The one thing that can still happen to its row
-//! is that a pruner deletes it, and [`FinishedRuns`] serves a record only
-//! while no pruner may have:
+//! is that a pruner deletes it. [`FinishedRuns`] keeps three rules:
 //!
 //! - An open record is never kept. A run that another process completes,
 //!   cancels or closes is therefore read from the store the first time
@@ -20,6 +19,9 @@
 //!   leaves the cache no later than the first instant this queue's own
 //!   pruning could delete its row, and no later than an hour after it
 //!   finished whatever the configuration says.
+//! - A record is served only to its own party: the agent that queued it,
+//!   under its owner, exactly as [`Store::command_for_agent`] would find
+//!   it. Anyone else's read (and "not found") goes to the store.
 //!
 //! The assumption, for stores shared by several processes (a SQLite file,
 //! a Postgres database): every process that prunes keeps finished runs for
@@ -31,10 +33,6 @@
 //! that keep them longer, breaks it. The hour costs little: a finished run
 //! is read again mostly in the minutes after it finished (the agent's poll
 //! or `wait_seconds` call that sees it end, then the reads of its result).
-//!
-//! - A record is served only to its own party: the agent that queued it,
-//!   under its owner, exactly as [`Store::command_for_agent`] would find
-//!   it. Anyone else's read (and "not found") goes to the store.
 //!
 //! The cache is bounded in records and in bytes: two generations of at
 //! most [`GENERATION_RECORDS`] records and [`GENERATION_BYTES`] each (a
