@@ -2,16 +2,19 @@
 //! external-write marker (`PRAGMA data_version` of its writer) moves for
 //! that write and never for the store's own, and `Queue::maintain` then
 //! wakes the requests this process holds, which otherwise wait on
-//! notifications alone (no periodic re-read per held request).
+//! notifications alone (no periodic re-read per held request). A finished
+//! run this process read is not read again, and never served once the
+//! other process pruned it.
 
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
-use graph_relay_core::queue::{FED_RECHECK, SyncRequest};
+use graph_relay_core::command::CommandStatus;
+use graph_relay_core::queue::{FED_RECHECK, GetError, QueueConfig, SyncRequest};
 use graph_relay_core::store::{ExternalWrites, Store};
-use graph_relay_core::testkit::{World, meta, p1};
+use graph_relay_core::testkit::{World, completed, exec, meta, p1};
 use graph_relay_core::time::ThreadSleeper;
 use graph_relay_store_sqlite::SqliteStore;
 
@@ -89,4 +92,50 @@ fn maintain_wakes_a_held_sync_when_another_process_queued_work() {
     held.join().expect("thread");
     // Nothing new since: the next maintenance wakes nobody.
     assert_eq!(block_on(wa.queue.maintain()).expect("maintain").woken, 0);
+}
+
+#[test]
+fn a_finished_run_is_read_once_and_never_served_after_another_process_pruned_it() {
+    let (_dir, a, b) = two_stores();
+    // Both processes keep keys for a minute and finished runs for ten.
+    let config = QueueConfig {
+        idempotency_ttl: Duration::from_secs(60),
+        terminal_retention: Some(Duration::from_secs(600)),
+        ..QueueConfig::default()
+    };
+    let wa = World::with_config(a.clone(), config.clone());
+    let wb = World::with_config(b, config);
+    let statements = |step: &dyn Fn()| {
+        let before = a.statements_executed();
+        step();
+        a.statements_executed() - before
+    };
+    block_on(wa.sync(&wa.device, p1(), &[1]));
+    let run = block_on(wa.run(&wa.agent, 1, "finished-elsewhere"));
+    block_on(wa.queue.start(&wa.device, &run.id, &exec("e1"))).expect("start");
+
+    // The other process records the result: this one reads it from the
+    // file once, then from memory.
+    let result = completed("e1", serde_json::json!({"done": true}));
+    block_on(wb.queue.complete(&wb.device, &run.id, &result)).expect("complete");
+    let read = || {
+        let view = block_on(wa.queue.get_graph_run(&wa.agent, &run.id)).expect("get");
+        assert_eq!(view.command.status, CommandStatus::Completed);
+        assert_eq!(view.command.completion.as_ref(), Some(&result));
+    };
+    assert_eq!(statements(&read), 1, "the first read after the result");
+    assert_eq!(statements(&read), 0, "the next read: no statement, no lock");
+
+    // Ten minutes later the other process prunes it: this one's next read
+    // asks the file, which has nothing.
+    wa.advance(600);
+    wb.advance(600);
+    assert_eq!(block_on(wb.queue.prune()).expect("prune").commands, 1);
+    let gone = || {
+        assert!(matches!(
+            block_on(wa.queue.get_graph_run(&wa.agent, &run.id)),
+            Err(GetError::NotFound)
+        ));
+    };
+    assert_eq!(statements(&gone), 1, "a pruned run is read from the file");
 }

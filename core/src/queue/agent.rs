@@ -172,11 +172,15 @@ impl Queue {
     /// Reads a run of this agent.
     pub async fn get_graph_run(&self, agent: &Agent, id: &CommandId) -> Result<RunView, GetError> {
         let now = self.clock.now();
+        if let Some(finished) = self.finished.get(agent, id, now) {
+            return Ok(self.view(finished, now).await?);
+        }
         let command = self
             .store
             .command_for_agent(&agent.owner, &agent.id, id)
             .await?
             .ok_or(GetError::NotFound)?;
+        self.finished.put(&command, now);
         let command = if command.is_lapsed(now) {
             // The lease lapsed and nothing closed the run yet: close it now,
             // so this read and every later one agree.

@@ -20,7 +20,9 @@
 //!   owner and device), so "not yours" is still answered by the store.
 //!
 //! Finished commands are not kept (no transition but a duplicate report
-//! follows, and their results can be large). The cache is bounded: two
+//! follows, and their results can be large); the finished runs an agent
+//! reads again have a cache of their own, with its own bound
+//! ([`finished`](super::finished)). The cache is bounded: two
 //! generations of at most [`GENERATION`] records each; when the current one
 //! is full it becomes the previous one and the older one is dropped.
 

@@ -38,6 +38,17 @@
 //! read for [`QueueConfig::touch_interval`], the precision at which
 //! liveness is written anyway.
 //!
+//! A queue also keeps the finished commands it wrote or read, and
+//! [`Queue::get_graph_run`] answers from them without the store: a
+//! finished command never changes, and pruning, which deletes it, cannot
+//! reach it before its `finished_at` plus the pruner's
+//! [`QueueConfig::terminal_retention`]. A kept command is served only to
+//! its own agent, and only until that instant by this queue's retention,
+//! and never longer than an hour after it finished; on a store several
+//! processes share, this assumes none of them prunes finished commands
+//! sooner than that (the hour keeps the assumption small: any retention of
+//! an hour or more, whatever the others use).
+//!
 //! # Where things are
 //! This file holds the [`Queue`], its [`QueueConfig`] and the one path by
 //! which a command changes (`transition`, then `write`). The operations
@@ -61,6 +72,7 @@ use std::time::Duration;
 mod agent;
 mod devices;
 mod errors;
+mod finished;
 mod holds;
 mod last_seen;
 mod maintenance;
@@ -108,6 +120,10 @@ pub struct QueueConfig {
     /// How long an idempotency key is remembered (24 h).
     pub idempotency_ttl: Duration,
     /// How long terminal commands are kept before pruning (30 days); `None` keeps them.
+    /// A queue serves a finished run it read or wrote from memory for at
+    /// most this long, and at most an hour, after it finished: every
+    /// process pruning the same store must keep finished runs at least
+    /// that long.
     pub terminal_retention: Option<Duration>,
     /// The relay's pass interval in interval mode (20 s).
     pub sync_interval: Duration,
@@ -241,6 +257,9 @@ pub struct Queue {
     /// Open commands as this queue last wrote or read them: the first
     /// guess of a transition's compare-and-swap (see [`last_seen`]).
     last_seen: Arc<last_seen::LastSeen>,
+    /// Finished commands as this queue last wrote or read them: what
+    /// `get_graph_run` answers from without the store (see [`finished`]).
+    finished: Arc<finished::FinishedRuns>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -263,7 +282,6 @@ impl Queue {
             store,
             clock,
             ids,
-            config,
             signals: Arc::new(Signals::new()),
             touched: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
             devices: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
@@ -271,6 +289,8 @@ impl Queue {
             progress: Arc::new(Memo::new(MAX_PROGRESS_STATES)),
             marker: Arc::default(),
             last_seen: Arc::default(),
+            finished: Arc::new(finished::FinishedRuns::new(config.terminal_retention)),
+            config,
         }
     }
 
@@ -395,7 +415,7 @@ impl Queue {
                 }
                 Err(refusal) => return Err(TransitionError::Refused(refusal)),
                 Ok(false) => {
-                    self.last_seen.put(&record);
+                    self.remember(&record);
                     return Ok(record);
                 }
                 Ok(true) => {}
@@ -415,12 +435,22 @@ impl Queue {
     async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
         let written = self.store.update_command(record).await?;
         if written {
-            self.last_seen.put(record);
+            self.remember(record);
             self.signals.notify(&Topic::Command(record.id));
         } else {
             self.last_seen.forget(&record.id);
         }
         Ok(written)
+    }
+}
+
+impl Queue {
+    /// Keeps `record`, just written or read fresh, as this queue's copy:
+    /// an open one for the next transition's compare-and-swap, a finished
+    /// one for the next read.
+    fn remember(&self, record: &CommandRecord) {
+        self.last_seen.put(record);
+        self.finished.put(record, self.clock.now());
     }
 }
 

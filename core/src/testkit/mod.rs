@@ -15,12 +15,14 @@
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
 mod faulty;
+mod finished_runs;
 pub mod mcp_sessions;
 pub mod model;
 mod outage;
 pub mod workload;
 
 pub use faulty::FaultyTransport;
+pub use finished_runs::finished_runs;
 pub use outage::Outage;
 
 use std::sync::Arc;
@@ -58,7 +60,7 @@ macro_rules! store_conformance_suite {
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
-            restart_and_unsharing, progress, store_edges, queues_sharing_a_store);
+            restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
