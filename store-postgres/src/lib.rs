@@ -71,11 +71,14 @@
 //! stored, so the next sync of each desktop restores it. Commands,
 //! idempotency keys and every other write keep the database's setting.
 
+mod batch;
 pub mod figures;
 mod mcp_sessions;
+mod reader;
 mod schema;
 mod signal_bridge;
 mod store;
+mod writer;
 #[cfg(feature = "testing")]
 pub mod testing;
 
