@@ -15,7 +15,11 @@
 //! `BENCH_STORES` (comma-separated, default `memory,sqlite,postgres`)
 //! picks the stores, e.g. `BENCH_STORES=postgres` to compare two builds of
 //! the Postgres store run after one another. The Postgres store has the
-//! default pool size (16), or `BENCH_PG_POOL` connections.
+//! default pool size (16), or `BENCH_PG_POOL` connections, and its
+//! connections are named `graph-relay-bench` (`application_name`), so its
+//! server processes can be told from others'. Below the table, the
+//! Postgres store's statements per lifecycle in each variant (over all
+//! measured rounds): requests in flight together share statements.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +38,9 @@ const IN_FLIGHT: [u32; 2] = [16, 64];
 /// Measured rounds per figure; the best is reported.
 const ROUNDS: usize = 3;
 
-/// Lifecycles per second over about `budget`, all `desks` in flight at once.
-async fn rate(w: &World, desks: &[Desk], counter: &AtomicU64, budget: Duration) -> f64 {
+/// (lifecycles per second, lifecycles run) over about `budget`, all
+/// `desks` in flight at once.
+async fn rate(w: &World, desks: &[Desk], counter: &AtomicU64, budget: Duration) -> (f64, u64) {
     let start = Instant::now();
     let mut done = 0u64;
     while start.elapsed() < budget {
@@ -45,11 +50,23 @@ async fn rate(w: &World, desks: &[Desk], counter: &AtomicU64, budget: Duration) 
         futures::future::join_all(runs).await;
         done += desks.len() as u64;
     }
-    done as f64 / start.elapsed().as_secs_f64()
+    (done as f64 / start.elapsed().as_secs_f64(), done)
 }
 
-/// Lifecycles per second for `store`: one at a time, then each of [`IN_FLIGHT`].
-async fn measure(store: Arc<dyn Store>, budget: Duration) -> [f64; 3] {
+/// One store's figures, one per variant (one at a time, then each of [`IN_FLIGHT`]).
+struct Figures {
+    /// The best round's lifecycles per second.
+    rate: [f64; 3],
+    /// Statements per lifecycle over all measured rounds, where counted.
+    statements: Option<[f64; 3]>,
+}
+
+/// Measures `store`; `statements` reads its statement count, if it keeps one.
+async fn measure(
+    store: Arc<dyn Store>,
+    budget: Duration,
+    statements: Option<&dyn Fn() -> u64>,
+) -> Figures {
     let counter = AtomicU64::new(0);
     let w = World::new(store);
     // Desk k of every variant is the same desktop: each variant's desks
@@ -60,12 +77,21 @@ async fn measure(store: Arc<dyn Store>, budget: Duration) -> [f64; 3] {
         rate(&w, desks, &counter, budget / 4).await;
     }
     let mut best = [0.0f64; 3];
+    let mut sent = [0u64; 3];
+    let mut done = [0u64; 3];
     for _ in 0..ROUNDS {
-        for (best, desks) in best.iter_mut().zip(variants) {
-            *best = best.max(rate(&w, desks, &counter, budget).await);
+        for (i, desks) in variants.iter().enumerate() {
+            let before = statements.map_or(0, |count| count());
+            let (rate, lifecycles) = rate(&w, desks, &counter, budget).await;
+            best[i] = best[i].max(rate);
+            sent[i] += statements.map_or(0, |count| count()) - before;
+            done[i] += lifecycles;
         }
     }
-    best
+    Figures {
+        rate: best,
+        statements: statements.map(|_| std::array::from_fn(|i| sent[i] as f64 / done[i] as f64)),
+    }
 }
 
 /// Whether `BENCH_STORES` (all stores when unset) names `store`.
@@ -92,18 +118,17 @@ fn main() {
         .build()
         .expect("a Tokio runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut rows: Vec<(&str, [f64; 3])> = Vec::new();
+    let mut rows: Vec<(&str, Figures)> = Vec::new();
     runtime.block_on(async {
         if selected("memory") {
             rows.push((
                 "memory",
-                measure(Arc::new(MemoryStore::new()), budget).await,
+                measure(Arc::new(MemoryStore::new()), budget, None).await,
             ));
         }
         if selected("sqlite") {
-            let sqlite =
-                SqliteStore::open(dir.path().join("bench.sqlite")).expect("open SQLite");
-            rows.push(("sqlite", measure(Arc::new(sqlite), budget).await));
+            let sqlite = SqliteStore::open(dir.path().join("bench.sqlite")).expect("open SQLite");
+            rows.push(("sqlite", measure(Arc::new(sqlite), budget, None).await));
         }
     });
     let schema = if !selected("postgres") {
@@ -123,12 +148,15 @@ fn main() {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(PostgresOptions::default().pool_size),
+                application_name: "graph-relay-bench".into(),
                 ..schema.options()
             };
             let store = PostgresStore::connect(schema.url(), &options)
                 .await
                 .expect("connect to Postgres");
-            rows.push(("postgres", measure(Arc::new(store), budget).await));
+            let count = || store.statements_executed();
+            let figures = measure(Arc::new(store.clone()), budget, Some(&count)).await;
+            rows.push(("postgres", figures));
         });
     }
     drop(runtime);
@@ -140,7 +168,18 @@ fn main() {
         "{:<10} {:>16} {:>18} {:>18}",
         "store", "one at a time", "16 in flight", "64 in flight"
     );
-    for (name, [one, sixteen, sixty_four]) in &rows {
+    for (name, figures) in &rows {
+        let [one, sixteen, sixty_four] = figures.rate;
         println!("{name:<10} {one:>16.0} {sixteen:>18.0} {sixty_four:>18.0}");
+    }
+    let counted: Vec<_> = rows
+        .iter()
+        .filter_map(|(name, figures)| Some((name, figures.statements?)))
+        .collect();
+    if !counted.is_empty() {
+        println!("\nstatements per lifecycle (requests in flight together share them)");
+        for (name, [one, sixteen, sixty_four]) in counted {
+            println!("{name:<10} {one:>16.2} {sixteen:>18.2} {sixty_four:>18.2}");
+        }
     }
 }

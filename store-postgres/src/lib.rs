@@ -74,11 +74,9 @@
 mod batch;
 pub mod figures;
 mod mcp_sessions;
-mod reader;
 mod schema;
 mod signal_bridge;
 mod store;
-mod writer;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -20,10 +20,10 @@ use graph_relay_core::store::{
 use graph_relay_core::time::Timestamp;
 use tokio_postgres::{NoTls, Row};
 
+use crate::batch::reads::{CommandLookup, QueuedLookup, Reader, SessionLookup};
+use crate::batch::writes::{CommandUpdate, NewCommand, Writer};
 use crate::schema;
 use crate::signal_bridge::SignalBridge;
-use crate::reader::{CommandLookup, QueuedLookup, Reader, SessionLookup};
-use crate::writer::{CommandUpdate, NewCommand, Writer};
 
 /// How to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]

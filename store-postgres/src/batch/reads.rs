@@ -1,6 +1,6 @@
 //! The batched reads: the look-ups every Graph run makes (a command by id,
 //! a device's queued commands, a shared session by id), gathered from
-//! concurrent requests (see [`crate::batch`]) and answered with one
+//! concurrent requests (see [`super`]) and answered with one
 //! statement per kind of look-up, the kinds of one batch pipelined on one
 //! connection.
 //!
@@ -18,14 +18,16 @@ use graph_relay_core::store::StoreError;
 use tokio::sync::oneshot;
 use tokio_postgres::Row;
 
-use crate::batch::{BatchKind, Batcher, answer, same_error};
-use crate::store::{StatementCounter, backend, corrupt, decode_command, decode_session, pool_error};
+use super::{BatchKind, Batcher, answer, same_error};
+use crate::store::{
+    StatementCounter, backend, corrupt, decode_command, decode_session, pool_error,
+};
 
 /// Most look-ups in one batch.
 const MAX_BATCH: usize = 256;
 /// Most batches running at once: a lone look-up goes out at once, and
 /// look-ups wait to be batched only while this many batches run.
-const LANES: usize = 4;
+pub(crate) const LANES: usize = 4;
 
 /// A command by id, of an owner, and of an agent or a device when given.
 ///
@@ -35,7 +37,8 @@ const LANES: usize = 4;
 /// plainly, the plan Postgres makes for a connection while the table is
 /// small (a hash join over a sequential scan) would be kept as the table
 /// grows (measured: a third of the server's time went to such scans).
-const COMMANDS: &str = "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
+const COMMANDS: &str =
+    "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
     FROM unnest((SELECT $1::uuid[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::text[]))
         WITH ORDINALITY AS l(id, owner, agent, device, ord)
     CROSS JOIN LATERAL (
@@ -47,7 +50,8 @@ const COMMANDS: &str = "SELECT c.id, c.agent, c.device, c.status, c.revision, c.
 
 /// A device's queued commands in a project, oldest first (by `created_at`,
 /// then insertion order), at most `limit` of them.
-const QUEUED: &str = "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
+const QUEUED: &str =
+    "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
     FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::int8[]))
         WITH ORDINALITY AS l(owner, project, device, size, ord)
     CROSS JOIN LATERAL (
@@ -60,7 +64,8 @@ const QUEUED: &str = "SELECT c.id, c.agent, c.device, c.status, c.revision, c.re
 /// A shared session by id: the first of the look-up's projects, in its
 /// order, that has it; within a project, the smallest device. Each
 /// look-up's projects come as rows `(look-up, owner, project, position, id)`.
-const SESSIONS: &str = "SELECT DISTINCT ON (p.lookup) s.project, s.device, s.synced_at, s.meta, p.lookup
+const SESSIONS: &str =
+    "SELECT DISTINCT ON (p.lookup) s.project, s.device, s.synced_at, s.meta, p.lookup
     FROM unnest((SELECT $1::int8[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::int8[]),
                 (SELECT $5::text[])) AS p(lookup, owner, project, position, id)
     CROSS JOIN LATERAL (
@@ -68,6 +73,28 @@ const SESSIONS: &str = "SELECT DISTINCT ON (p.lookup) s.project, s.device, s.syn
         WHERE s.owner = p.owner AND s.project = p.project AND s.graph_session_id = p.id
         OFFSET 0) AS s
     ORDER BY p.lookup, p.position, s.device";
+
+/// [`COMMANDS`] for one look-up, `$1..$4` as scalars. A batch of one look-up
+/// of any kind runs the single statement: with one row to find, the batch
+/// statement's arrays and joins cost the server about half again as much
+/// (measured), and a lone look-up is the common case of a quiet server.
+const COMMAND_ONE: &str = "SELECT id, agent, device, status, revision, record, owner, 1::int8
+    FROM commands
+    WHERE id = $1 AND owner = $2
+      AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR device = $4)";
+
+/// [`QUEUED`] for one look-up, `$1..$4` as scalars.
+const QUEUED_ONE: &str = "SELECT id, agent, device, status, revision, record, owner, 1::int8
+    FROM commands
+    WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
+    ORDER BY created_at, seq LIMIT $4";
+
+/// [`SESSIONS`] for one look-up: the owner, its projects in order, the id.
+const SESSION_ONE: &str = "SELECT s.project, s.device, s.synced_at, s.meta, 1::int8
+    FROM unnest($2::text[]) WITH ORDINALITY AS p(project, position)
+    JOIN shared_sessions AS s
+      ON s.owner = $1 AND s.project = p.project AND s.graph_session_id = $3
+    ORDER BY p.position, s.device LIMIT 1";
 
 /// A command by id (see [`COMMANDS`]).
 #[derive(Debug)]
@@ -164,7 +191,9 @@ impl Reads {
             async move {
                 if !queued.is_empty() {
                     let rows = queued_rows(client, statements, &queued).await;
-                    answer_each(queued, rows, |rows| rows.iter().map(decode_command).collect());
+                    answer_each(queued, rows, |rows| {
+                        rows.iter().map(decode_command).collect()
+                    });
                 }
             },
             async move {
@@ -194,14 +223,17 @@ impl Reader {
         lookup: CommandLookup,
     ) -> Result<Option<CommandRecord>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.submit(Lookup::Command(lookup, reply))?;
+        self.0.run(Lookup::Command(lookup, reply)).await?;
         answer(outcome).await
     }
 
     /// The queued commands `lookup` names.
-    pub(crate) async fn queued(&self, lookup: QueuedLookup) -> Result<Vec<CommandRecord>, StoreError> {
+    pub(crate) async fn queued(
+        &self,
+        lookup: QueuedLookup,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.submit(Lookup::Queued(lookup, reply))?;
+        self.0.run(Lookup::Queued(lookup, reply)).await?;
         answer(outcome).await
     }
 
@@ -211,7 +243,7 @@ impl Reader {
         lookup: SessionLookup,
     ) -> Result<Option<SharedSession>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.submit(Lookup::Session(lookup, reply))?;
+        self.0.run(Lookup::Session(lookup, reply)).await?;
         answer(outcome).await
     }
 }
@@ -221,6 +253,14 @@ async fn commands_rows(
     statements: &StatementCounter,
     lookups: &[(CommandLookup, Reply<Option<CommandRecord>>)],
 ) -> Result<Vec<Row>, StoreError> {
+    if let [(l, _)] = lookups {
+        let stmt = client.prepare_cached(COMMAND_ONE).await.map_err(backend)?;
+        statements.sent(1);
+        return client
+            .query(&stmt, &[&l.id, &l.owner, &l.agent, &l.device])
+            .await
+            .map_err(backend);
+    }
     let ids: Vec<uuid::Uuid> = lookups.iter().map(|(l, _)| l.id).collect();
     let owners: Vec<&str> = lookups.iter().map(|(l, _)| l.owner.as_str()).collect();
     let agents: Vec<Option<&str>> = lookups.iter().map(|(l, _)| l.agent.as_deref()).collect();
@@ -238,6 +278,14 @@ async fn queued_rows(
     statements: &StatementCounter,
     lookups: &[(QueuedLookup, Reply<Vec<CommandRecord>>)],
 ) -> Result<Vec<Row>, StoreError> {
+    if let [(l, _)] = lookups {
+        let stmt = client.prepare_cached(QUEUED_ONE).await.map_err(backend)?;
+        statements.sent(1);
+        return client
+            .query(&stmt, &[&l.owner, &l.project, &l.device, &l.limit])
+            .await
+            .map_err(backend);
+    }
     let owners: Vec<&str> = lookups.iter().map(|(l, _)| l.owner.as_str()).collect();
     let projects: Vec<&str> = lookups.iter().map(|(l, _)| l.project.as_str()).collect();
     let devices: Vec<&str> = lookups.iter().map(|(l, _)| l.device.as_str()).collect();
@@ -255,6 +303,14 @@ async fn sessions_rows(
     statements: &StatementCounter,
     lookups: &[(SessionLookup, Reply<Option<SharedSession>>)],
 ) -> Result<Vec<Row>, StoreError> {
+    if let [(l, _)] = lookups {
+        let stmt = client.prepare_cached(SESSION_ONE).await.map_err(backend)?;
+        statements.sent(1);
+        return client
+            .query(&stmt, &[&l.owner, &l.projects, &l.id])
+            .await
+            .map_err(backend);
+    }
     let mut positions: Vec<i64> = Vec::new();
     let mut owners: Vec<&str> = Vec::new();
     let mut projects: Vec<&str> = Vec::new();
@@ -298,7 +354,9 @@ fn answer_each<L, T>(
                 usize::try_from(n - 1)
                     .ok()
                     .filter(|&i| i < per_lookup.len())
-                    .ok_or_else(|| StoreError::Backend(format!("a batched read answered look-up {n}")))
+                    .ok_or_else(|| {
+                        StoreError::Backend(format!("a batched read answered look-up {n}"))
+                    })
             });
         match position {
             Ok(i) => per_lookup[i].push(row),
