@@ -217,9 +217,10 @@ impl PostgresStore {
             tracing::info!(?applied, schema = ?schema, "postgres store: migrations applied");
         }
         let statements = StatementCounter::default();
+        let lanes = crate::batch::lanes(pool.status().max_size);
         Ok(Self {
-            writer: Arc::new(Writer::new(pool.clone(), statements.clone())),
-            reader: Arc::new(Reader::new(pool.clone(), statements.clone())),
+            writer: Arc::new(Writer::new(pool.clone(), statements.clone(), lanes)),
+            reader: Arc::new(Reader::new(pool.clone(), statements.clone(), lanes)),
             pool,
             config,
             schema,

@@ -25,9 +25,6 @@ use crate::store::{
 
 /// Most look-ups in one batch.
 const MAX_BATCH: usize = 256;
-/// Most batches running at once: a lone look-up goes out at once, and
-/// look-ups wait to be batched only while this many batches run.
-pub(crate) const LANES: usize = 4;
 
 /// A command by id, of an owner, and of an agent or a device when given.
 ///
@@ -141,7 +138,6 @@ impl BatchKind for Reads {
     type Job = Lookup;
     type Exclusive = ();
     const MAX_BATCH: usize = MAX_BATCH;
-    const LANES: usize = LANES;
 
     fn exclusive(_: &Lookup) -> Option<()> {
         None
@@ -213,8 +209,9 @@ impl Reads {
 pub(crate) struct Reader(Batcher<Reads>);
 
 impl Reader {
-    pub(crate) fn new(pool: Pool, statements: StatementCounter) -> Self {
-        Self(Batcher::new(Reads { pool, statements }))
+    /// Look-ups on `pool`, with `lanes` lanes.
+    pub(crate) fn new(pool: Pool, statements: StatementCounter, lanes: usize) -> Self {
+        Self(Batcher::new(Reads { pool, statements }, lanes))
     }
 
     /// The command `lookup` names, if any.

@@ -3,7 +3,7 @@
 //!
 //! Each test runs on a current-thread runtime, where the requests that one
 //! `join_all` starts are all under way before any of them gets an answer:
-//! the first `LANES` of a kind take the free lanes and run alone, the rest
+//! the first [`lanes`] of a kind take the free lanes and run alone, the rest
 //! are queued and, once a lane frees, go as one batch. So the statements
 //! a test counts are exact.
 
@@ -17,7 +17,7 @@ use graph_relay_core::store::{IdempotencyRecord, InsertOutcome, Store, StoreErro
 use graph_relay_core::testkit::{World, exec, gs, p1};
 use graph_relay_core::time::Clock;
 
-use super::{reads, writes};
+use super::lanes;
 use crate::PostgresStore;
 use crate::testing::{TestSchema, url};
 
@@ -77,9 +77,9 @@ fn concurrent_inserts_beyond_the_lanes_are_one_statement() {
         insert_all(&store, &w, 1..=16).await;
         assert_eq!(
             store.statements_executed() - before,
-            writes::LANES as u64 + 1,
+            lanes(store.pool().status().max_size) as u64 + 1,
             "the first inserts run alone, the other {} together",
-            16 - writes::LANES
+            16 - lanes(store.pool().status().max_size)
         );
         assert_eq!(store.command_count().await.expect("count"), 16);
     });
@@ -103,7 +103,7 @@ fn a_failed_swap_in_a_batch_fails_alone() {
         let mut stale = started(&commands[7]);
         stale.revision = 5;
         updates.push(stale);
-        assert!(updates.len() > writes::LANES + 3);
+        assert!(updates.len() > lanes(store.pool().status().max_size) + 3);
 
         let before = store.statements_executed();
         let outcomes: Vec<bool> = join_all(updates.iter().map(|u| store.update_command(u)))
@@ -113,7 +113,7 @@ fn a_failed_swap_in_a_batch_fails_alone() {
             .collect();
         assert_eq!(
             store.statements_executed() - before,
-            writes::LANES as u64 + 1
+            lanes(store.pool().status().max_size) as u64 + 1
         );
         assert_eq!(outcomes[..6], [true; 6]);
         assert_eq!(
@@ -192,7 +192,7 @@ fn a_refused_batch_runs_again_write_by_write() {
         // Fillers take the lanes; the batch holds two good inserts around
         // one that reuses the id of a stored command under a fresh key,
         // which makes the server refuse the whole statement.
-        let mut rows: Vec<_> = (10..10 + writes::LANES as u128)
+        let mut rows: Vec<_> = (10..10 + lanes(store.pool().status().max_size) as u128)
             .map(|n| command(&w, n))
             .collect();
         rows.push(command(&w, 20));
@@ -298,8 +298,8 @@ fn concurrent_look_ups_are_one_statement_per_kind() {
         let (found_ids, missing_id) = ([gs(2), gs(1)], gs(1));
 
         // Fillers take the lanes; then a batch of every kind of look-up.
-        let fillers =
-            (0..reads::LANES).map(|n| store.command_for_agent(owner, &w.agent.id, &commands[n].id));
+        let fillers = (0..lanes(store.pool().status().max_size))
+            .map(|n| store.command_for_agent(owner, &w.agent.id, &commands[n].id));
         let before = store.statements_executed();
         let (fillers, by_agent, by_device, by_owner, queued, found, missing) = futures::join!(
             join_all(fillers),
@@ -330,7 +330,7 @@ fn concurrent_look_ups_are_one_statement_per_kind() {
         );
         assert_eq!(
             store.statements_executed() - before,
-            reads::LANES as u64 + 3,
+            lanes(store.pool().status().max_size) as u64 + 3,
             "the fillers alone, then one statement per kind of look-up"
         );
         for (filler, command) in fillers.into_iter().zip(&commands) {

@@ -46,10 +46,6 @@ use crate::store::{StatementCounter, backend, describe, pool_error};
 
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
-/// Most batches of one kind running at once. While one waits for the
-/// disk, the next can already be executing, and the server flushes both
-/// together when they commit close enough.
-pub(crate) const LANES: usize = 2;
 
 /// The inserts' statement: `$1..$16` are the columns. Returns the position
 /// (from 1) of each insert that wrote its key and command.
@@ -359,7 +355,6 @@ impl<W: WriteKind> BatchKind for Writes<W> {
     type Job = (W::Row, Reply);
     type Exclusive = W::Exclusive;
     const MAX_BATCH: usize = MAX_BATCH;
-    const LANES: usize = LANES;
 
     fn exclusive((row, _): &Self::Job) -> Option<W::Exclusive> {
         W::exclusive(row)
@@ -464,18 +459,25 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn new(pool: Pool, statements: StatementCounter) -> Self {
+    /// Inserts and updates on `pool`, each with `lanes` lanes.
+    pub(crate) fn new(pool: Pool, statements: StatementCounter, lanes: usize) -> Self {
         Self {
-            inserts: Batcher::new(Writes {
-                pool: pool.clone(),
-                statements: statements.clone(),
-                kind: PhantomData,
-            }),
-            updates: Batcher::new(Writes {
-                pool,
-                statements,
-                kind: PhantomData,
-            }),
+            inserts: Batcher::new(
+                Writes {
+                    pool: pool.clone(),
+                    statements: statements.clone(),
+                    kind: PhantomData,
+                },
+                lanes,
+            ),
+            updates: Batcher::new(
+                Writes {
+                    pool,
+                    statements,
+                    kind: PhantomData,
+                },
+                lanes,
+            ),
         }
     }
 
