@@ -33,7 +33,9 @@ pub struct PostgresOptions {
     /// wake-up listener's). `None` uses the connection's own `search_path`.
     /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
     pub schema: Option<String>,
-    /// Most connections in the pool (16).
+    /// Most connections in the pool (16). A quarter of them, at most four,
+    /// is the lanes of each kind of batched request (inserts,
+    /// compare-and-swaps, look-ups; see the crate docs).
     pub pool_size: usize,
     /// Longest wait for a new connection (5 s).
     pub connect_timeout: Duration,
@@ -237,9 +239,12 @@ impl PostgresStore {
     /// every query and execute of its [`Store`] methods and of
     /// [`command_count`](Self::command_count), each counted once when it is
     /// sent (whether or not it succeeds), with a transaction's `BEGIN` and
-    /// `COMMIT` counted as one statement each. Not counted: the migrations
-    /// run by [`connect`](Self::connect), the one-off preparation of a
-    /// statement on a pooled connection (each connection prepares each
+    /// `COMMIT` counted as one statement each. Requests gathered into one
+    /// batch (see the crate docs) share its statement: a batch counts once,
+    /// however many requests it answers, and a batch the server refused
+    /// counts once more for each request run again alone. Not counted: the
+    /// migrations run by [`connect`](Self::connect), the one-off preparation
+    /// of a statement on a pooled connection (each connection prepares each
     /// statement once and caches it), queries run on [`pool`](Self::pool)
     /// by others, and the wake-up listener's own connection (see
     /// [`SignalStats`](crate::SignalStats)). A relaxed atomic counter: cheap
