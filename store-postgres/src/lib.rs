@@ -72,9 +72,9 @@
 //!
 //! So the hot requests are gathered by kind: inserts, compare-and-swaps,
 //! and the look-ups of a command by id, of a device's queued commands and
-//! of a shared session. Each kind has a few lanes (a quarter of the pool,
-//! at most four): a request that finds one free and nothing of its kind
-//! waiting runs at once, alone, with the same single-row statement as
+//! of a shared session. Each kind has two lanes (one with a pool of fewer
+//! than 8 connections): a request that finds one free and nothing of its
+//! kind waiting runs at once, alone, with the same single-row statement as
 //! ever; requests that arrive while every lane is busy wait for the next
 //! lane and then go together as one statement, their rows as arrays, one
 //! per column. A batch of writes is one transaction, so one commit and

@@ -33,9 +33,9 @@ pub struct PostgresOptions {
     /// wake-up listener's). `None` uses the connection's own `search_path`.
     /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
     pub schema: Option<String>,
-    /// Most connections in the pool (16). A quarter of them, at most four,
-    /// is the lanes of each kind of batched request (inserts,
-    /// compare-and-swaps, look-ups; see the crate docs).
+    /// Most connections in the pool (16). Each kind of batched request
+    /// (inserts, compare-and-swaps, look-ups; see the crate docs) runs at
+    /// most two statements at once, one with a pool of fewer than 8.
     pub pool_size: usize,
     /// Longest wait for a new connection (5 s).
     pub connect_timeout: Duration,

@@ -70,12 +70,16 @@ struct Shared<K> {
 
 /// Most lanes of one kind.
 ///
-/// Four: with fewer, a write that finds every lane busy waits for a whole
-/// commit before its own starts (with 16 lifecycles in flight on a loaded
-/// machine, a compare-and-swap took 2.0–4.0 ms with two lanes, 1.3–2.7 ms
-/// with four); with more, batches get smaller and the statements more
-/// (eight lanes sent 40% more statements per lifecycle for no shorter wait).
-pub(crate) const MAX_LANES: usize = 4;
+/// Two. More lanes let a write wait less for a lane when the disk is slow
+/// (with 16 lifecycles in flight on a heavily loaded machine, a
+/// compare-and-swap took 2.0–4.0 ms with two lanes, 1.3–2.7 ms with four),
+/// but make the batches smaller, and where the server's CPU is the limit
+/// that costs more than it saves: alternating on a machine at load 2.4–3.6,
+/// two lanes ran 1,964 / 2,022 / 3,102 lifecycles/s with 16 in flight and
+/// 4,658 / 4,561 / 6,393 with 64 (1.7 and 0.5 statements per lifecycle),
+/// four lanes 1,293 / 2,626 / 1,742 and 3,493 / 5,488 / 3,488 (2.9 and
+/// 0.8 statements); eight sent more statements still for no shorter wait.
+pub(crate) const MAX_LANES: usize = 2;
 
 /// The lanes of each kind for a pool of `pool_size` connections: a quarter
 /// of the pool, one at least and [`MAX_LANES`] at most. The three kinds
