@@ -136,6 +136,10 @@ impl<K: BatchKind> Batcher<K> {
                 "the Postgres store must be used inside a Tokio runtime".into(),
             ));
         };
+        // Whatever the previous task had queued went with it (answered
+        // with an error): only this job waits now, so lone requests may go
+        // straight out again once it is taken.
+        self.shared.queued.store(1, Ordering::Release);
         let (tx, rx) = mpsc::unbounded_channel();
         runtime.spawn(gathering(Arc::clone(&self.shared), rx));
         let sent = tx.send(job).map_err(|_| {

@@ -212,8 +212,11 @@ pub(crate) trait WriteKind: Send + Sync + 'static {
     /// statement's arrays, subqueries and joins cost the server about
     /// twice a plain statement's time when there is only one row to write
     /// (measured), and a lone write is the common case of a quiet server.
+    /// Counts the statement in `statements` once it is prepared, as it is
+    /// sent.
     fn query(
         client: &Client,
+        statements: &StatementCounter,
         rows: &[&Self::Row],
     ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send;
 }
@@ -232,10 +235,12 @@ impl WriteKind for Inserts {
 
     async fn query(
         client: &Client,
+        statements: &StatementCounter,
         rows: &[&NewCommand],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         if let [r] = rows {
             let statement = client.prepare_cached(INSERT_ONE).await?;
+            statements.sent(1);
             let params: [&(dyn ToSql + Sync); 16] = [
                 &r.id,
                 &r.owner,
@@ -257,6 +262,7 @@ impl WriteKind for Inserts {
             return client.query(&statement, &params).await;
         }
         let statement = client.prepare_cached(INSERTS).await?;
+        statements.sent(1);
         let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
         let owner: Vec<&str> = rows.iter().map(|r| r.owner.as_str()).collect();
         let agent: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();
@@ -308,10 +314,12 @@ impl WriteKind for Updates {
 
     async fn query(
         client: &Client,
+        statements: &StatementCounter,
         rows: &[&CommandUpdate],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         if let [r] = rows {
             let statement = client.prepare_cached(UPDATE_ONE).await?;
+            statements.sent(1);
             let params: [&(dyn ToSql + Sync); 7] = [
                 &r.id,
                 &r.previous,
@@ -324,6 +332,7 @@ impl WriteKind for Updates {
             return client.query(&statement, &params).await;
         }
         let statement = client.prepare_cached(UPDATES).await?;
+        statements.sent(1);
         let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
         let previous: Vec<i64> = rows.iter().map(|r| r.previous).collect();
         let status: Vec<&str> = rows.iter().map(|r| r.status).collect();
@@ -404,8 +413,9 @@ impl<W: WriteKind> Writes<W> {
             .get()
             .await
             .map_err(|e| Failure::Other(StoreError::Backend(pool_error(&e))))?;
-        self.statements.sent(1);
-        let answered = W::query(&client, rows).await.map_err(|e| classify(&e))?;
+        let answered = W::query(&client, &self.statements, rows)
+            .await
+            .map_err(|e| classify(&e))?;
         let mut outcomes = vec![false; rows.len()];
         for row in answered {
             let position: i64 = row.try_get(0).map_err(|e| Failure::Other(backend(e)))?;
