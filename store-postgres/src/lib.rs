@@ -12,11 +12,15 @@
 //!
 //! * [`PostgresStore`] keeps commands, idempotency keys, shared sessions
 //!   and device liveness. It decides nothing: every transition is a
-//!   conditional `UPDATE … WHERE id = $1 AND revision = $2` (the core's
-//!   compare-and-swap); an insert under an idempotency key is one statement
-//!   that writes the key and the command together or neither; pruning claims
-//!   its batches with `FOR UPDATE SKIP LOCKED`, so two servers pruning at
-//!   once take different rows and never wait on each other.
+//!   conditional update on the command's id and revision (the core's
+//!   compare-and-swap); an insert under an idempotency key writes the key
+//!   and the command together or neither; pruning claims its batches with
+//!   `FOR UPDATE SKIP LOCKED`, so two servers pruning at once take
+//!   different rows and never wait on each other.
+//! * Concurrent requests share statements (see "Requests in flight share
+//!   statements" below): the inserts and compare-and-swaps of many requests
+//!   commit together, with one flush of the WAL, and the look-ups every run
+//!   makes are answered together.
 //! * [`PostgresMcpSessionStore`] keeps the initialize-era MCP sessions
 //!   (`MCP-Session-Id`) in the same database, so any server of a cluster
 //!   serves any session and a load balancer needs no affinity: bounded per
@@ -57,6 +61,37 @@
 //! statement. Only a sync that changes them takes the per-device advisory
 //! lock and replaces them in a transaction.
 //!
+//! ## Requests in flight share statements
+//! A Graph run costs the store six statements, three of them commits that
+//! wait for the disk: the insert of the command with its key, and the
+//! compare-and-swaps of `start` and `complete`. Run one by one, each
+//! request holding a pooled connection through its round trip and its
+//! commit, a server spent most of its time on per-statement work and on
+//! waiting for flushes, its connections busy, and every other request
+//! queued behind them.
+//!
+//! So the hot requests are gathered by kind: inserts, compare-and-swaps,
+//! and the look-ups of a command by id, of a device's queued commands and
+//! of a shared session. Each kind has two lanes (one with a pool of fewer
+//! than 8 connections): a request that finds one free and nothing of its
+//! kind waiting runs at once, alone, with the same single-row statement as
+//! ever; requests that arrive while every lane is busy wait for the next
+//! lane and then go together as one statement, their rows as arrays, one
+//! per column. A batch of writes is one transaction, so one commit and
+//! one flush of the WAL for all of them, and it answers each request on
+//! its own: an insert whose key is live or a swap whose revision moved is
+//! told `false` alone while the rest commits; a statement the server
+//! refuses (a constraint) runs again request by request so that only the
+//! one at fault fails; any other failure (no connection, a connection lost
+//! while committing) fails every request of the batch with a
+//! [`StoreError::Backend`](graph_relay_core::store::StoreError), which the
+//! caller may retry. An answer is sent only after the statement returned,
+//! so a write that returned is committed. The quieter the server, the
+//! smaller the batches; a lone request costs what it did.
+//!
+//! [`PostgresStore::statements_executed`] counts a batch as one statement,
+//! however many requests it answers.
+//!
 //! ## Syncs commit without waiting for the disk
 //! The writes of a sync (shared sessions and the device's contact) commit
 //! with `synchronous_commit` off for their own transaction, so they do not
@@ -69,8 +104,12 @@
 //! order, so queuing or starting a run on a share also makes the share
 //! durable). Every sync writes that state again, compared with what is
 //! stored, so the next sync of each desktop restores it. Commands,
-//! idempotency keys and every other write keep the database's setting.
+//! idempotency keys, results and every other write keep the database's
+//! setting, batched or not: with `synchronous_commit` on (Postgres's
+//! default), a batch answers its requests only once the WAL holding it is
+//! on disk.
 
+mod batch;
 pub mod figures;
 mod mcp_sessions;
 mod schema;

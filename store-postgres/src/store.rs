@@ -20,6 +20,8 @@ use graph_relay_core::store::{
 use graph_relay_core::time::Timestamp;
 use tokio_postgres::{NoTls, Row};
 
+use crate::batch::reads::{CommandLookup, QueuedLookup, Reader, SessionLookup};
+use crate::batch::writes::{CommandUpdate, NewCommand, Writer};
 use crate::schema;
 use crate::signal_bridge::SignalBridge;
 
@@ -31,7 +33,9 @@ pub struct PostgresOptions {
     /// wake-up listener's). `None` uses the connection's own `search_path`.
     /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
     pub schema: Option<String>,
-    /// Most connections in the pool (16).
+    /// Most connections in the pool (16). Each kind of batched request
+    /// (inserts, compare-and-swaps, look-ups; see the crate docs) runs at
+    /// most two statements at once, one with a pool of fewer than 8.
     pub pool_size: usize,
     /// Longest wait for a new connection (5 s).
     pub connect_timeout: Duration,
@@ -111,7 +115,28 @@ pub struct PostgresStore {
     schema: Option<String>,
     /// SQL statements sent by the [`Store`] methods (see
     /// [`PostgresStore::statements_executed`]); shared by the clones.
-    statements: Arc<AtomicU64>,
+    statements: StatementCounter,
+    /// The group-commit writer of inserts and compare-and-swaps; shared by
+    /// the clones.
+    writer: Arc<Writer>,
+    /// The batched look-ups of commands and shared sessions; shared by the
+    /// clones.
+    reader: Arc<Reader>,
+}
+
+/// A count of statements sent, shared by a store's clones and its writer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StatementCounter(Arc<AtomicU64>);
+
+impl StatementCounter {
+    /// Counts `n` statements about to be sent.
+    pub(crate) fn sent(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -193,11 +218,15 @@ impl PostgresStore {
         if !applied.is_empty() {
             tracing::info!(?applied, schema = ?schema, "postgres store: migrations applied");
         }
+        let statements = StatementCounter::default();
+        let lanes = crate::batch::lanes(pool.status().max_size);
         Ok(Self {
+            writer: Arc::new(Writer::new(pool.clone(), statements.clone(), lanes)),
+            reader: Arc::new(Reader::new(pool.clone(), statements.clone(), lanes)),
             pool,
             config,
             schema,
-            statements: Arc::default(),
+            statements,
         })
     }
 
@@ -210,20 +239,23 @@ impl PostgresStore {
     /// every query and execute of its [`Store`] methods and of
     /// [`command_count`](Self::command_count), each counted once when it is
     /// sent (whether or not it succeeds), with a transaction's `BEGIN` and
-    /// `COMMIT` counted as one statement each. Not counted: the migrations
-    /// run by [`connect`](Self::connect), the one-off preparation of a
-    /// statement on a pooled connection (each connection prepares each
+    /// `COMMIT` counted as one statement each. Requests gathered into one
+    /// batch (see the crate docs) share its statement: a batch counts once,
+    /// however many requests it answers, and a batch the server refused
+    /// counts once more for each request run again alone. Not counted: the
+    /// migrations run by [`connect`](Self::connect), the one-off preparation
+    /// of a statement on a pooled connection (each connection prepares each
     /// statement once and caches it), queries run on [`pool`](Self::pool)
     /// by others, and the wake-up listener's own connection (see
     /// [`SignalStats`](crate::SignalStats)). A relaxed atomic counter: cheap
     /// enough to leave on, meant for tests, benchmarks and metrics.
     pub fn statements_executed(&self) -> u64 {
-        self.statements.load(Ordering::Relaxed)
+        self.statements.get()
     }
 
     /// Counts `n` statements about to be sent.
     pub(crate) fn sent(&self, n: u64) {
-        self.statements.fetch_add(n, Ordering::Relaxed);
+        self.statements.sent(n);
     }
 
     /// The pool (for metrics, or for running admin queries in the same schema).
@@ -275,20 +307,6 @@ impl PostgresStore {
             .get()
             .await
             .map_err(|e| StoreError::Backend(pool_error(&e)))
-    }
-
-    /// The first command `sql` selects with `params` (the query names its
-    /// owner, so "not yours" is "not found").
-    async fn one_command(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Option<CommandRecord>, StoreError> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(backend)?;
-        self.sent(1);
-        let row = client.query_opt(&stmt, params).await.map_err(backend)?;
-        row.map(|r| decode_command(&r)).transpose()
     }
 
     /// Every command `sql` selects with `params`, in its order.
@@ -360,68 +378,15 @@ impl Store for PostgresStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        let row = CommandRow::encode(command)?;
         let now = millis(now)?;
-        let expires_at = millis(key.expires_at)?;
-        // One statement, so one atomic write: the key is inserted (or an
-        // expired one replaced) and only then the command. A live key makes
-        // the upsert return nothing and so inserts no command. Concurrent
-        // inserts of one key serialise on its index entry: the later one
-        // waits for the earlier to commit and then sees a live key.
-        const INSERT: &str = "WITH k AS (
-                INSERT INTO idempotency_keys AS k (agent, key, command, fingerprint, expires_at, owner)
-                VALUES ($1, $2, $3, $4, $5, $9)
-                ON CONFLICT (owner, agent, key) DO UPDATE SET
-                    command = EXCLUDED.command,
-                    fingerprint = EXCLUDED.fingerprint,
-                    expires_at = EXCLUDED.expires_at
-                WHERE k.expires_at <= $6
-                RETURNING 1
-            ), c AS (
-                INSERT INTO commands (id, agent, owner, project, device, idempotency_key,
-                                      status, created_at, finished_at, revision, record,
-                                      lease_expires_at)
-                SELECT $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18 FROM k
-                RETURNING 1
-            )
-            SELECT count(*) FROM c";
+        // Committed by the writer together with the other writes waiting
+        // (see the `writer` module): key and command in one statement, so
+        // both or neither. A live key makes it write nothing.
+        //
         // A live key that blocked the insert may expire or be pruned before
         // it is read back; then the insert is simply tried again.
         for _ in 0..3 {
-            let inserted = {
-                let client = self.client().await?;
-                let stmt = client.prepare_cached(INSERT).await.map_err(backend)?;
-                self.sent(1);
-                let count: i64 = client
-                    .query_one(
-                        &stmt,
-                        &[
-                            &key.agent.as_str(),
-                            &key.key.as_str(),
-                            key.command.as_uuid(),
-                            &key.fingerprint,
-                            &expires_at,
-                            &now,
-                            command.id.as_uuid(),
-                            &row.agent,
-                            &row.owner,
-                            &row.project,
-                            &row.device,
-                            &row.idempotency_key,
-                            &row.status,
-                            &row.created_at,
-                            &row.finished_at,
-                            &row.revision,
-                            &row.record,
-                            &row.lease_expires_at,
-                        ],
-                    )
-                    .await
-                    .map_err(backend)?
-                    .get(0);
-                count == 1
-            };
-            if inserted {
+            if self.writer.insert(new_command(command, key, now)?).await? {
                 return Ok(InsertOutcome::Inserted);
             }
             if let Some(existing) = self.live_key(&key.owner, &key.agent, &key.key, now).await? {
@@ -439,12 +404,14 @@ impl Store for PostgresStore {
         agent: &AgentId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.one_command(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE id = $1 AND owner = $2 AND agent = $3",
-            &[id.as_uuid(), &owner.as_str(), &agent.as_str()],
-        )
-        .await
+        self.reader
+            .command(CommandLookup {
+                id: *id.as_uuid(),
+                owner: owner.as_str().to_owned(),
+                agent: Some(agent.as_str().to_owned()),
+                device: None,
+            })
+            .await
     }
 
     async fn command_for_device(
@@ -453,12 +420,14 @@ impl Store for PostgresStore {
         device: &DeviceId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.one_command(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE id = $1 AND owner = $2 AND device = $3",
-            &[id.as_uuid(), &owner.as_str(), &device.as_str()],
-        )
-        .await
+        self.reader
+            .command(CommandLookup {
+                id: *id.as_uuid(),
+                owner: owner.as_str().to_owned(),
+                agent: None,
+                device: Some(device.as_str().to_owned()),
+            })
+            .await
     }
 
     async fn command_for_owner(
@@ -466,12 +435,14 @@ impl Store for PostgresStore {
         owner: &OwnerId,
         id: &CommandId,
     ) -> Result<Option<CommandRecord>, StoreError> {
-        self.one_command(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE id = $1 AND owner = $2",
-            &[id.as_uuid(), &owner.as_str()],
-        )
-        .await
+        self.reader
+            .command(CommandLookup {
+                id: *id.as_uuid(),
+                owner: owner.as_str().to_owned(),
+                agent: None,
+                device: None,
+            })
+            .await
     }
 
     async fn running_commands(
@@ -508,41 +479,19 @@ impl Store for PostgresStore {
         };
         let previous = revision(previous)?;
         let row = CommandRow::encode(next)?;
-        let client = self.client().await?;
-        // The compare-and-swap: one conditional UPDATE on the revision.
-        let stmt = client
-            .prepare_cached(
-                "UPDATE commands SET
-                    agent = $2, owner = $3, project = $4, device = $5, idempotency_key = $6,
-                    status = $7, created_at = $8, finished_at = $9, revision = $10, record = $11,
-                    lease_expires_at = $13
-                 WHERE id = $1 AND revision = $12",
-            )
+        // The compare-and-swap: a conditional update on the revision,
+        // committed by the writer together with the other writes waiting.
+        self.writer
+            .update(CommandUpdate {
+                id: *next.id.as_uuid(),
+                previous,
+                status: row.status,
+                finished_at: row.finished_at,
+                revision: row.revision,
+                record: row.record,
+                lease_expires_at: row.lease_expires_at,
+            })
             .await
-            .map_err(backend)?;
-        self.sent(1);
-        let changed = client
-            .execute(
-                &stmt,
-                &[
-                    next.id.as_uuid(),
-                    &row.agent,
-                    &row.owner,
-                    &row.project,
-                    &row.device,
-                    &row.idempotency_key,
-                    &row.status,
-                    &row.created_at,
-                    &row.finished_at,
-                    &row.revision,
-                    &row.record,
-                    &previous,
-                    &row.lease_expires_at,
-                ],
-            )
-            .await
-            .map_err(backend)?;
-        Ok(changed == 1)
     }
 
     async fn queued_commands(
@@ -555,18 +504,14 @@ impl Store for PostgresStore {
         // A read, not a claim: the claim is `start`, a compare-and-swap. No
         // row locks here, so a held sync re-checking on one server never
         // hides a command from a sync arriving at another.
-        self.commands(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
-             ORDER BY created_at, seq LIMIT $4",
-            &[
-                &owner.as_str(),
-                &project.as_str(),
-                &device.as_str(),
-                &sql_limit(limit),
-            ],
-        )
-        .await
+        self.reader
+            .queued(QueuedLookup {
+                owner: owner.as_str().to_owned(),
+                project: project.as_str().to_owned(),
+                device: device.as_str().to_owned(),
+                limit: sql_limit(limit),
+            })
+            .await
     }
 
     async fn replace_shared_sessions(
@@ -779,25 +724,15 @@ impl Store for PostgresStore {
         if projects.is_empty() {
             return Ok(None);
         }
-        let projects: Vec<&str> = projects.iter().map(ProjectId::as_str).collect();
-        let client = self.client().await?;
-        // The first project in the given order that has it; then the smallest device.
-        let stmt = client
-            .prepare_cached(
-                "SELECT s.project, s.device, s.synced_at, s.meta
-                 FROM unnest($2::text[]) WITH ORDINALITY AS p(project, ord)
-                 JOIN shared_sessions AS s
-                   ON s.owner = $1 AND s.project = p.project AND s.graph_session_id = $3
-                 ORDER BY p.ord, s.device LIMIT 1",
-            )
+        // The first project in the given order that has it; then the
+        // smallest device.
+        self.reader
+            .session(SessionLookup {
+                owner: owner.as_str().to_owned(),
+                projects: projects.iter().map(|p| p.as_str().to_owned()).collect(),
+                id: id.as_str().to_owned(),
+            })
             .await
-            .map_err(backend)?;
-        self.sent(1);
-        let row = client
-            .query_opt(&stmt, &[&owner.as_str(), &projects, &id.as_str()])
-            .await
-            .map_err(backend)?;
-        row.as_ref().map(decode_session).transpose()
     }
 
     async fn touch_device(
@@ -969,9 +904,36 @@ impl CommandRow {
     }
 }
 
+/// `command` and `key` as the writer inserts them, at `now` (ms).
+fn new_command(
+    command: &CommandRecord,
+    key: &IdempotencyRecord,
+    now: i64,
+) -> Result<NewCommand, StoreError> {
+    let row = CommandRow::encode(command)?;
+    Ok(NewCommand {
+        id: *command.id.as_uuid(),
+        owner: row.owner,
+        agent: row.agent,
+        key: key.key.as_str().to_owned(),
+        project: row.project,
+        device: row.device,
+        fingerprint: key.fingerprint.clone(),
+        expires_at: millis(key.expires_at)?,
+        now,
+        idempotency_key: row.idempotency_key,
+        status: row.status,
+        created_at: row.created_at,
+        finished_at: row.finished_at,
+        revision: row.revision,
+        record: row.record,
+        lease_expires_at: row.lease_expires_at,
+    })
+}
+
 /// A row of `id, agent, device, status, revision, record, owner`: the JSON
 /// record, checked against the columns.
-fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
+pub(crate) fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
     let id: uuid::Uuid = row.try_get(0).map_err(corrupt)?;
     let agent: &str = row.try_get(1).map_err(corrupt)?;
     let device: &str = row.try_get(2).map_err(corrupt)?;
@@ -995,7 +957,7 @@ fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
     Ok(record)
 }
 
-fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {
+pub(crate) fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {
     let project: &str = row.try_get(0).map_err(corrupt)?;
     let device: &str = row.try_get(1).map_err(corrupt)?;
     let meta: &str = row.try_get(3).map_err(corrupt)?;
@@ -1043,7 +1005,7 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-fn pool_error(e: &deadpool_postgres::PoolError) -> String {
+pub(crate) fn pool_error(e: &deadpool_postgres::PoolError) -> String {
     match e {
         deadpool_postgres::PoolError::Backend(e) => describe(e),
         other => other.to_string(),

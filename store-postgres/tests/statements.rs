@@ -28,15 +28,36 @@
 //! transaction of 4 statements and the contact in one of 3. A sync whose
 //! sessions changed adds the replacement, a transaction of 5 statements,
 //! on Postgres.
+//!
+//! Requests in flight together share statements (see the crate docs): the
+//! inserts, the compare-and-swaps and the look-ups of concurrent requests
+//! are gathered by kind, and a batch is counted as one statement however
+//! many requests it answers. Of each kind, as many requests as there are
+//! lanes (two, one with a pool of fewer than 8 connections) run at once,
+//! alone; the rest wait for a lane and go as one statement. Sixteen
+//! lifecycles run step by step together (every desk's run, then every
+//! desk's sync, and so on) therefore send 15 to 17 statements instead of
+//! 80: per step the two that got lanes plus one batch, and for the run's
+//! insert, which follows its own look-up, up to two more (the inserts of
+//! the first two runs may go alone before the other fourteen arrive); the
+//! last step, `get_graph_run`, sends none (the queue answers it with the
+//! finished run its `complete` wrote). The
+//! `lifecycles` bench prints the statements per lifecycle it measured:
+//! about 1.7 with 16 lifecycles in flight and about 0.5 with 64, each
+//! running at its own pace.
+//!
 //! Needs a Postgres server (`graph_relay_store_postgres::testing::url`);
 //! `GRAPH_RELAY_SKIP=postgres` lists these tests as ignored instead.
 
 use std::sync::Arc;
 
-use graph_relay_core::testkit::World;
+use futures::future::join_all;
+use graph_relay_core::command::CommandStatus;
 use graph_relay_core::testkit::workload::{desks, lifecycle};
+use graph_relay_core::testkit::{World, completed, exec, run_args};
 use graph_relay_store_postgres::PostgresStore;
 use graph_relay_store_postgres::testing::{TestSchema, url};
+use serde_json::json;
 
 /// Statements `store` sent while `step` ran.
 async fn counted(store: &PostgresStore, step: impl std::future::Future<Output = ()>) -> u64 {
@@ -64,6 +85,87 @@ async fn a_lifecycle_sends_a_pinned_number_of_statements() {
     // replacement, a transaction of 5). The run reads the device again.
     w.advance(2);
     assert_eq!(counted(&store, lifecycle(&w, &desk, 2)).await, 9);
+}
+
+/// Sixteen lifecycles in step, on a current-thread runtime, where the
+/// requests of one step are all under way before any is answered.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[tokio::test(flavor = "current_thread")]
+async fn lifecycles_in_flight_together_share_statements() {
+    let url = url();
+    let schema = TestSchema::new(&url);
+    let store = schema.store().await.expect("connect");
+    // The lanes of each kind: two, one with a pool of fewer than 8
+    // (`PostgresOptions::pool_size`).
+    let lanes = (store.pool().status().max_size / 4).clamp(1, 2) as u64;
+    let w = World::new(Arc::new(store.clone()));
+    let desks = desks(&w, 16).await;
+    // Each desk's first lifecycle records its contact; the counted round
+    // is the second, within the touch interval, 6 statements one by one.
+    for (n, desk) in (0..).zip(&desks) {
+        lifecycle(&w, desk, n).await;
+    }
+
+    let before = store.statements_executed();
+    // Desk k alone shares session k + 1.
+    let tickets = join_all((1..=16u32).map(|session| {
+        let key = format!("in-step-{session:04}");
+        w.queue
+            .run_graph_session(&w.agent, run_args(session, &key, json!({ "n": session })))
+    }))
+    .await;
+    let ids: Vec<_> = tickets
+        .into_iter()
+        .zip(&desks)
+        .map(|(ticket, desk)| {
+            let command = ticket.expect("run").command;
+            assert_eq!(command.device, desk.device.id);
+            command.id
+        })
+        .collect();
+    let synced = join_all(desks.iter().map(|d| w.queue.sync(&d.device, &d.sync))).await;
+    for (synced, id) in synced.into_iter().zip(&ids) {
+        let commands = synced.expect("sync").commands;
+        assert_eq!(commands.iter().map(|c| c.id).collect::<Vec<_>>(), [*id]);
+    }
+    let executions: Vec<_> = (0..ids.len()).map(|n| exec(&format!("step-{n}"))).collect();
+    for started in join_all(
+        desks
+            .iter()
+            .zip(&ids)
+            .zip(&executions)
+            .map(|((d, id), e)| w.queue.start(&d.device, id, e)),
+    )
+    .await
+    {
+        started.expect("start");
+    }
+    let results: Vec<_> = executions
+        .iter()
+        .map(|e| completed(e.as_str(), json!(1)))
+        .collect();
+    for done in join_all(
+        desks
+            .iter()
+            .zip(&ids)
+            .zip(&results)
+            .map(|((d, id), r)| w.queue.complete(&d.device, id, r)),
+    )
+    .await
+    {
+        done.expect("complete");
+    }
+    for view in join_all(ids.iter().map(|id| w.queue.get_graph_run(&w.agent, id))).await {
+        assert_eq!(view.expect("get").command.status, CommandStatus::Completed);
+    }
+    let sent = store.statements_executed() - before;
+    // Five steps reach the store; the reads of the finished runs do not.
+    let least = 5 * (lanes + 1);
+    assert!(
+        (least..=least + lanes).contains(&sent),
+        "16 lifecycles in step sent {sent} statements, not {least}..={}",
+        least + lanes
+    );
 }
 
 #[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]

@@ -1,0 +1,362 @@
+//! The batching on a real server: what goes together, and what each
+//! request is told.
+//!
+//! Each test runs on a current-thread runtime, where the requests that one
+//! `join_all` starts are all under way before any of them gets an answer:
+//! the first [`lanes`] of a kind take the free lanes and run alone, the rest
+//! are queued and, once a lane frees, go as one batch. So the statements
+//! a test counts are exact.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use graph_relay_core::command::{CommandRecord, CommandStatus};
+use graph_relay_core::ids::IdempotencyKey;
+use graph_relay_core::store::{IdempotencyRecord, InsertOutcome, Store, StoreError};
+use graph_relay_core::testkit::{World, exec, gs, p1};
+use graph_relay_core::time::Clock;
+
+use super::lanes;
+use crate::PostgresStore;
+use crate::testing::{TestSchema, url};
+
+fn block_on<F: std::future::Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+        .block_on(test)
+}
+
+/// Command `n` of the world's agent and its key (`template-n`).
+fn command(w: &World, n: u128) -> (CommandRecord, IdempotencyRecord) {
+    let command = w.sync_template(n);
+    let key = IdempotencyRecord {
+        owner: command.owner.clone(),
+        agent: command.agent.clone(),
+        key: command.idempotency_key.clone(),
+        command: command.id,
+        fingerprint: format!("f-{n}"),
+        expires_at: w.clock.now().plus(Duration::from_secs(60)),
+    };
+    (command, key)
+}
+
+/// `command` started: the swap from revision 0 to 1.
+fn started(command: &CommandRecord) -> CommandRecord {
+    let mut next = command.clone();
+    next.revision = 1;
+    next.status = CommandStatus::Running;
+    next.execution_id = Some(exec("x"));
+    next
+}
+
+async fn insert_all(
+    store: &PostgresStore,
+    w: &World,
+    ns: impl Iterator<Item = u128>,
+) -> Vec<CommandRecord> {
+    let rows: Vec<_> = ns.map(|n| command(w, n)).collect();
+    let now = w.clock.now();
+    let outcomes = join_all(rows.iter().map(|(c, k)| store.insert_command(c, k, now))).await;
+    for outcome in outcomes {
+        assert_eq!(outcome.expect("insert"), InsertOutcome::Inserted);
+    }
+    rows.into_iter().map(|(c, _)| c).collect()
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn concurrent_inserts_beyond_the_lanes_are_one_statement() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let before = store.statements_executed();
+        insert_all(&store, &w, 1..=16).await;
+        assert_eq!(
+            store.statements_executed() - before,
+            lanes(store.pool().status().max_size) as u64 + 1,
+            "the first inserts run alone, the other {} together",
+            16 - lanes(store.pool().status().max_size)
+        );
+        assert_eq!(store.command_count().await.expect("count"), 16);
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn a_failed_swap_in_a_batch_fails_alone() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let commands = insert_all(&store, &w, 1..=8).await;
+        // Every command starts, except: the last update names a revision
+        // the command does not have, and two rivals race to start command
+        // 7; all of them are in the batch.
+        let mut updates: Vec<CommandRecord> = commands[..7].iter().map(started).collect();
+        let mut rival = started(&commands[6]);
+        rival.execution_id = Some(exec("rival"));
+        updates.push(rival);
+        let mut stale = started(&commands[7]);
+        stale.revision = 5;
+        updates.push(stale);
+        assert!(updates.len() > lanes(store.pool().status().max_size) + 3);
+
+        let before = store.statements_executed();
+        let outcomes: Vec<bool> = join_all(updates.iter().map(|u| store.update_command(u)))
+            .await
+            .into_iter()
+            .map(|o| o.expect("no backend error"))
+            .collect();
+        assert_eq!(
+            store.statements_executed() - before,
+            lanes(store.pool().status().max_size) as u64 + 1
+        );
+        assert_eq!(outcomes[..6], [true; 6]);
+        assert_eq!(
+            u8::from(outcomes[6]) + u8::from(outcomes[7]),
+            1,
+            "one of the rivals wins: {outcomes:?}"
+        );
+        assert!(!outcomes[8], "a stale revision writes nothing");
+
+        for (n, command) in commands.iter().enumerate() {
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read")
+                .expect("exists");
+            match n {
+                6 => assert_eq!(
+                    stored,
+                    if outcomes[6] {
+                        &updates[6]
+                    } else {
+                        &updates[7]
+                    }
+                    .clone()
+                ),
+                7 => assert_eq!(&stored, command, "untouched"),
+                _ => assert_eq!(stored, updates[n]),
+            }
+        }
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn inserts_under_one_key_take_turns_across_batches() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let key = IdempotencyKey::parse("one-key-for-all").expect("key");
+        let rows: Vec<_> = (1..=8)
+            .map(|n| {
+                let (mut c, mut k) = command(&w, n);
+                c.idempotency_key = key.clone();
+                k.key = key.clone();
+                (c, k)
+            })
+            .collect();
+        let now = w.clock.now();
+        let outcomes = join_all(rows.iter().map(|(c, k)| store.insert_command(c, k, now))).await;
+        let winners: Vec<_> = outcomes
+            .iter()
+            .zip(&rows)
+            .filter(|(o, _)| matches!(o, Ok(InsertOutcome::Inserted)))
+            .map(|(_, (c, _))| c.id)
+            .collect();
+        assert_eq!(winners.len(), 1, "{outcomes:?}");
+        for outcome in outcomes {
+            match outcome.expect("no backend error") {
+                InsertOutcome::Inserted => {}
+                InsertOutcome::KeyTaken(existing) => assert_eq!(existing.command, winners[0]),
+            }
+        }
+        assert_eq!(store.command_count().await.expect("count"), 1);
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn a_refused_batch_runs_again_write_by_write() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let existing = insert_all(&store, &w, 1..=1).await.remove(0);
+        // Fillers take the lanes; the batch holds two good inserts around
+        // one that reuses the id of a stored command under a fresh key,
+        // which makes the server refuse the whole statement.
+        let mut rows: Vec<_> = (10..10 + lanes(store.pool().status().max_size) as u128)
+            .map(|n| command(&w, n))
+            .collect();
+        rows.push(command(&w, 20));
+        let (mut clash, mut clash_key) = command(&w, 21);
+        clash.id = existing.id;
+        clash_key.command = existing.id;
+        rows.push((clash, clash_key.clone()));
+        rows.push(command(&w, 22));
+        let now = w.clock.now();
+        let outcomes = join_all(rows.iter().map(|(c, k)| store.insert_command(c, k, now))).await;
+        let last = outcomes.len() - 1;
+        for (n, outcome) in outcomes.iter().enumerate() {
+            if n == last - 1 {
+                assert!(
+                    matches!(outcome, Err(StoreError::Backend(_))),
+                    "{outcome:?}"
+                );
+            } else {
+                assert!(
+                    matches!(outcome, Ok(InsertOutcome::Inserted)),
+                    "{n}: {outcome:?}"
+                );
+            }
+        }
+        // The refused write left nothing behind: not its key either.
+        let key = store
+            .idempotency(&clash_key.owner, &clash_key.agent, &clash_key.key, now)
+            .await
+            .expect("read key");
+        assert_eq!(key, None);
+        assert_eq!(
+            store.command_count().await.expect("count"),
+            1 + rows.len() as u64 - 1
+        );
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn without_a_connection_every_waiter_hears_a_backend_error() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let options = crate::PostgresOptions {
+            pool_size: 1,
+            connect_timeout: Duration::from_millis(200),
+            ..schema.options()
+        };
+        let store = PostgresStore::connect(schema.url(), &options)
+            .await
+            .expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let commands = insert_all(&store, &w, 1..=6).await;
+        let updates: Vec<_> = commands.iter().map(started).collect();
+        // The pool's only connection is taken: no write can get one.
+        let taken = store.pool().get().await.expect("the only connection");
+        let outcomes = join_all(updates.iter().map(|u| store.update_command(u))).await;
+        assert_eq!(outcomes.len(), updates.len());
+        for outcome in outcomes {
+            assert!(
+                matches!(outcome, Err(StoreError::Backend(_))),
+                "{outcome:?}"
+            );
+        }
+        drop(taken);
+        // The same writes succeed once a connection is free again.
+        let outcomes = join_all(updates.iter().map(|u| store.update_command(u))).await;
+        assert!(outcomes.into_iter().all(|o| o.expect("written")));
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn a_store_outlives_the_runtime_that_started_its_batches() {
+    let schema = TestSchema::new(&url());
+    let (store, w) = block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        // Enough at once to start the gathering tasks on this runtime.
+        insert_all(&store, &w, 1..=8).await;
+        (store, w)
+    });
+    block_on(async {
+        insert_all(&store, &w, 11..=18).await;
+        assert_eq!(store.command_count().await.expect("count"), 16);
+    });
+}
+
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn concurrent_look_ups_are_one_statement_per_kind() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        w.sync(&w.device, p1(), &[1, 2]).await;
+        // One after the other, so that their queue order is known.
+        let mut commands = Vec::new();
+        for n in 1..=12 {
+            commands.extend(insert_all(&store, &w, n..=n).await);
+        }
+        let owner = &w.agent.owner;
+        let project = [p1()];
+        let (found_ids, missing_id) = ([gs(2), gs(1)], gs(1));
+
+        // Fillers take the lanes; then a batch of every kind of look-up.
+        let fillers = (0..lanes(store.pool().status().max_size))
+            .map(|n| store.command_for_agent(owner, &w.agent.id, &commands[n].id));
+        let before = store.statements_executed();
+        let (fillers, by_agent, by_device, by_owner, queued, found, missing) = futures::join!(
+            join_all(fillers),
+            join_all(
+                commands
+                    .iter()
+                    .map(|c| store.command_for_agent(owner, &w.agent.id, &c.id))
+            ),
+            // Another device's commands look like unknown ones.
+            join_all(commands.iter().map(|c| store.command_for_device(
+                owner,
+                &w.other_device.id,
+                &c.id
+            ))),
+            store.command_for_owner(owner, &commands[3].id),
+            join_all([&w.device, &w.other_device].map(|d| store.queued_commands(
+                owner,
+                &project[0],
+                &d.id,
+                5
+            ))),
+            join_all(
+                found_ids
+                    .iter()
+                    .map(|id| store.find_shared_session(owner, &project, id))
+            ),
+            store.find_shared_session(&w.twin.owner, &project, &missing_id),
+        );
+        assert_eq!(
+            store.statements_executed() - before,
+            lanes(store.pool().status().max_size) as u64 + 3,
+            "the fillers alone, then one statement per kind of look-up"
+        );
+        for (filler, command) in fillers.into_iter().zip(&commands) {
+            assert_eq!(filler.expect("read").as_ref(), Some(command));
+        }
+        for (found, command) in by_agent.into_iter().zip(&commands) {
+            assert_eq!(found.expect("read").as_ref(), Some(command));
+        }
+        assert!(by_device.into_iter().all(|c| c.expect("read").is_none()));
+        assert_eq!(by_owner.expect("read").as_ref(), Some(&commands[3]));
+        let [mine, theirs] = <[_; 2]>::try_from(queued).expect("two");
+        assert_eq!(
+            mine.expect("read"),
+            commands[..5].to_vec(),
+            "oldest first, at most 5"
+        );
+        assert_eq!(theirs.expect("read"), Vec::new());
+        for (session, id) in found.into_iter().zip(&found_ids) {
+            let session = session.expect("read").expect("shared");
+            assert_eq!(&session.meta.graph_session_id, id);
+            assert_eq!(session.device, w.device.id);
+        }
+        assert_eq!(
+            missing.expect("read"),
+            None,
+            "another owner's project of the same name"
+        );
+    });
+}
