@@ -22,7 +22,8 @@ use graph_relay_core::stats::{
 use graph_relay_core::time::Timestamp;
 use serde::de::DeserializeOwned;
 
-use crate::store::{PostgresStore, backend, corrupt, millis, timestamp};
+use crate::rows::{backend, corrupt, millis, timestamp};
+use crate::store::PostgresStore;
 use graph_relay_core::store::StoreError;
 
 /// When a desktop last had to be heard from to count as online.

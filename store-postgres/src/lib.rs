@@ -110,18 +110,21 @@
 //! on disk.
 
 mod batch;
+mod errors;
 pub mod figures;
 mod mcp_sessions;
+mod rows;
 mod schema;
 mod signal_bridge;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use crate::errors::{ConnectError, DropSchemaError};
 pub use crate::mcp_sessions::{PostgresMcpSessionStore, SWEEP_BATCH};
 pub use crate::schema::{MIGRATIONS, SCHEMA_VERSION};
 pub use crate::signal_bridge::{
     CHANNEL, SignalBridge, SignalBridgeHandle, SignalForwarder, SignalListener, SignalStats,
     SignalStatus, TopicDecodeError, WAKE_ALL, decode_topic, encode_topic,
 };
-pub use crate::store::{ConnectError, DropSchemaError, PostgresOptions, PostgresStore};
+pub use crate::store::{PostgresOptions, PostgresStore};

@@ -51,7 +51,7 @@ use graph_relay_core::time::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::PostgresStore;
-use crate::store::{backend, millis};
+use crate::rows::{backend, millis};
 
 /// Most expired rows one [`McpSessionStore::sweep`] (or create) deletes.
 pub const SWEEP_BATCH: i64 = 1000;

@@ -8,7 +8,7 @@
 
 use deadpool_postgres::Client;
 
-use crate::store::ConnectError;
+use crate::errors::ConnectError;
 
 /// One numbered step of the schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

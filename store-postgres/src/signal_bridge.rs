@@ -40,7 +40,7 @@ use tokio_postgres::{AsyncMessage, Notification, Socket};
 
 use graph_relay_core::signals::Topic;
 
-use crate::store::describe;
+use crate::errors::describe;
 
 /// The notification channel: `LISTEN graph_relay`.
 pub const CHANNEL: &str = "graph_relay";

@@ -2,7 +2,6 @@
 
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,10 +17,14 @@ use graph_relay_core::store::{
     Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::NoTls;
 
 use crate::batch::reads::{CommandLookup, QueuedLookup, Reader, SessionLookup};
 use crate::batch::writes::{CommandUpdate, NewCommand, Writer};
+use crate::errors::{ConnectError, DropSchemaError, describe, pool_error};
+use crate::rows::{
+    StatementCounter, backend, corrupt, decode_command, decode_session, millis, timestamp,
+};
 use crate::schema;
 use crate::signal_bridge::SignalBridge;
 
@@ -54,58 +57,6 @@ impl Default for PostgresOptions {
     }
 }
 
-/// Why [`PostgresStore::connect`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// The URL is not a Postgres connection string.
-    #[error("invalid Postgres URL: {0}")]
-    Url(String),
-    /// The schema name is not a plain lowercase identifier.
-    #[error(
-        "invalid schema name `{0}`: use 1 to 63 characters of lowercase letters, digits and `_`, not starting with a digit"
-    )]
-    InvalidSchema(String),
-    /// The pool could not be built or no connection could be made.
-    #[error("cannot connect to Postgres: {0}")]
-    Connect(String),
-    /// A migration failed; nothing of it was kept.
-    #[error("migrating the schema failed: {0}")]
-    Migrate(String),
-    /// The connection's `search_path` names no existing schema.
-    #[error("the connection's search_path names no existing schema; pass a schema")]
-    NoSchema,
-    /// The database was migrated by a newer build.
-    #[error(
-        "the database has schema version {found}; this build supports up to {supported} (refusing to touch it)"
-    )]
-    NewerSchema {
-        /// The newest recorded migration.
-        found: i32,
-        /// [`SCHEMA_VERSION`](crate::SCHEMA_VERSION).
-        supported: i32,
-    },
-}
-
-impl ConnectError {
-    pub(crate) fn migrate(e: tokio_postgres::Error) -> Self {
-        Self::Migrate(describe(&e))
-    }
-}
-
-/// Why [`PostgresStore::drop_schema`] failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DropSchemaError {
-    /// The URL is not a Postgres connection string.
-    #[error("invalid Postgres URL: {0}")]
-    Url(String),
-    /// The schema name is not a plain lowercase identifier.
-    #[error("invalid schema name `{0}`")]
-    InvalidSchema(String),
-    /// The server refused or could not be reached.
-    #[error("dropping the schema failed: {0}")]
-    Postgres(String),
-}
-
 /// A durable [`Store`] in one Postgres schema, over a connection pool. See
 /// the crate docs for the design. Cheap to clone (the pool is shared).
 #[derive(Clone)]
@@ -122,21 +73,6 @@ pub struct PostgresStore {
     /// The batched look-ups of commands and shared sessions; shared by the
     /// clones.
     reader: Arc<Reader>,
-}
-
-/// A count of statements sent, shared by a store's clones and its writer.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct StatementCounter(Arc<AtomicU64>);
-
-impl StatementCounter {
-    /// Counts `n` statements about to be sent.
-    pub(crate) fn sent(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
-    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -931,47 +867,6 @@ fn new_command(
     })
 }
 
-/// A row of `id, agent, device, status, revision, record, owner`: the JSON
-/// record, checked against the columns.
-pub(crate) fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
-    let id: uuid::Uuid = row.try_get(0).map_err(corrupt)?;
-    let agent: &str = row.try_get(1).map_err(corrupt)?;
-    let device: &str = row.try_get(2).map_err(corrupt)?;
-    let status: &str = row.try_get(3).map_err(corrupt)?;
-    let rev: i64 = row.try_get(4).map_err(corrupt)?;
-    let json: &str = row.try_get(5).map_err(corrupt)?;
-    let owner: &str = row.try_get(6).map_err(corrupt)?;
-    let record: CommandRecord = serde_json::from_str(json)
-        .map_err(|e| StoreError::Corrupt(format!("command {id}: record: {e}")))?;
-    let consistent = record.id.as_uuid() == &id
-        && record.agent.as_str() == agent
-        && record.owner.as_str() == owner
-        && record.device.as_str() == device
-        && record.status.as_str() == status
-        && i64::try_from(record.revision).ok() == Some(rev);
-    if !consistent {
-        return Err(StoreError::Corrupt(format!(
-            "command {id}: the columns disagree with the stored record"
-        )));
-    }
-    Ok(record)
-}
-
-pub(crate) fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {
-    let project: &str = row.try_get(0).map_err(corrupt)?;
-    let device: &str = row.try_get(1).map_err(corrupt)?;
-    let meta: &str = row.try_get(3).map_err(corrupt)?;
-    Ok(SharedSession {
-        project: ProjectId::parse(project)
-            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.project: {e}")))?,
-        device: DeviceId::parse(device)
-            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.device: {e}")))?,
-        meta: serde_json::from_str(meta)
-            .map_err(|e| StoreError::Corrupt(format!("shared_sessions.meta: {e}")))?,
-        synced_at: timestamp(row.try_get(2).map_err(corrupt)?)?,
-    })
-}
-
 /// The stored form of each session's metadata (compared as text with the
 /// stored rows by [`Store::record_sync`], so always encoded here).
 fn encode_metas(sessions: &[SessionMeta]) -> Result<Vec<String>, StoreError> {
@@ -992,43 +887,6 @@ pub(crate) fn is_identifier(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-}
-
-/// The server's message for a database error, the error itself otherwise.
-pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({}): {}", db.severity(), db.code().code(), db.message()),
-        None => match std::error::Error::source(e) {
-            Some(source) => format!("{e}: {source}"),
-            None => e.to_string(),
-        },
-    }
-}
-
-pub(crate) fn pool_error(e: &deadpool_postgres::PoolError) -> String {
-    match e {
-        deadpool_postgres::PoolError::Backend(e) => describe(e),
-        other => other.to_string(),
-    }
-}
-
-pub(crate) fn backend(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Backend(describe(&e))
-}
-
-pub(crate) fn corrupt(e: tokio_postgres::Error) -> StoreError {
-    StoreError::Corrupt(describe(&e))
-}
-
-pub(crate) fn millis(t: Timestamp) -> Result<i64, StoreError> {
-    i64::try_from(t.as_millis())
-        .map_err(|_| StoreError::Backend(format!("timestamp {} ms is out of range", t.as_millis())))
-}
-
-pub(crate) fn timestamp(ms: i64) -> Result<Timestamp, StoreError> {
-    u64::try_from(ms)
-        .map(Timestamp)
-        .map_err(|_| StoreError::Corrupt(format!("negative timestamp {ms}")))
 }
 
 fn revision(r: u64) -> Result<i64, StoreError> {

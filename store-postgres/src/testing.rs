@@ -152,7 +152,7 @@ impl TestDatabase {
     pub async fn create(url: &str) -> Result<Self, ConnectError> {
         use std::str::FromStr;
         let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| ConnectError::Url(crate::store::describe(&e)))?;
+            .map_err(|e| ConnectError::Url(crate::errors::describe(&e)))?;
         let name = format!("graph_relay_test_{}", uuid::Uuid::new_v4().simple());
         run_admin(url, &format!("CREATE DATABASE \"{name}\""))
             .await
@@ -226,16 +226,16 @@ impl Drop for TestDatabase {
 /// transaction, as `CREATE DATABASE` needs).
 async fn run_admin(url: &str, sql: &str) -> Result<(), String> {
     use std::str::FromStr;
-    let config = tokio_postgres::Config::from_str(url).map_err(|e| crate::store::describe(&e))?;
+    let config = tokio_postgres::Config::from_str(url).map_err(|e| crate::errors::describe(&e))?;
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| crate::store::describe(&e))?;
+        .map_err(|e| crate::errors::describe(&e))?;
     let driver = tokio::spawn(connection);
     let outcome = client
         .batch_execute(sql)
         .await
-        .map_err(|e| crate::store::describe(&e));
+        .map_err(|e| crate::errors::describe(&e));
     drop(client);
     let _ = driver.await;
     outcome

@@ -19,9 +19,8 @@ use tokio::sync::oneshot;
 use tokio_postgres::Row;
 
 use super::{BatchKind, Batcher, answer, same_error};
-use crate::store::{
-    StatementCounter, backend, corrupt, decode_command, decode_session, pool_error,
-};
+use crate::errors::pool_error;
+use crate::rows::{StatementCounter, backend, corrupt, decode_command, decode_session};
 
 /// Most look-ups in one batch.
 const MAX_BATCH: usize = 256;

@@ -42,7 +42,8 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
 use super::{BatchKind, Batcher, answer, same_error};
-use crate::store::{StatementCounter, backend, describe, pool_error};
+use crate::errors::{describe, pool_error};
+use crate::rows::{StatementCounter, backend};
 
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
