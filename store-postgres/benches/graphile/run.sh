@@ -26,8 +26,14 @@ CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$(cd "$repo" && cargo metadata --format-ver
 export CARGO_TARGET_DIR
 
 # The bench binary of the tree at $1, copied to $2.
+#
+# Both trees build into one target directory, where the store's crate and
+# the bench get the same file names, and cargo judges them fresh by the
+# times of files at the same relative paths: without cleaning them first,
+# the second tree's build could keep the first tree's binary.
 build_bench() {
     local tree=$1 out=$2 exe
+    (cd "$tree" && cargo clean --release --quiet -p graph-relay-store-postgres)
     exe=$(cd "$tree" && cargo bench -p graph-relay-store-postgres --bench lifecycles --no-run \
         --message-format=json 2>/dev/null \
         | sed -n 's/.*"executable":"\([^"]*lifecycles[^"]*\)".*/\1/p' | tail -1)
