@@ -13,7 +13,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +25,7 @@ use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
+use crate::children::Watched;
 use crate::mcp_client::{McpClient, McpClientError, ToolAnswer, is_terminal};
 
 /// Options of `graph-relay demo`.
@@ -294,10 +294,7 @@ fn start_worker(base: &str, files: &DemoFiles) -> Result<tokio::process::Child, 
         .args(["--grace-seconds", "1", "--mode", "long-poll"])
         .current_dir(&files.dir)
         .env("GRAPH_RELAY_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+        .watched()
         .spawn()
         .map_err(|e| DemoError::Worker(format!("cannot start it: {e}")))?;
     if let Some(stderr) = child.stderr.take() {

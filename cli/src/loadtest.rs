@@ -70,7 +70,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -85,6 +84,7 @@ use graph_relay_transport_http::serve::raise_open_file_limit;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
+use crate::children::Watched;
 use crate::mcp_client::{McpClient, McpClientError};
 
 mod agents;
@@ -855,10 +855,7 @@ impl ServerUnderTest {
             .arg(dir.path().join("queue.db"))
             .args(["--max-wait-seconds", &WAIT_SECONDS.to_string()])
             .env("GRAPH_RELAY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .watched()
             .spawn()
             .map_err(|e| LoadtestError::Server(format!("cannot start `serve`: {e}")))?;
         let pid = child.id();

@@ -14,7 +14,6 @@
 //! report.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +28,7 @@ use tokio::sync::oneshot;
 use super::LoadtestError;
 use super::faults::Fault;
 use super::own_postgres::{self, OwnPostgres, SCHEMA};
+use crate::children::Watched;
 
 /// Most servers in a cluster.
 pub const MAX_CLUSTER_SERVERS: usize = 9;
@@ -358,10 +358,7 @@ impl Cluster {
         }
         let mut child = command
             .env("GRAPH_RELAY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .watched()
             .spawn()
             .map_err(|e| {
                 LoadtestError::Cluster(format!("cannot start `setpriv … serve` (util-linux): {e}"))
@@ -426,10 +423,7 @@ impl Cluster {
             .arg("-f")
             .arg(&path)
             .arg("-db")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .watched()
             .spawn()
             .map_err(|e| LoadtestError::Cluster(format!("cannot start HAProxy: {e}")))?;
         if let Some(stderr) = child.stderr.take() {

@@ -13,7 +13,6 @@
 //! their time, like the in-process desktops' events.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +23,7 @@ use tokio::process::Child;
 use super::desktops::reason_kind;
 use super::tally::{Party, Tally};
 use super::{LoadtestError, PROJECT, session_id};
+use crate::children::Watched;
 
 /// The Graph: ledger line first (so a run that is stopped still counts),
 /// then the run itself.
@@ -89,10 +89,7 @@ impl Workers {
                 .arg(folder.join("outbox.db"))
                 .args(["--progress-every", "0"])
                 .env("GRAPH_RELAY_LOG", "warn")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .kill_on_drop(true)
+                .watched()
                 .spawn()
                 .map_err(|e| LoadtestError::Cluster(format!("cannot start a worker: {e}")))?;
             if let Some(stderr) = child.stderr.take() {
