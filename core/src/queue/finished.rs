@@ -234,9 +234,7 @@ mod tests {
     use super::*;
     use crate::command::CommandStatus;
     use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-    use crate::ids::{
-        AgentId, DeviceId, ExecutionId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId,
-    };
+    use crate::ids::{AgentId, ExecutionId, OwnerId, ProjectId};
     use crate::time::{IdSource, SeededIds};
 
     const FINISHED: Timestamp = Timestamp(10_000);
@@ -250,17 +248,7 @@ mod tests {
     }
 
     fn finished(id: CommandId, result: Value) -> CommandRecord {
-        let mut record = CommandRecord::queued(
-            id,
-            AgentId::parse("agent").expect("id"),
-            OwnerId::parse("owner").expect("id"),
-            ProjectId::parse("project").expect("id"),
-            DeviceId::parse("desktop").expect("id"),
-            GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef").expect("id"),
-            serde_json::Map::new(),
-            IdempotencyKey::parse("key-0001").expect("key"),
-            Timestamp(1_000),
-        );
+        let mut record = crate::queue::last_seen::tests::queued(id);
         record.status = CommandStatus::Completed;
         record.finished_at = Some(FINISHED);
         record.completion = Some(ResultEnvelope::build(

@@ -120,13 +120,15 @@ impl Generations {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::command::CommandStatus;
     use crate::ids::{AgentId, DeviceId, GraphSessionId, IdempotencyKey, OwnerId, ProjectId};
     use crate::time::{IdSource, SeededIds, Timestamp};
 
-    fn queued(id: CommandId) -> CommandRecord {
+    /// A queued command of agent `agent`, owner `owner` (the queue's
+    /// caches' tests share it).
+    pub(in crate::queue) fn queued(id: CommandId) -> CommandRecord {
         CommandRecord::queued(
             id,
             AgentId::parse("agent").expect("id"),
