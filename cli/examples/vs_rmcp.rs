@@ -1,34 +1,38 @@
-//! `get_graph_run` of the real `graph-relay serve` (SQLite) against a
-//! trivial rmcp `echo` tool (streamable HTTP, stateless, JSON responses),
-//! side by side in one run: requests/s, p50/p99 latency and each server's
-//! CPU per request (utime + stime from `/proc/<pid>/stat` over the window),
-//! with the ratios against the README's budget (≥ 1.5× the requests/s at
-//! ≤ 0.67× the CPU per request).
+//! `get_graph_run` of the real `graph-relay serve` (SQLite) beside two
+//! baselines measured in the same run: a trivial rmcp `echo` tool
+//! (streamable HTTP, stateless, JSON responses) and the `fixed_reply`
+//! example (serve's own HTTP stack answering a fixed result of the same
+//! size as ours: the ceiling of that stack). For each: requests/s, p50/p99
+//! latency and the server's CPU per request (utime + stime from
+//! `/proc/<pid>/stat` over the window); then the ratios against the
+//! README's budgets: ≥ 1.5× rmcp's requests/s at ≤ 0.67× its CPU per
+//! request, and ≥ 0.5× the ceiling's requests/s.
 //!
-//! Both servers are child processes (this example's siblings in the target
-//! folder: the `graph-relay` binary and the `rmcp_echo` example), loaded
-//! alternately by the same client: `--connections` keep-alive HTTP/1.1
+//! The servers are child processes (this example's siblings in the target
+//! folder: the `graph-relay` binary and the `rmcp_echo` and `fixed_reply`
+//! examples), loaded in turn by the same client: `--connections` keep-alive HTTP/1.1
 //! connections on one thread, each sending its next request when the last
 //! answer arrived. Every answer is checked (status, id, `isError: false`,
 //! the expected content); a wrong one ends the run with a non-zero exit.
 //!
 //! ```text
-//! cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example vs_rmcp
+//! cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example fixed_reply --example vs_rmcp
 //! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk]
 //! ```
 //!
-//! `GRAPH_RELAY_BIN` and `RMCP_ECHO_BIN` name the two executables elsewhere.
+//! `GRAPH_RELAY_BIN`, `RMCP_ECHO_BIN` and `FIXED_REPLY_BIN` name the three
+//! executables elsewhere.
 //!
 //! `--client wrk` loads both servers with [wrk](https://github.com/wg/wrk)
 //! instead (one thread, the same connections and requests, a Lua script
-//! written per server), the way the baseline was first measured: wrk costs
+//! written per server): wrk costs
 //! the shared machine far less per request than this example's own client,
 //! so both servers get more of the two cores. wrk does not read the
 //! answers' bodies, so before every wrk window the built-in client sends
 //! each connection's request once and checks the answer in full; wrk's own
 //! count of non-2xx answers and socket errors must be zero.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,19 +40,28 @@ use std::time::{Duration, Instant};
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_core::prelude::*;
 use graph_relay_transport_http::auth::hash_token;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+// The baselines and the client, shared with `graph-relay loadtest`, which
+// uses all of the module where this example uses most of it.
+#[allow(dead_code)]
+#[path = "../src/baseline.rs"]
+mod baseline;
+
+use baseline::{
+    Connection, Error, Round, Target, announced, cpu_time, example_binary, host_port, mcp_head,
+    request,
+};
 
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";
 const TOKEN: &str = "vs-rmcp-bench-token";
-const ECHO_TEXT: &str = "hello from the load generator";
 /// `get_graph_run` must reach at least this multiple of rmcp's requests/s…
 const RATE_BUDGET: f64 = 1.5;
-/// …at no more than this multiple of its server CPU per request.
+/// …at no more than this multiple of its server CPU per request…
 const CPU_BUDGET: f64 = 0.67;
+/// …and at least this share of the fixed reply's requests/s (the ceiling
+/// of serve's HTTP stack).
+const CEILING_BUDGET: f64 = 0.5;
 
 /// Which load generator drives the servers.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -106,113 +119,32 @@ impl Options {
     }
 }
 
-/// One server under load: how to ask it, and how to tell a right answer.
-struct Target {
-    label: &'static str,
-    pid: u32,
-    addr: String,
-    /// The request head up to (not including) `Content-Length`.
-    head: String,
-    /// A body per connection (its JSON-RPC id is the connection's index).
-    body: fn(usize, &str) -> String,
-    /// What the body's tool argument is (the command id, or the echo text).
-    argument: String,
-    /// What every answer's text must contain.
-    expect: String,
-    child: Child,
-}
-
-/// A child process's CPU time so far (user + system), from `/proc/<pid>/stat`.
-fn cpu_time(pid: u32) -> Result<Duration, Error> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the parenthesised command name, which may hold spaces.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .ok_or("unreadable /proc/<pid>/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after `)`.
-    let ticks = |i: usize| -> Result<u64, Error> {
-        Ok(fields.get(i).ok_or("short /proc/<pid>/stat")?.parse()?)
-    };
-    let total = ticks(11)? + ticks(12)?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?
-        .filter(|&hz| hz > 0)
-        .ok_or("CLK_TCK unknown")?;
-    Ok(Duration::from_secs_f64(total as f64 / hz as f64))
-}
-
-/// The executable `name` next to this example (target/<profile>/…), unless `env` names one.
-fn sibling(env: &str, relative: &[&str]) -> Result<PathBuf, Error> {
-    if let Ok(path) = std::env::var(env) {
-        return Ok(PathBuf::from(path));
-    }
-    let me = std::env::current_exe()?;
-    let examples = me.parent().ok_or("no folder for this example")?;
-    let mut path = examples.to_path_buf();
-    for part in relative {
-        path.push(part);
-    }
-    if !path.exists() {
-        return Err(format!(
-            "{} is missing; build it first (cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example vs_rmcp) or set {env}",
-            path.display()
-        )
-        .into());
-    }
-    Ok(path)
-}
-
-/// Reads `child`'s stream line by line until one contains `marker`, and
-/// returns what follows it up to the next space; the rest is drained.
-async fn announced<R>(stream: R, marker: &'static str) -> Result<String, Error>
-where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        let mut tx = Some(tx);
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(rest) = line.split(marker).nth(1)
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(
-                    rest.split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .to_owned(),
-                );
-            } else if line.contains("ERROR") || line.contains("WARN") {
-                eprintln!("server | {line}");
-            }
-        }
-    });
-    Ok(tokio::time::timeout(Duration::from_secs(30), rx)
-        .await
-        .map_err(|_| format!("no `{marker}` within 30 s"))?
-        .map_err(|_| format!("exited before printing `{marker}`"))?)
-}
-
-/// The address part of `http://host:port/mcp`.
-fn host_port(url: &str) -> Result<String, Error> {
-    Ok(url
-        .strip_prefix("http://")
-        .and_then(|rest| rest.split('/').next())
-        .ok_or_else(|| format!("unexpected URL {url}"))?
-        .to_owned())
-}
-
 fn graph_relay_body(id: usize, command: &str) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"get_graph_run","arguments":{{"command_id":"{command}"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
     )
 }
 
-fn echo_body(id: usize, text: &str) -> String {
-    format!(
-        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}}}}}}"#
-    )
+/// The `graph-relay` binary: `GRAPH_RELAY_BIN`, else the one built beside
+/// this example (target/<profile>/graph-relay).
+fn graph_relay_binary() -> Result<std::path::PathBuf, Error> {
+    if let Ok(path) = std::env::var("GRAPH_RELAY_BIN") {
+        return Ok(path.into());
+    }
+    let me = std::env::current_exe()?;
+    let path = me
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("no folder for this example")?
+        .join("graph-relay");
+    if !path.is_file() {
+        return Err(format!(
+            "{} is missing; build it first (cargo build --release -p graph-relay --bin graph-relay) or set GRAPH_RELAY_BIN",
+            path.display()
+        )
+        .into());
+    }
+    Ok(path)
 }
 
 /// Starts `graph-relay serve` on a SQLite file in `dir` with one queued run
@@ -257,7 +189,7 @@ async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
             hash_token(TOKEN)
         ),
     )?;
-    let mut child = Command::new(sibling("GRAPH_RELAY_BIN", &["..", "graph-relay"])?)
+    let mut child = Command::new(graph_relay_binary()?)
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--config"])
         .arg(&config)
@@ -273,9 +205,10 @@ async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
     let stderr = child.stderr.take().ok_or("no stderr")?;
     let addr = host_port(&announced(stderr, "serving MCP at ").await?)?;
     let head = |tool: &str| {
-        format!(
-            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nAuthorization: Bearer {TOKEN}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
-        )
+        let extra = format!(
+            "Authorization: Bearer {TOKEN}\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: {tool}\r\n"
+        );
+        mcp_head(&addr, &extra)
     };
     // Queue the run that every `get_graph_run` reads, through MCP.
     let run = format!(
@@ -305,239 +238,6 @@ async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
         argument: command,
         addr,
         child,
-    })
-}
-
-/// Starts the `rmcp_echo` example.
-async fn start_rmcp() -> Result<Target, Error> {
-    let mut child = Command::new(sibling("RMCP_ECHO_BIN", &["rmcp_echo"])?)
-        .arg("127.0.0.1:0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child.id().ok_or("rmcp_echo exited at once")?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    let addr = host_port(&announced(stdout, "listening on ").await?)?;
-    Ok(Target {
-        label: "rmcp 3.x echo (stateless JSON)",
-        pid,
-        head: format!(
-            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
-        ),
-        body: echo_body,
-        expect: ECHO_TEXT.to_owned(),
-        argument: ECHO_TEXT.to_owned(),
-        addr,
-        child,
-    })
-}
-
-fn request(head: &str, body: &str) -> Vec<u8> {
-    format!("{head}Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
-}
-
-/// One keep-alive HTTP/1.1 connection.
-struct Connection {
-    stream: BufReader<TcpStream>,
-    line: String,
-    body: Vec<u8>,
-}
-
-impl Connection {
-    async fn open(addr: &str) -> Result<Self, Error> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream: BufReader::with_capacity(16 * 1024, stream),
-            line: String::new(),
-            body: Vec::with_capacity(4096),
-        })
-    }
-
-    /// Sends `request` and reads the answer: its status and body
-    /// (`Content-Length` or chunked).
-    async fn exchange(&mut self, request: &[u8]) -> Result<(u16, &[u8]), Error> {
-        self.stream.get_mut().write_all(request).await?;
-        self.line.clear();
-        self.stream.read_line(&mut self.line).await?;
-        let status: u16 = self
-            .line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("not an HTTP status line: {:?}", self.line))?;
-        let mut length = None;
-        let mut chunked = false;
-        loop {
-            self.line.clear();
-            if self.stream.read_line(&mut self.line).await? == 0 {
-                return Err("connection closed in the head".into());
-            }
-            let line = self.line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            let Some((name, value)) = line.split_once(':') else {
-                continue;
-            };
-            if name.eq_ignore_ascii_case("content-length") {
-                length = Some(value.trim().parse::<usize>()?);
-            } else if name.eq_ignore_ascii_case("transfer-encoding")
-                && value.trim().eq_ignore_ascii_case("chunked")
-            {
-                chunked = true;
-            }
-        }
-        self.body.clear();
-        if chunked {
-            loop {
-                self.line.clear();
-                self.stream.read_line(&mut self.line).await?;
-                let size = usize::from_str_radix(self.line.trim_end(), 16)?;
-                if size == 0 {
-                    self.line.clear();
-                    self.stream.read_line(&mut self.line).await?;
-                    break;
-                }
-                let start = self.body.len();
-                self.body.resize(start + size + 2, 0);
-                self.stream.read_exact(&mut self.body[start..]).await?;
-                self.body.truncate(start + size);
-            }
-        } else {
-            let length = length.ok_or("an answer without Content-Length")?;
-            self.body.resize(length, 0);
-            self.stream.read_exact(&mut self.body).await?;
-        }
-        Ok((status, &self.body))
-    }
-}
-
-/// What one connection measured.
-#[derive(Default)]
-struct Tally {
-    latencies_us: Vec<u32>,
-}
-
-/// True when `body` is the right answer to request `id`: cheap substring
-/// checks on every answer; `parse` adds a full JSON decode (every 256th).
-fn right_answer(body: &[u8], id: usize, expect: &str, parse: bool) -> bool {
-    let Ok(text) = std::str::from_utf8(body) else {
-        return false;
-    };
-    let id_ok = [",", "}"]
-        .iter()
-        .any(|end| text.contains(&format!("\"id\":{id}{end}")));
-    if !(id_ok && text.contains("\"isError\":false") && text.contains(expect)) {
-        return false;
-    }
-    if !parse {
-        return true;
-    }
-    serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| {
-        v["id"] == id
-            && v["result"]["isError"] == false
-            && v["result"]["content"][0]["text"]
-                .as_str()
-                .is_some_and(|t| t.contains(expect.replace("\\\"", "\"").as_str()))
-    })
-}
-
-/// Drives `target` with `connections` connections until `until`; answers
-/// arriving before `from` are warm-up and not counted.
-async fn drive(
-    target: &Target,
-    connections: usize,
-    from: Instant,
-    until: Instant,
-) -> Result<Vec<Tally>, Error> {
-    let mut tasks = tokio::task::JoinSet::new();
-    for index in 0..connections {
-        let id = index + 1;
-        let bytes = request(&target.head, &(target.body)(id, &target.argument));
-        let expect = target.expect.clone();
-        let addr = target.addr.clone();
-        tasks.spawn(async move {
-            let mut connection = Connection::open(&addr).await?;
-            let mut tally = Tally::default();
-            let mut n = 0u64;
-            loop {
-                let sent = Instant::now();
-                if sent >= until {
-                    break;
-                }
-                let (status, body) = connection.exchange(&bytes).await?;
-                let done = Instant::now();
-                n += 1;
-                if status != 200 || !right_answer(body, id, &expect, n % 256 == 1) {
-                    return Err::<Tally, Error>(
-                        format!(
-                            "wrong answer ({status}) on connection {id}: {}",
-                            String::from_utf8_lossy(body)
-                        )
-                        .into(),
-                    );
-                }
-                if sent >= from {
-                    tally
-                        .latencies_us
-                        .push(u32::try_from((done - sent).as_micros()).unwrap_or(u32::MAX));
-                }
-            }
-            Ok(tally)
-        });
-    }
-    let mut tallies = Vec::with_capacity(connections);
-    while let Some(joined) = tasks.join_next().await {
-        tallies.push(joined.map_err(|e| format!("a connection task failed: {e}"))??);
-    }
-    Ok(tallies)
-}
-
-/// One measured window of one server.
-#[derive(Clone, Copy)]
-struct Round {
-    rate: f64,
-    p50_us: f64,
-    p99_us: f64,
-    cpu_us_per_request: f64,
-}
-
-async fn measure(target: &Target, options: &Options, dir: &Path) -> Result<Round, Error> {
-    if options.client == Client::Wrk {
-        return measure_with_wrk(target, options, dir).await;
-    }
-    let warm_up = Duration::from_secs(1);
-    let window = Duration::from_secs_f64(options.seconds);
-    let start = Instant::now();
-    let from = start + warm_up;
-    let until = from + window;
-    let pid = target.pid;
-    // The CPU window is the counted window: sampled when it opens and closes.
-    let cpu = tokio::spawn(async move {
-        tokio::time::sleep_until(from.into()).await;
-        let before = cpu_time(pid)?;
-        tokio::time::sleep_until(until.into()).await;
-        Ok::<_, Error>(cpu_time(pid)? - before)
-    });
-    let tallies = drive(target, options.connections, from, until).await?;
-    let cpu = cpu.await??;
-    let mut latencies: Vec<u32> = tallies.into_iter().flat_map(|t| t.latencies_us).collect();
-    if latencies.is_empty() {
-        return Err(format!("{}: no answers in the window", target.label).into());
-    }
-    latencies.sort_unstable();
-    let at = |q: f64| {
-        f64::from(latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)])
-    };
-    let n = latencies.len() as f64;
-    Ok(Round {
-        rate: n / window.as_secs_f64(),
-        p50_us: at(0.50),
-        p99_us: at(0.99),
-        cpu_us_per_request: cpu.as_secs_f64() * 1e6 / n,
     })
 }
 
@@ -610,7 +310,7 @@ fn parse_wrk(output: &str) -> Result<(f64, f64, f64, f64), Error> {
 /// every connection's answer (0.3 s, not counted).
 async fn measure_with_wrk(target: &Target, options: &Options, dir: &Path) -> Result<Round, Error> {
     let check_until = Instant::now() + Duration::from_millis(300);
-    drive(target, options.connections, check_until, check_until).await?;
+    baseline::drive(target, options.connections, check_until, check_until).await?;
     let script = dir.join(format!("wrk-{}.lua", target.pid));
     std::fs::write(&script, wrk_script(target))?;
     let seconds = options.seconds.round().max(1.0);
@@ -651,24 +351,37 @@ async fn measure_with_wrk(target: &Target, options: &Options, dir: &Path) -> Res
     })
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len().is_multiple_of(2) {
-        (values[mid - 1] + values[mid]) / 2.0
-    } else {
-        values[mid]
+fn main() -> Result<(), Error> {
+    let options = Options::parse()?;
+    // One client thread: the load generator shares the machine with the servers.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(&options))
+}
+
+/// One window of `target` with the chosen client.
+async fn measure(target: &Target, options: &Options, dir: &Path) -> Result<Round, Error> {
+    match options.client {
+        Client::Builtin => baseline::measure(target, options.connections, options.seconds).await,
+        Client::Wrk => measure_with_wrk(target, options, dir).await,
     }
 }
 
+/// The size of `target`'s answer to connection 1's request.
+async fn answer_size(target: &Target) -> Result<usize, Error> {
+    let mut connection = Connection::open(&target.addr).await?;
+    let bytes = request(&target.head, &(target.body)(1, &target.argument));
+    let (status, body) = connection.exchange(&bytes).await?;
+    if status != 200 {
+        return Err(format!("{} answered {status}", target.label).into());
+    }
+    Ok(body.len())
+}
+
+/// Prints the medians of `rounds` for `label`, and returns them.
 fn summary(label: &str, rounds: &[Round]) -> Round {
-    let pick = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
-    let m = Round {
-        rate: pick(|r| r.rate),
-        p50_us: pick(|r| r.p50_us),
-        p99_us: pick(|r| r.p99_us),
-        cpu_us_per_request: pick(|r| r.cpu_us_per_request),
-    };
+    let m = baseline::median_round(rounds);
     println!(
         "{label:<36} {:>8.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  {:>6.1} µs CPU/req  (median of {})",
         m.rate,
@@ -680,63 +393,43 @@ fn summary(label: &str, rounds: &[Round]) -> Round {
     m
 }
 
-/// Stops `child` with SIGTERM (so that a profiler wrapping it, e.g.
-/// valgrind's callgrind through `GRAPH_RELAY_BIN`, writes its output), and
-/// kills it if it has not exited within 60 s.
-async fn stop(child: &mut Child) -> Result<(), Error> {
-    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        if tokio::time::timeout(Duration::from_secs(60), child.wait())
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-    }
-    child.start_kill()?;
-    child.wait().await?;
-    Ok(())
-}
-
-fn main() -> Result<(), Error> {
-    let options = Options::parse()?;
-    // One client thread: the load generator shares the machine with both servers.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(run(&options))
-}
-
 async fn run(options: &Options) -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
-    let mut targets = [start_graph_relay(dir.path()).await?, start_rmcp().await?];
-    let mut rounds: [Vec<Round>; 2] = [Vec::new(), Vec::new()];
+    let ours = start_graph_relay(dir.path()).await?;
+    let reply_bytes = answer_size(&ours).await?;
+    let echo = baseline::start_rmcp_echo(&example_binary("RMCP_ECHO_BIN", "rmcp_echo")?).await?;
+    let fixed = example_binary("FIXED_REPLY_BIN", "fixed_reply")?;
+    let ceiling = baseline::start_fixed_reply(&fixed, reply_bytes).await?;
+    let mut targets = [ours, echo, ceiling];
+    let mut rounds: [Vec<Round>; 3] = Default::default();
     for round in 1..=options.rounds {
-        for (i, target) in targets.iter().enumerate() {
+        for (target, measured) in targets.iter().zip(&mut rounds) {
             let r = measure(target, options, dir.path()).await?;
             println!(
                 "round {round} {:<36} {:>8.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  {:>6.1} µs CPU/req",
                 target.label, r.rate, r.p50_us, r.p99_us, r.cpu_us_per_request
             );
-            rounds[i].push(r);
+            measured.push(r);
         }
     }
-    println!();
-    let ours = summary(targets[0].label, &rounds[0]);
-    let theirs = summary(targets[1].label, &rounds[1]);
-    let rate_ratio = ours.rate / theirs.rate;
-    let cpu_ratio = ours.cpu_us_per_request / theirs.cpu_us_per_request;
+    println!("\n(answers of {reply_bytes} bytes from graph-relay and the fixed reply)");
+    let [ours, echo, ceiling] = [0, 1, 2].map(|i| summary(targets[i].label, &rounds[i]));
     let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+    let rate_ratio = ours.rate / echo.rate;
+    let cpu_ratio = ours.cpu_us_per_request / echo.cpu_us_per_request;
     println!(
-        "req/s ratio {rate_ratio:.2}× (budget ≥ {RATE_BUDGET}×: {}); CPU/req ratio {cpu_ratio:.2}× (budget ≤ {CPU_BUDGET}×: {})",
+        "vs rmcp echo: req/s {rate_ratio:.2}× (budget ≥ {RATE_BUDGET}×: {}); CPU/req {cpu_ratio:.2}× (budget ≤ {CPU_BUDGET}×: {})",
         verdict(rate_ratio >= RATE_BUDGET),
         verdict(cpu_ratio <= CPU_BUDGET)
     );
+    let share = ours.rate / ceiling.rate;
+    println!(
+        "vs the fixed reply (the ceiling): req/s {share:.2}× (budget ≥ {CEILING_BUDGET}×: {}); CPU/req {:.2}×",
+        verdict(share >= CEILING_BUDGET),
+        ours.cpu_us_per_request / ceiling.cpu_us_per_request
+    );
     for target in &mut targets {
-        stop(&mut target.child).await?;
+        baseline::stop(&mut target.child).await?;
     }
     Ok(())
 }

@@ -67,9 +67,8 @@
 //! per fault, and only what the runs came to (lost, twice, stuck, ended
 //! otherwise) and a server that exited on its own are errors.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -78,13 +77,10 @@ use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
 };
-use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 use graph_relay_transport_http::relay_http::ClientBuildError;
 use graph_relay_transport_http::serve::raise_open_file_limit;
-use serde::Serialize;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
-use crate::children::Watched;
 use crate::mcp_client::{McpClient, McpClientError};
 
 mod agents;
@@ -93,16 +89,19 @@ mod cluster_report;
 mod desktops;
 mod faults;
 mod own_postgres;
+mod report;
 mod samples;
+mod server;
 mod tally;
 mod workers;
 
 use agents::{RunPlan, RunRecord, one_run};
 use desktops::start_desktop;
-use tally::{Tally, lock};
+use tally::Tally;
 
 pub use cluster::ClusterArgs;
-use cluster_report::{ClusterReport, cluster_report};
+use report::{Latency, Phases, Report, baselines, summarize};
+use server::{CpuSince, ProcessSample, ServerUnderTest, cpu_since};
 
 /// Most desktops one harness connects.
 pub const MAX_DESKTOPS: usize = 20_000;
@@ -118,6 +117,8 @@ const DEFAULT_DURATION_SECONDS: f64 = 10.0;
 pub const MAX_FAULT_SECONDS: f64 = 600.0;
 /// Longest simulated Graph run, in seconds.
 pub const MAX_RUN_SECONDS: f64 = 60.0;
+/// Longest window of each baseline measurement, in seconds.
+pub const MAX_BASELINE_SECONDS: f64 = 60.0;
 /// Most runs in one harness run (rate × duration).
 pub const MAX_RUNS: usize = 100_000;
 /// `wait_seconds` of the agents under `--wait` (the local server offers it).
@@ -182,6 +183,17 @@ pub struct LoadtestArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 2,
           value_parser = clap::value_parser!(u64).range(0..=60))]
     pub idle_seconds: u64,
+    /// Seconds of each of three windows in which, after the load, the
+    /// harness loads two baselines in turn (64 connections): the rmcp
+    /// `echo` example and the `fixed_reply` example (serve's HTTP stack
+    /// answering a fixed result), so that the server's CPU per run is also
+    /// given in their CPU per request, a figure that travels between
+    /// machines. They are found beside this binary (build them with `cargo
+    /// build --release -p graph-relay --example rmcp_echo --example
+    /// fixed_reply`) or named by RMCP_ECHO_BIN and FIXED_REPLY_BIN; when
+    /// missing, the report says so. 0 skips them.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub baseline_seconds: f64,
     /// Print the report as one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -268,7 +280,11 @@ pub fn run(args: LoadtestArgs) -> Result<(), LoadtestError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let report = runtime.block_on(load(&args))?;
+    let report = runtime.block_on(async {
+        let mut report = load(&args).await?;
+        report.baselines = baselines(&args, &report).await;
+        Ok::<_, LoadtestError>(report)
+    })?;
     runtime.shutdown_timeout(Duration::from_secs(5));
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -329,6 +345,12 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
         return bounds(format!(
             "--run-seconds must be 0 to {MAX_RUN_SECONDS}, got {}",
             args.run_seconds
+        ));
+    }
+    if !(args.baseline_seconds >= 0.0 && args.baseline_seconds <= MAX_BASELINE_SECONDS) {
+        return bounds(format!(
+            "--baseline-seconds must be 0 to {MAX_BASELINE_SECONDS}, got {}",
+            args.baseline_seconds
         ));
     }
     if !(0.0..=1.0).contains(&args.cancel_fraction) {
@@ -790,673 +812,9 @@ struct ClusterRun {
     last: samples::ClusterSample,
 }
 
-/// CPU use of each server between two samples of all of them.
-fn cpu_since(now: &[Option<ProcessSample>], then: &[Option<ProcessSample>]) -> Vec<Option<f64>> {
-    now.iter()
-        .zip(then)
-        .map(|(now, then)| now.cpu_percent_since(then))
-        .collect()
-}
-
 /// Whether run `i` is one the agents cancel: spread evenly, `fraction` of all.
 fn cancels(i: usize, fraction: f64) -> bool {
     ((i + 1) as f64 * fraction).floor() > (i as f64 * fraction).floor()
-}
-
-/// One server the load goes to.
-struct Target {
-    base: String,
-    pid: Option<u32>,
-}
-
-/// The servers the load goes to, and how to read their processes.
-struct ServerUnderTest {
-    /// One, or (with several `--server`) every server, in order.
-    targets: Vec<Target>,
-    /// Where desktops and agents connect: the targets, or a cluster's
-    /// load balancer.
-    entry: Vec<String>,
-    /// The cluster, with `--cluster`.
-    cluster: Option<Arc<cluster::Cluster>>,
-    /// The child process and its folder, when the harness started it.
-    child: Option<(tokio::process::Child, tempfile::TempDir)>,
-    /// With an external server: its configuration file and the owner whose
-    /// tokens the harness added.
-    added: Option<(PathBuf, String)>,
-}
-
-impl ServerUnderTest {
-    /// Starts this binary's `serve` on a SQLite file in a temporary folder.
-    async fn local(
-        args: &LoadtestArgs,
-        agents: Vec<AgentToken>,
-        devices: Vec<DeviceToken>,
-    ) -> Result<Self, LoadtestError> {
-        let dir = tempfile::tempdir()?;
-        let config = dir.path().join("graph-relay.toml");
-        let file = ConfigFile {
-            server: ServerSection {
-                max_connections: Some(max_connections(args)),
-                ..ServerSection::default()
-            },
-            oauth: None,
-            agents,
-            devices,
-        };
-        file.save(&config)?;
-        let exe = std::env::current_exe()?;
-        let mut child = tokio::process::Command::new(exe)
-            .arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--config")
-            .arg(&config)
-            .arg("--db")
-            .arg(dir.path().join("queue.db"))
-            .args(["--max-wait-seconds", &WAIT_SECONDS.to_string()])
-            .env("GRAPH_RELAY_LOG", "info")
-            .watched()
-            .spawn()
-            .map_err(|e| LoadtestError::Server(format!("cannot start `serve`: {e}")))?;
-        let pid = child.id();
-        let stderr = child
-            .stderr
-            .take()
-            .ok_or_else(|| LoadtestError::Server("no stderr".into()))?;
-        // Read the log: the address, then drain it.
-        let (address_tx, address_rx) = oneshot::channel();
-        tokio::spawn(read_server_log(stderr, address_tx));
-        let base = tokio::time::timeout(Duration::from_secs(30), address_rx)
-            .await
-            .map_err(|_| LoadtestError::Server("did not start within 30 s".into()))?
-            .map_err(|_| LoadtestError::Server("exited before it listened".into()))?;
-        Ok(Self {
-            entry: vec![base.clone()],
-            targets: vec![Target { base, pid }],
-            cluster: None,
-            child: Some((child, dir)),
-            added: None,
-        })
-    }
-
-    /// Starts a cluster: its Postgres, its servers and HAProxy.
-    async fn cluster(
-        args: &LoadtestArgs,
-        agents: Vec<AgentToken>,
-        devices: Vec<DeviceToken>,
-    ) -> Result<Self, LoadtestError> {
-        let cluster =
-            cluster::Cluster::start(&args.cluster, max_connections(args), agents, devices).await?;
-        Ok(Self {
-            targets: cluster
-                .server_urls()
-                .into_iter()
-                .map(|base| Target { base, pid: None })
-                .collect(),
-            entry: vec![cluster.url().to_owned()],
-            cluster: Some(Arc::new(cluster)),
-            child: None,
-            added: None,
-        })
-    }
-
-    /// Running servers sharing the token file `config`: adds the harness's
-    /// tokens to it. `pids` are the servers' process ids, in their order.
-    async fn external(
-        urls: &[String],
-        config: &Path,
-        owner: &str,
-        agents: Vec<AgentToken>,
-        devices: Vec<DeviceToken>,
-        pids: &[u32],
-    ) -> Result<Self, LoadtestError> {
-        let mut file = ConfigFile::load(config)?;
-        file.agents.extend(agents);
-        file.devices.extend(devices);
-        file.save(config)?;
-        // The server looks at its token file four times a second.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let targets: Vec<Target> = urls
-            .iter()
-            .enumerate()
-            .map(|(i, url)| Target {
-                base: url.trim_end_matches('/').to_owned(),
-                pid: pids.get(i).copied(),
-            })
-            .collect();
-        Ok(Self {
-            entry: targets.iter().map(|t| t.base.clone()).collect(),
-            targets,
-            cluster: None,
-            child: None,
-            added: Some((config.to_owned(), owner.to_owned())),
-        })
-    }
-
-    /// CPU and memory of each server's process, where it is known.
-    fn sample(&self) -> Vec<Option<ProcessSample>> {
-        match &self.cluster {
-            // A cluster's servers change their process when restarted.
-            Some(cluster) => cluster
-                .pids()
-                .into_iter()
-                .map(|pid| pid.and_then(ProcessSample::of))
-                .collect(),
-            None => self
-                .targets
-                .iter()
-                .map(|t| t.pid.and_then(ProcessSample::of))
-                .collect(),
-        }
-    }
-
-    /// Stops the child server (SIGTERM, then SIGKILL after 15 s), or
-    /// removes the harness's tokens from an external server's file.
-    async fn stop(&mut self) -> Result<(), LoadtestError> {
-        if let Some(cluster) = self.cluster.take() {
-            cluster.stop().await;
-        }
-        if let Some((path, owner)) = self.added.take() {
-            let mut file = ConfigFile::load(&path)?;
-            file.agents.retain(|a| a.owner != owner);
-            file.devices.retain(|d| d.owner != owner);
-            file.save(&path)?;
-        }
-        if let Some((mut child, _dir)) = self.child.take() {
-            if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
-            }
-            match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(LoadtestError::Server(e.to_string())),
-                Err(_) => {
-                    let _ = child.kill().await;
-                    return Err(LoadtestError::Server(
-                        "did not stop within 15 s; killed".into(),
-                    ));
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Connections a server should take: every desktop's held sync and its
-/// posts, every agent's requests in flight, and slack.
-fn max_connections(args: &LoadtestArgs) -> usize {
-    let in_flight = (args.rate * (args.run_seconds + f64::from(WAIT_SECONDS))).ceil() as usize;
-    args.desktops + args.agents * 2 + in_flight + 256
-}
-
-/// Reads the child server's log: sends its base URL once it listens, then
-/// passes warnings and errors on to this process's stderr.
-async fn read_server_log(stderr: tokio::process::ChildStderr, address: oneshot::Sender<String>) {
-    use tokio::io::AsyncBufReadExt;
-    let mut address = Some(address);
-    let mut lines = tokio::io::BufReader::new(stderr).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        if let Some(rest) = line.split("serving MCP at ").nth(1)
-            && let Some(tx) = address.take()
-        {
-            let url = rest.split_whitespace().next().unwrap_or_default();
-            let _ = tx.send(url.trim_end_matches("/mcp").to_owned());
-            continue;
-        }
-        if line.contains(" WARN ") || line.contains(" ERROR ") {
-            eprintln!("server | {line}");
-        }
-    }
-}
-
-/// CPU time and memory of a process at one moment (`/proc/<pid>`).
-#[derive(Debug, Clone, Copy)]
-struct ProcessSample {
-    /// Whose (`None`: this process).
-    pid: Option<u32>,
-    at: Instant,
-    cpu: Duration,
-    rss_bytes: u64,
-    peak_rss_bytes: u64,
-}
-
-impl ProcessSample {
-    /// Process `pid`, or `None` where `/proc` does not have it.
-    fn of(pid: u32) -> Option<Self> {
-        Self::read(&format!("/proc/{pid}"), Some(pid))
-    }
-
-    /// This process.
-    fn of_self() -> Option<Self> {
-        Self::read("/proc/self", None)
-    }
-
-    fn read(dir: &str, pid: Option<u32>) -> Option<Self> {
-        let stat = std::fs::read_to_string(format!("{dir}/stat")).ok()?;
-        // Fields after the command name, which ends at the last ')':
-        // state is field 3; utime and stime are fields 14 and 15.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .and_then(|hz| u64::try_from(hz).ok())
-            .filter(|hz| *hz > 0)
-            .unwrap_or(100);
-        let status = std::fs::read_to_string(format!("{dir}/status")).ok()?;
-        let kib = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(|v| v * 1024)
-        };
-        Some(Self {
-            pid,
-            at: Instant::now(),
-            cpu: Duration::from_secs_f64(ticks as f64 / hz as f64),
-            rss_bytes: kib("VmRSS:")?,
-            peak_rss_bytes: kib("VmHWM:").unwrap_or_default(),
-        })
-    }
-}
-
-/// CPU use between two samples, in percent of one core.
-trait CpuSince {
-    fn cpu_percent_since(&self, earlier: &Self) -> Option<f64>;
-}
-
-impl CpuSince for Option<ProcessSample> {
-    fn cpu_percent_since(&self, earlier: &Self) -> Option<f64> {
-        let (now, then) = ((*self)?, (*earlier)?);
-        // A server restarted in between: the CPU of two processes.
-        if now.pid != then.pid {
-            return None;
-        }
-        let wall = now.at.saturating_duration_since(then.at).as_secs_f64();
-        (wall > 0.0).then(|| now.cpu.saturating_sub(then.cpu).as_secs_f64() / wall * 100.0)
-    }
-}
-
-/// Timings and samples of the phases, for the report.
-struct Phases {
-    connect_seconds: f64,
-    issued_seconds: f64,
-    load_seconds: f64,
-    /// Per server, in order.
-    idle_cpu: Vec<Option<f64>>,
-    load_cpu: Vec<Option<f64>>,
-    server_end: Vec<Option<ProcessSample>>,
-    harness_cpu: Option<f64>,
-}
-
-/// The harness's report (the `--json` document).
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// What was asked for.
-    pub config: ReportConfig,
-    /// Desktops connected and how long that took.
-    pub connect: ConnectFigures,
-    /// Counts of runs.
-    pub runs: RunCounts,
-    /// Latencies in milliseconds: `pickup`, `cancel`, `result`.
-    pub latency_ms: BTreeMap<String, Latency>,
-    /// Errors by kind (empty when everything went right).
-    pub errors: BTreeMap<String, u64>,
-    /// The server's process, when it runs on this machine (with several
-    /// `--server`, the first one's; see `servers`).
-    pub server: ServerFigures,
-    /// Every server's process figures, in the order of `--server` (one
-    /// entry without it).
-    pub servers: Vec<ServerFigures>,
-    /// The harness's own CPU during the load, in percent of one core.
-    pub harness_cpu_percent: Option<f64>,
-    /// With `--cluster`: the faults, the rows and the samples.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<ClusterReport>,
-}
-
-/// The options of the run, as used.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReportConfig {
-    /// Desktops.
-    pub desktops: usize,
-    /// Agents.
-    pub agents: usize,
-    /// Target runs per second.
-    pub rate: f64,
-    /// Load phase, seconds.
-    pub duration_seconds: f64,
-    /// Each Graph's run time, seconds.
-    pub run_seconds: f64,
-    /// `wait` (`wait_seconds`) or `poll`.
-    pub mode: String,
-    /// Share of runs cancelled.
-    pub cancel_fraction: f64,
-}
-
-/// How the desktops connected.
-#[derive(Debug, Clone, Serialize)]
-pub struct ConnectFigures {
-    /// Desktops whose first sync was answered.
-    pub desktops_connected: usize,
-    /// Seconds until the last one was.
-    pub seconds: f64,
-}
-
-/// Counts of runs.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunCounts {
-    /// Runs the scheduler issued.
-    pub issued: usize,
-    /// Runs the server queued (a ticket came back).
-    pub queued: usize,
-    /// Runs the agents read `completed`.
-    pub completed: usize,
-    /// Runs the agents cancelled and read `cancelled`.
-    pub cancelled: usize,
-    /// Queued runs a desktop executed exactly once.
-    pub executed_once: usize,
-    /// Queued runs executed more than once (each is an error).
-    pub executed_twice: usize,
-    /// Queued runs never executed (each is an error).
-    pub never_executed: usize,
-    /// Runs issued per second, as achieved.
-    pub issued_per_second: f64,
-    /// Seconds from the first run issued to the last one read.
-    pub load_seconds: f64,
-}
-
-/// One latency's distribution, milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct Latency {
-    /// Samples.
-    pub count: usize,
-    /// Median.
-    pub p50: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
-impl Latency {
-    /// The distribution of `samples` (nearest rank); zeros when empty.
-    fn of(mut samples: Vec<Duration>) -> Self {
-        samples.sort();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let rank = |p: f64| {
-            let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
-            samples
-                .get(rank.clamp(1, samples.len().max(1)) - 1)
-                .copied()
-                .map_or(0.0, ms)
-        };
-        Self {
-            count: samples.len(),
-            p50: rank(50.0),
-            p99: rank(99.0),
-            max: rank(100.0),
-        }
-    }
-}
-
-/// The server's process figures.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ServerFigures {
-    /// The server's base URL.
-    pub url: String,
-    /// Its process id, when known.
-    pub pid: Option<u32>,
-    /// CPU with every desktop connected and no runs, percent of one core.
-    pub idle_cpu_percent: Option<f64>,
-    /// CPU during the load, percent of one core.
-    pub load_cpu_percent: Option<f64>,
-    /// Resident memory at the end of the load, MiB.
-    pub rss_mib: Option<f64>,
-    /// Peak resident memory, MiB.
-    pub peak_rss_mib: Option<f64>,
-}
-
-/// Builds the report from the runs and the desktops' tally.
-fn summarize(
-    args: &LoadtestArgs,
-    tally: &Tally,
-    records: Vec<RunRecord>,
-    cluster: Option<ClusterRun>,
-    phases: Phases,
-) -> Report {
-    let (twice, never) = count_executions(tally, &records);
-    let executed_twice = twice.iter().filter(|t| **t).count();
-    let never_executed = never.iter().filter(|n| **n).count();
-    let executed_once = records
-        .iter()
-        .zip(twice.iter().zip(&never))
-        .filter(|(r, (t, n))| r.command.is_some() && !**t && !**n)
-        .count();
-    for _ in 0..executed_twice {
-        tally.error("executed_twice");
-    }
-    for _ in 0..never_executed {
-        tally.error("never_executed");
-    }
-    let cluster = cluster.map(|run| cluster_report(run, tally, &records, &twice, &never));
-    let queued = records.iter().filter(|r| r.command.is_some()).count();
-    let ok = |r: &&RunRecord| r.error.is_none();
-    let completed = records
-        .iter()
-        .filter(ok)
-        .filter(|r| !r.cancel && r.status.as_deref() == Some("completed"))
-        .count();
-    let cancelled = records
-        .iter()
-        .filter(ok)
-        .filter(|r| r.cancel && r.status.as_deref() == Some("cancelled"))
-        .count();
-    let mut latency = BTreeMap::new();
-    latency.insert(
-        "pickup".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.pickup).collect()),
-    );
-    latency.insert(
-        "cancel".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
-    );
-    if records.iter().any(|r| r.worker) {
-        latency.insert(
-            "pickup_worker".to_owned(),
-            Latency::of(records.iter().filter_map(|r| r.worker_pickup).collect()),
-        );
-    }
-    latency.insert(
-        "result".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
-    );
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let servers: Vec<ServerFigures> = phases
-        .server_end
-        .iter()
-        .enumerate()
-        .map(|(i, end)| ServerFigures {
-            url: String::new(),
-            pid: None,
-            idle_cpu_percent: phases.idle_cpu.get(i).copied().flatten(),
-            load_cpu_percent: phases.load_cpu.get(i).copied().flatten(),
-            rss_mib: end.map(|s| mib(s.rss_bytes)),
-            peak_rss_mib: end.map(|s| mib(s.peak_rss_bytes)),
-        })
-        .collect();
-    let errors = tally
-        .errors
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone();
-    Report {
-        config: ReportConfig {
-            desktops: args.desktops,
-            agents: args.agents,
-            rate: args.rate,
-            duration_seconds: duration(args),
-            run_seconds: args.run_seconds,
-            mode: if args.wait { "wait" } else { "poll" }.into(),
-            cancel_fraction: args.cancel_fraction,
-        },
-        connect: ConnectFigures {
-            desktops_connected: tally.connected.load(Ordering::Relaxed),
-            seconds: phases.connect_seconds,
-        },
-        runs: RunCounts {
-            issued: records.len(),
-            queued,
-            completed,
-            cancelled,
-            executed_once,
-            executed_twice,
-            never_executed,
-            issued_per_second: if phases.issued_seconds > 0.0 {
-                records.len() as f64 / phases.issued_seconds
-            } else {
-                records.len() as f64
-            },
-            load_seconds: phases.load_seconds,
-        },
-        latency_ms: latency,
-        errors,
-        server: servers.first().cloned().unwrap_or_default(),
-        servers,
-        harness_cpu_percent: phases.harness_cpu,
-        cluster,
-    }
-}
-
-/// Per run, in order: whether it was executed twice (its command started
-/// more than once, or the run started under two command ids), and whether
-/// it was acknowledged and never executed. A command executed that no
-/// acknowledged run names is an error of its own.
-fn count_executions(tally: &Tally, records: &[RunRecord]) -> (Vec<bool>, Vec<bool>) {
-    let mut executions = tally.executions();
-    let runs = lock(&tally.runs);
-    let mut twice = Vec::with_capacity(records.len());
-    let mut never = Vec::with_capacity(records.len());
-    for record in records {
-        let ids = u64::try_from(record.run)
-            .ok()
-            .and_then(|run| runs.get(&run))
-            .map_or(0, BTreeSet::len);
-        let starts = record
-            .command
-            .as_ref()
-            .and_then(|id| executions.remove(id))
-            .map_or(0, |e| e.starts);
-        twice.push(starts > 1 || ids > 1);
-        never.push(record.command.is_some() && starts == 0);
-    }
-    // A command no agent got a ticket for (its answer was lost and the
-    // agent gave up, or a second command for one run).
-    let unknown = executions.values().filter(|e| e.starts > 0).count();
-    drop(runs);
-    drop(executions);
-    for _ in 0..unknown {
-        tally.error("executed_unknown_command");
-    }
-    (twice, never)
-}
-
-impl Report {
-    /// The report as a table.
-    pub fn table(&self) -> String {
-        use std::fmt::Write;
-        let mut out = String::new();
-        let c = &self.config;
-        let r = &self.runs;
-        let opt =
-            |v: Option<f64>, unit: &str| v.map_or("n/a".to_owned(), |v| format!("{v:.1}{unit}"));
-        let _ = writeln!(
-            out,
-            "graph-relay loadtest: {} desktops, {} agents, {} runs/s for {} s, runs of {} s, agents {}, {:.0}% cancelled",
-            c.desktops,
-            c.agents,
-            c.rate,
-            c.duration_seconds,
-            c.run_seconds,
-            if c.mode == "wait" {
-                "wait (wait_seconds)"
-            } else {
-                "poll"
-            },
-            c.cancel_fraction * 100.0
-        );
-        let urls: Vec<&str> = self.servers.iter().map(|s| s.url.as_str()).collect();
-        let _ = writeln!(
-            out,
-            "server{} {}  desktops connected {} in {:.1} s",
-            if urls.len() > 1 { "s" } else { "" },
-            urls.join(" "),
-            self.connect.desktops_connected,
-            self.connect.seconds
-        );
-        let _ = writeln!(
-            out,
-            "runs   issued {} ({:.1}/s)  queued {}  completed {}  cancelled {}  executed once {}  twice {}  never {}",
-            r.issued,
-            r.issued_per_second,
-            r.queued,
-            r.completed,
-            r.cancelled,
-            r.executed_once,
-            r.executed_twice,
-            r.never_executed
-        );
-        let _ = writeln!(
-            out,
-            "\n{:<8} {:>7} {:>10} {:>10} {:>10}",
-            "latency", "count", "p50 ms", "p99 ms", "max ms"
-        );
-        for (name, l) in &self.latency_ms {
-            let _ = writeln!(
-                out,
-                "{name:<8} {:>7} {:>10.2} {:>10.2} {:>10.2}",
-                l.count, l.p50, l.p99, l.max
-            );
-        }
-        let _ = writeln!(out);
-        for (i, s) in self.servers.iter().enumerate() {
-            let name = if self.servers.len() > 1 {
-                format!("server {}", i + 1)
-            } else {
-                "server".to_owned()
-            };
-            let _ = writeln!(
-                out,
-                "{name} CPU idle {}  under load {}  (of one core)  RSS {}  peak {}",
-                opt(s.idle_cpu_percent, "%"),
-                opt(s.load_cpu_percent, "%"),
-                opt(s.rss_mib, " MiB"),
-                opt(s.peak_rss_mib, " MiB")
-            );
-        }
-        let _ = writeln!(
-            out,
-            "harness CPU under load {}",
-            opt(self.harness_cpu_percent, "%")
-        );
-        if let Some(cluster) = &self.cluster {
-            out.push_str(&cluster.table());
-            let _ = writeln!(out);
-        }
-        if self.errors.is_empty() {
-            let _ = writeln!(out, "errors none");
-        } else {
-            let _ = writeln!(out, "errors");
-            for (kind, n) in &self.errors {
-                let _ = writeln!(out, "  {kind:<32} {n}");
-            }
-        }
-        out
-    }
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! the simulator of the published experiments (`sim`).
 
 mod approval;
+mod baseline;
 mod children;
 mod console;
 mod demo;
