@@ -376,11 +376,11 @@ pub struct Round {
     pub cpu_us_per_request: f64,
 }
 
-/// One window of `seconds` (after a second of warm-up) of `target` under
-/// `connections` connections.
+/// One window of `seconds` (after half a second of warm-up) of `target`
+/// under `connections` connections.
 pub async fn measure(target: &Target, connections: usize, seconds: f64) -> Result<Round, Error> {
     let window = Duration::from_secs_f64(seconds);
-    let from = Instant::now() + Duration::from_secs(1);
+    let from = Instant::now() + Duration::from_millis(500);
     let until = from + window;
     let pid = target.pid;
     // The CPU window is the counted window: sampled when it opens and closes.

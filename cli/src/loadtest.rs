@@ -192,7 +192,7 @@ pub struct LoadtestArgs {
     /// build --release -p graph-relay --example rmcp_echo --example
     /// fixed_reply`) or named by RMCP_ECHO_BIN and FIXED_REPLY_BIN; when
     /// missing, the report says so. 0 skips them.
-    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub baseline_seconds: f64,
     /// Print the report as one JSON document instead of a table.
     #[arg(long)]

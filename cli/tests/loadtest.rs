@@ -49,6 +49,10 @@ fn fifty_desktops_and_twenty_agents_complete_every_run_exactly_once() {
     let server = &report["server"];
     assert!(server["pid"].as_u64().is_some(), "{report}");
     check_server_process(server);
+    // Its own CPU over the 30 runs; the baselines were not asked for.
+    let per_run = report["server_cpu_ms_per_run"].as_f64();
+    assert!(per_run.is_some_and(|ms| ms > 0.0), "{report}");
+    assert_eq!(report["baselines"], "not_asked", "{report}");
 }
 
 #[test]
@@ -154,6 +158,13 @@ fn bounds_and_remote_servers_are_refused_before_anything_starts() {
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("--desktops must be 1 to 20000"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = loadtest(["--baseline-seconds", "61"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--baseline-seconds must be 0 to 60"),
         "{}",
         text(&out.stderr)
     );

@@ -400,6 +400,17 @@ fn the_small_load_test_runs_every_run_exactly_once() {
     let stdout = run_ok(&args, cwd.path());
     assert!(stdout.contains("twice 0  never 0"), "{stdout}");
     assert!(stdout.contains("errors none"), "{stdout}");
+    // The baselines beside the server's CPU per run: `cargo test
+    // --workspace` builds the rmcp_echo and fixed_reply examples beside the
+    // binary, where the harness finds them.
+    for line in [
+        "server CPU per run ",
+        "baseline rmcp echo ",
+        "baseline fixed reply ",
+        "a run costs the server ",
+    ] {
+        assert!(stdout.contains(line), "no `{line}` in:\n{stdout}");
+    }
 }
 
 #[test]
