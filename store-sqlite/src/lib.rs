@@ -167,6 +167,7 @@ mod database;
 pub mod graph_processes;
 mod outbox;
 mod schema;
+mod shares;
 pub mod stats;
 mod store;
 

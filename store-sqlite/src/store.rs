@@ -19,7 +19,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::cache::{Entry, MetaCache, RecordCache};
 use crate::database::{Database, DbError, Statements};
-use crate::{OpenError, SqliteOptions, schema};
+use crate::{OpenError, SqliteOptions, schema, shares};
 
 /// The columns of `commands` that [`decode_row`] reads, in its order.
 macro_rules! select_commands {
@@ -30,14 +30,6 @@ macro_rules! select_commands {
         )
     };
 }
-
-/// Removes a device's shares to one project before a sync writes them
-/// anew. The index is named: SQLite's planner (without statistics) would
-/// otherwise walk the primary key's (owner, project) prefix, i.e. every
-/// share of the project, which with thousands of desktops in one project
-/// made each sync cost a scan of all of them.
-const DELETE_SHARES: &str = "DELETE FROM shared_sessions INDEXED BY shared_sessions_by_device
-     WHERE owner = ?1 AND project = ?2 AND device = ?3";
 
 /// The projects a device shares into (see [`Store::shared_projects`]).
 fn shared_projects_sql(limit: impl std::fmt::Display) -> String {
@@ -400,38 +392,36 @@ impl Store for SqliteStore {
     ) -> Result<(), StoreError> {
         let (owner, project, device) = (owner.clone(), project.clone(), device.clone());
         let now = millis(now)?;
-        let rows = sessions
-            .iter()
-            .map(|meta| {
-                serde_json::to_string(meta)
-                    .map(|json| (meta.graph_session_id.clone(), json))
-                    .map_err(|e| DbError::Encode(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(store_error)?;
+        let rows = shares::encode(sessions).map_err(store_error)?;
         let statements = Arc::clone(self.db.statements());
         self.db
             .write(move |conn| {
-                statements.add(1);
-                conn.prepare_cached(DELETE_SHARES)?
-                .execute(params![owner.as_str(), project.as_str(), device.as_str()])?;
-                let mut insert = conn.prepare_cached(
-                    "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                )?;
-                for (session, meta) in &rows {
-                    statements.add(1);
-                    insert.execute(params![
-                        owner.as_str(),
-                        project.as_str(),
-                        session.as_str(),
-                        device.as_str(),
-                        now,
-                        meta
-                    ])?;
-                }
-                Ok(())
+                shares::replace(conn, &statements, (&owner, &project, &device), &rows, now)
             })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn record_sync(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        let sync = shares::SyncWrite {
+            owner: owner.clone(),
+            project: project.clone(),
+            device: device.clone(),
+            shares: shares::encode(sessions).map_err(store_error)?,
+            long_poll,
+            now: millis(now)?,
+        };
+        let statements = Arc::clone(self.db.statements());
+        self.db
+            .write(move |conn| shares::record_sync(conn, &statements, &sync))
             .await
             .map_err(store_error)
     }
@@ -526,17 +516,13 @@ impl Store for SqliteStore {
         self.db
             .write(move |conn| {
                 statements.add(1);
-                conn.prepare_cached(
-                    "INSERT INTO devices (owner, device, last_sync_at, last_seen_at, long_poll)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (owner, device) DO UPDATE SET
-                        last_seen_at = max(last_seen_at, excluded.last_seen_at),
-                        last_sync_at = CASE WHEN excluded.last_sync_at IS NULL THEN last_sync_at
-                            ELSE max(coalesce(last_sync_at, excluded.last_sync_at), excluded.last_sync_at) END,
-                        long_poll = CASE WHEN excluded.last_sync_at IS NULL THEN long_poll
-                            ELSE excluded.long_poll END",
-                )?
-                .execute(params![owner.as_str(), device.as_str(), synced_at, now, long_poll])?;
+                conn.prepare_cached(shares::TOUCH_DEVICE)?.execute(params![
+                    owner.as_str(),
+                    device.as_str(),
+                    synced_at,
+                    now,
+                    long_poll
+                ])?;
                 Ok(())
             })
             .await
@@ -895,7 +881,15 @@ mod plans {
         let conn = rusqlite::Connection::open(&path).expect("connect");
         for (sql, wanted) in [
             (
-                DELETE_SHARES.to_string(),
+                shares::DELETE_SHARES.to_string(),
+                "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            ),
+            (
+                shares::SELECT_SHARES.to_string(),
+                "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            ),
+            (
+                shares::STAMP_SHARES.to_string(),
                 "shared_sessions_by_device (owner=? AND device=? AND project=?)",
             ),
             (

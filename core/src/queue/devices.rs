@@ -85,8 +85,14 @@ impl Queue {
     }
 
     /// This queue just wrote `contact` of `device` at `now`: its copy of
-    /// the device's liveness, if it has one, takes the same change.
+    /// the device's liveness, if it has one, takes the same change, and
+    /// the touch throttle counts it as this interval's write (every contact
+    /// moves the liveness to `now`, so a `touch` right after a sync, as
+    /// the `start` of the run the sync handed out, has nothing to add).
     pub(super) fn device_contacted(&self, device: &Device, contact: DeviceContact, now: Timestamp) {
+        self.touched
+            .lock()
+            .insert(device.id.clone(), (device.owner.clone(), now));
         let mut devices = self.devices.lock();
         if let Some((record, _)) = devices.get_mut(&device.id)
             && record.owner == device.owner

@@ -19,11 +19,13 @@ mod finished_runs;
 pub mod mcp_sessions;
 pub mod model;
 mod outage;
+mod syncs;
 pub mod workload;
 
 pub use faulty::FaultyTransport;
 pub use finished_runs::finished_runs;
 pub use outage::Outage;
+pub use syncs::record_sync;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,7 +62,8 @@ macro_rules! store_conformance_suite {
             lifecycle, idempotency, racing_duplicate_starts, transitions_refused_from_wrong_state,
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
-            restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs);
+            restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs,
+            record_sync);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*

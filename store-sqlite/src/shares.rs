@@ -1,0 +1,158 @@
+//! What a relay's sync writes: the sessions a device shares to one project,
+//! and the device's contact.
+//!
+//! A long-polling desktop syncs again after every held request (every
+//! 20–25 s by default), and almost every such sync repeats what is stored.
+//! With thousands of desktops those repeats are most of what a quiet
+//! server writes, so a sync is one write transaction that compares the
+//! given sessions with the stored ones and, when they are the same, only
+//! moves their stamps, instead of deleting and inserting every row (which
+//! rewrites the table's and its indexes' pages) in one transaction and
+//! recording the contact in another. The stored rows are the reference,
+//! not what this process wrote last: another process on the same file may
+//! have written this device's sessions since.
+
+use graph_relay_core::ids::{DeviceId, GraphSessionId, OwnerId, ProjectId};
+use graph_relay_core::session::SessionMeta;
+use rusqlite::{Connection, params};
+
+use crate::database::{DbError, Statements};
+
+/// Records a device's contact: its last sign of life and, for a sync, when
+/// it synced and whether it long-polls (`?3` NULL for another contact).
+/// Stamps only move forward, so writes from processes whose clocks differ
+/// a little never move liveness back.
+pub(crate) const TOUCH_DEVICE: &str =
+    "INSERT INTO devices (owner, device, last_sync_at, last_seen_at, long_poll)
+     VALUES (?1, ?2, ?3, ?4, ?5)
+     ON CONFLICT (owner, device) DO UPDATE SET
+        last_seen_at = max(last_seen_at, excluded.last_seen_at),
+        last_sync_at = CASE WHEN excluded.last_sync_at IS NULL THEN last_sync_at
+            ELSE max(coalesce(last_sync_at, excluded.last_sync_at), excluded.last_sync_at) END,
+        long_poll = CASE WHEN excluded.last_sync_at IS NULL THEN long_poll
+            ELSE excluded.long_poll END";
+
+/// Removes a device's shares to one project before a sync writes them
+/// anew. The index is named: SQLite's planner (without statistics) would
+/// otherwise walk the primary key's (owner, project) prefix, i.e. every
+/// share of the project, which with thousands of desktops in one project
+/// made each sync cost a scan of all of them.
+pub(crate) const DELETE_SHARES: &str =
+    "DELETE FROM shared_sessions INDEXED BY shared_sessions_by_device
+     WHERE owner = ?1 AND project = ?2 AND device = ?3";
+
+/// The stored shares of one device to one project (the same index).
+pub(crate) const SELECT_SHARES: &str = "SELECT graph_session_id, meta
+     FROM shared_sessions INDEXED BY shared_sessions_by_device
+     WHERE owner = ?1 AND project = ?2 AND device = ?3";
+
+/// Moves the stamps of shares that stay as they are (the same index).
+pub(crate) const STAMP_SHARES: &str = "UPDATE shared_sessions INDEXED BY shared_sessions_by_device
+     SET synced_at = ?4
+     WHERE owner = ?1 AND project = ?2 AND device = ?3 AND synced_at < ?4";
+
+const INSERT_SHARE: &str =
+    "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
+/// One device's sync of one project, as the writer thread applies it.
+pub(crate) struct SyncWrite {
+    pub(crate) owner: OwnerId,
+    pub(crate) project: ProjectId,
+    pub(crate) device: DeviceId,
+    /// The shared sessions with their metadata as stored (JSON), sorted by id.
+    pub(crate) shares: Vec<(GraphSessionId, String)>,
+    pub(crate) long_poll: bool,
+    /// Milliseconds since the epoch.
+    pub(crate) now: i64,
+}
+
+/// The sessions' rows as stored: each id with its metadata's JSON, sorted
+/// by id (the order the comparison with the stored rows needs).
+pub(crate) fn encode(sessions: &[SessionMeta]) -> Result<Vec<(GraphSessionId, String)>, DbError> {
+    let mut rows = sessions
+        .iter()
+        .map(|meta| {
+            serde_json::to_string(meta)
+                .map(|json| (meta.graph_session_id.clone(), json))
+                .map_err(|e| DbError::Encode(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.sort_unstable_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    Ok(rows)
+}
+
+/// Replaces the device's shares to the project with `shares`, stamped `now`.
+pub(crate) fn replace(
+    conn: &Connection,
+    statements: &Statements,
+    (owner, project, device): (&OwnerId, &ProjectId, &DeviceId),
+    shares: &[(GraphSessionId, String)],
+    now: i64,
+) -> Result<(), DbError> {
+    statements.add(1);
+    conn.prepare_cached(DELETE_SHARES)?.execute(params![
+        owner.as_str(),
+        project.as_str(),
+        device.as_str()
+    ])?;
+    let mut insert = conn.prepare_cached(INSERT_SHARE)?;
+    for (session, meta) in shares {
+        statements.add(1);
+        insert.execute(params![
+            owner.as_str(),
+            project.as_str(),
+            session.as_str(),
+            device.as_str(),
+            now,
+            meta
+        ])?;
+    }
+    Ok(())
+}
+
+/// Applies `sync` inside the writer's transaction: the shares (their
+/// stamps only, when they are what is stored), then the contact.
+pub(crate) fn record_sync(
+    conn: &Connection,
+    statements: &Statements,
+    sync: &SyncWrite,
+) -> Result<(), DbError> {
+    let key = (&sync.owner, &sync.project, &sync.device);
+    let (owner, project, device) = (
+        sync.owner.as_str(),
+        sync.project.as_str(),
+        sync.device.as_str(),
+    );
+    statements.add(1);
+    let mut stored: Vec<(String, String)> = conn
+        .prepare_cached(SELECT_SHARES)?
+        .query_map(params![owner, project, device], |row| {
+            Ok((row.get(0)?, row.get(1)?))
+        })?
+        .collect::<Result<_, _>>()?;
+    stored.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let unchanged = stored.len() == sync.shares.len()
+        && stored
+            .iter()
+            .zip(&sync.shares)
+            .all(|((id, meta), (given_id, given_meta))| {
+                id == given_id.as_str() && meta == given_meta
+            });
+    if unchanged {
+        statements.add(1);
+        conn.prepare_cached(STAMP_SHARES)?
+            .execute(params![owner, project, device, sync.now])?;
+    } else {
+        replace(conn, statements, key, &sync.shares, sync.now)?;
+    }
+    statements.add(1);
+    conn.prepare_cached(TOUCH_DEVICE)?.execute(params![
+        owner,
+        device,
+        Some(sync.now),
+        sync.now,
+        sync.long_poll
+    ])?;
+    Ok(())
+}
