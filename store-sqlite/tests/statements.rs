@@ -105,6 +105,36 @@ fn a_lifecycle_one_at_a_time_executes_twelve_statements_or_nineteen_after_a_quie
 }
 
 #[test]
+fn a_long_polling_pass_writes_its_sync_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (store, w, desk) = setup(&dir);
+    // The held sync records long-poll; a quiet spell follows.
+    let held = graph_relay_core::queue::SyncRequest {
+        long_poll: true,
+        ..desk.sync.clone()
+    };
+    block_on(w.queue.sync(&desk.device, &held)).expect("held sync");
+    w.advance(30);
+    // A pass: the unheld sync of every project, then the held one.
+    let unheld = graph_relay_core::queue::SyncRequest {
+        long_poll: false,
+        ..desk.sync.clone()
+    };
+    let before = store.statements_executed();
+    block_on(w.queue.sync(&desk.device, &unheld)).expect("unheld sync");
+    // The project bound, the recorded mode (which the unheld sync keeps),
+    // BEGIN, SELECT, UPDATE, UPSERT, COMMIT, and the queued commands.
+    assert_eq!(store.statements_executed() - before, 8, "unheld sync");
+    let before = store.statements_executed();
+    block_on(w.queue.sync(&desk.device, &held)).expect("held sync");
+    // The same sessions and mode, written a moment ago: only the queued
+    // commands are read.
+    assert_eq!(store.statements_executed() - before, 1, "held sync");
+    let device = block_on(w.queue.store().device(&desk.device.owner, &desk.device.id));
+    assert!(device.expect("device").expect("known").long_poll);
+}
+
+#[test]
 fn concurrent_writes_share_their_begin_and_commit() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Arc::new(SqliteStore::open(dir.path().join("statements.sqlite")).expect("open"));

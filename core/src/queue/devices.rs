@@ -25,6 +25,8 @@ pub(super) struct SyncWritten {
     owner: OwnerId,
     project: ProjectId,
     sessions: Vec<SessionMeta>,
+    /// The mode the write recorded (not the request's flag: an unheld
+    /// sync of a long-polling relay records long-poll).
     long_poll: bool,
     at: Timestamp,
 }
@@ -101,11 +103,14 @@ impl Queue {
         }
     }
 
-    /// Whether this queue wrote exactly this sync (same sessions, same mode)
-    /// for this device and project less than [`QueueConfig::touch_interval`]
-    /// ago. Then the store already shows it, up to a stamp at most that old,
-    /// and the writes are skipped: a relay that syncs often (or a benchmark)
-    /// costs one read per sync instead of two writes.
+    /// Whether this queue wrote exactly this sync (same sessions, and a
+    /// mode this one would record again) for this device and project less
+    /// than [`QueueConfig::touch_interval`] ago. Then the store already
+    /// shows it, up to a stamp at most that old, and the writes are
+    /// skipped: a relay that syncs often (or a benchmark) costs one read
+    /// per sync instead of two writes. A long-polling relay's pass sends an
+    /// unheld sync, which keeps the recorded mode, and at once its held
+    /// one: the second finds the first's write.
     pub(super) fn sync_written_recently(
         &self,
         device: &Device,
@@ -122,14 +127,21 @@ impl Queue {
             .is_some_and(|w| {
                 w.at <= now
                     && now.since(w.at) < self.config.touch_interval
-                    && w.long_poll == request.long_poll
+                    && records_mode(request, w.long_poll)
                     && w.sessions == request.sessions
             })
     }
 
-    /// Remembers that this queue wrote `request` of `device` at `now`, in
-    /// place of what it wrote before for the same owner and project.
-    pub(super) fn remember_sync(&self, device: &Device, request: &SyncRequest, now: Timestamp) {
+    /// Remembers that this queue wrote `request` of `device` at `now`,
+    /// recording the mode `long_poll`, in place of what it wrote before for
+    /// the same owner and project.
+    pub(super) fn remember_sync(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        long_poll: bool,
+        now: Timestamp,
+    ) {
         let mut synced = self.synced.lock();
         let list = synced.get_or_insert_with(device.id.clone(), Vec::new);
         list.retain(|w| !(w.owner == device.owner && w.project == request.project));
@@ -140,8 +152,20 @@ impl Queue {
             owner: device.owner.clone(),
             project: request.project.clone(),
             sessions: request.sessions.clone(),
-            long_poll: request.long_poll,
+            long_poll,
             at: now,
         });
+    }
+}
+
+/// Whether writing `request` would record the mode `recorded` again: a held
+/// sync records long-poll; the first sync of a restarted relay records its
+/// own mode; any other sync keeps the recorded one (see
+/// `Queue::long_polls_after`).
+fn records_mode(request: &SyncRequest, recorded: bool) -> bool {
+    if request.long_poll || request.restarted {
+        request.long_poll == recorded
+    } else {
+        true
     }
 }

@@ -97,7 +97,7 @@ impl Queue {
                 )
                 .await?;
             self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
-            self.remember_sync(device, request, now);
+            self.remember_sync(device, request, long_poll, now);
         }
         if request.restarted {
             self.close_after_restart(device, request.running.as_ref())
