@@ -164,23 +164,37 @@ impl Relay {
             self.claim(command, now);
             return true;
         }
-        // 4. The next project's sync.
+        // 4. The next project's sync. In long-poll mode, when it is the
+        // pass's last and the pass found nothing, it is also the pass's
+        // wait: held, it answers at once if work is queued and else when
+        // work arrives, so one request does what an unheld sync and then a
+        // held one would.
         if let Some(project) = self.pass.projects.pop_front() {
-            self.send_sync(project, false);
+            let held =
+                self.pass.projects.is_empty() && self.is_enabled(&project) && self.wait_here();
+            self.pass.held_done |= held;
+            self.send_sync(project, held);
             return true;
         }
-        // 5. Long-poll: a pass that found nothing waits in one held sync.
-        let wait_here = self.config.mode == RelayMode::LongPoll
-            && self.pass.work == 0
-            && !self.pass.held_done
-            && self.link.failures == 0;
+        // 5. Long-poll: a pass that found nothing and has not waited yet
+        // (its last sync emptied a project no longer enabled) waits in one
+        // held sync.
         let first_project = self.shared.projects().next().cloned();
-        if let (true, Some(project)) = (wait_here, first_project) {
+        if let (true, Some(project)) = (self.wait_here(), first_project) {
             self.pass.held_done = true;
             self.send_sync(project, true);
             return true;
         }
         false
+    }
+
+    /// Whether this pass should wait in a held sync: long-poll mode, no
+    /// work found, not waited yet, and the server answering.
+    fn wait_here(&self) -> bool {
+        self.config.mode == RelayMode::LongPoll
+            && self.pass.work == 0
+            && !self.pass.held_done
+            && self.link.failures == 0
     }
 
     /// Claims again a command whose claim got no answer.
