@@ -16,7 +16,9 @@ use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::envelope::FinishStatus;
 use graph_relay_core::hold::Hold;
-use graph_relay_core::ids::{AgentId, CommandId, DeviceId, GraphSessionId, OwnerId, ProjectId};
+use graph_relay_core::ids::{
+    AgentId, CommandId, DeviceId, ExecutionId, GraphSessionId, OwnerId, ProjectId,
+};
 use graph_relay_core::outbox::{Outbox, OutboxItem, RelayReport};
 use graph_relay_core::principal::{Agent, Device};
 use graph_relay_core::queue::{ControlAnswer, Queue, QueueConfig, RunView, SyncRequest};
@@ -256,6 +258,23 @@ fn valid<T, E: std::fmt::Debug>(r: Result<T, E>) -> T {
     r.unwrap_or_else(|e| unreachable!("literal ids are valid: {e:?}"))
 }
 
+/// What the simulated desktop shares: one synthetic Graph in `project`.
+fn synthetic_share(project: &ProjectId, session: &GraphSessionId) -> SharedSet {
+    let mut shared = SharedSet::new();
+    shared.share(
+        project.clone(),
+        SessionMeta {
+            graph_session_id: session.clone(),
+            name: "Synthetic graph".into(),
+            description: "Runs for a lognormal time".into(),
+            slug: "synthetic".into(),
+            version: "1".into(),
+            status: "ready".into(),
+        },
+    );
+    shared
+}
+
 impl World {
     /// A world at [`START`] with the desktop's first pass at `config.relay_start`.
     pub fn new(config: WorldConfig) -> Self {
@@ -273,18 +292,7 @@ impl World {
         let owner = valid(OwnerId::parse("owner"));
         let project = valid(ProjectId::parse("project"));
         let session = valid(GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef"));
-        let mut shared = SharedSet::new();
-        shared.share(
-            project.clone(),
-            SessionMeta {
-                graph_session_id: session.clone(),
-                name: "Synthetic graph".into(),
-                description: "Runs for a lognormal time".into(),
-                slug: "synthetic".into(),
-                version: "1".into(),
-                status: "ready".into(),
-            },
-        );
+        let shared = synthetic_share(&project, &session);
         let relay_config = RelayConfig {
             mode: config.mode,
             seed: config.seed,
@@ -527,10 +535,7 @@ impl World {
                     };
                     self.relay.handle_outbox_loaded(items, now);
                 }
-                Action::Sync(request) => {
-                    let at = self.after_latency();
-                    self.schedule(at, Event::Arrive(self.epoch, Request::Sync(request)));
-                }
+                Action::Sync(request) => self.send(Request::Sync(request)),
                 Action::RememberProject(project) => {
                     if let Some(o) = &self.outbox {
                         let _ = block_on(o.remember_project(&project));
@@ -547,78 +552,31 @@ impl World {
                         .handle_sync_response(Err(SyncFailure::Aborted), now);
                 }
                 Action::Claim { command, execution } => {
-                    let at = self.after_latency();
-                    self.schedule(
-                        at,
-                        Event::Arrive(self.epoch, Request::Claim { command, execution }),
-                    );
+                    self.send(Request::Claim { command, execution });
                 }
                 Action::Execute(job) => self.execute(job),
                 Action::Control { command, long_poll } => {
-                    let at = self.after_latency();
-                    self.schedule(
-                        at,
-                        Event::Arrive(self.epoch, Request::Control { command, long_poll }),
-                    );
+                    self.send(Request::Control { command, long_poll });
                 }
-                Action::CancelExecution { command } => {
-                    // The engine stops the execution at once.
-                    if let Some((running, generation)) = self.running
-                        && running == command
-                    {
-                        self.schedule(
-                            now,
-                            Event::ExecutionDone {
-                                command,
-                                generation,
-                                status: FinishStatus::Cancelled,
-                            },
-                        );
-                    }
-                }
+                Action::CancelExecution { command } => self.cancel_execution(command, now),
                 // The simulated desktop shares no Graph that needs approval.
                 Action::AskApproval { .. } | Action::WithdrawApproval { .. } => {}
                 Action::PostProgress {
                     command,
                     execution,
                     report,
-                } => {
-                    let at = self.after_latency();
-                    self.schedule(
-                        at,
-                        Event::Arrive(
-                            self.epoch,
-                            Request::Progress {
-                                command,
-                                execution,
-                                report,
-                            },
-                        ),
-                    );
-                }
+                } => self.send(Request::Progress {
+                    command,
+                    execution,
+                    report,
+                }),
                 Action::StoreReport(item) => {
                     if let Some(o) = &self.outbox {
                         let _ = block_on(o.put(&item));
                     }
                     self.relay.handle_report_stored(item.command, now);
                 }
-                Action::PostReport(item) => {
-                    if self.lose_posts > 0 && matches!(item.report, RelayReport::Completion { .. })
-                    {
-                        self.lose_posts -= 1;
-                        let at = now.plus(self.config.latency * 2);
-                        self.schedule(
-                            at,
-                            Event::Answer(
-                                self.epoch,
-                                Answer::Posted(item.command, PostOutcome::Retry("lost".into())),
-                            ),
-                        );
-                    } else {
-                        let at = self.after_latency();
-                        self.schedule(at, Event::Arrive(self.epoch, Request::Post(item)));
-                    }
-                }
+                Action::PostReport(item) => self.post_report(item, now),
                 Action::RemoveReport(command) => {
                     if let Some(o) = &self.outbox {
                         let _ = block_on(o.remove(&command));
@@ -630,6 +588,46 @@ impl World {
                     }
                 }
             }
+        }
+    }
+
+    /// A request from the desktop reaches the server one latency later.
+    fn send(&mut self, request: Request) {
+        let at = self.after_latency();
+        self.schedule(at, Event::Arrive(self.epoch, request));
+    }
+
+    /// Posts a report, unless the experiment loses this completion on the
+    /// way: then the desktop hears, after a round trip, that it should retry.
+    fn post_report(&mut self, item: OutboxItem, now: Timestamp) {
+        if self.lose_posts > 0 && matches!(item.report, RelayReport::Completion { .. }) {
+            self.lose_posts -= 1;
+            let at = now.plus(self.config.latency * 2);
+            self.schedule(
+                at,
+                Event::Answer(
+                    self.epoch,
+                    Answer::Posted(item.command, PostOutcome::Retry("lost".into())),
+                ),
+            );
+        } else {
+            self.send(Request::Post(item));
+        }
+    }
+
+    /// The engine stops the execution of `command` at once, if it runs.
+    fn cancel_execution(&mut self, command: CommandId, now: Timestamp) {
+        if let Some((running, generation)) = self.running
+            && running == command
+        {
+            self.schedule(
+                now,
+                Event::ExecutionDone {
+                    command,
+                    generation,
+                    status: FinishStatus::Cancelled,
+                },
+            );
         }
     }
 
@@ -683,82 +681,19 @@ impl World {
             }
             Event::DesktopStarts => self.start_desktop(),
             Event::Answer(epoch, _) if epoch != self.epoch || !self.desktop_up => {}
-            Event::Answer(_, answer) => match answer {
-                Answer::Sync(result) => self.relay.handle_sync_response(result, now),
-                Answer::Claim(command, outcome) => {
-                    self.relay.handle_claim_response(command, outcome, now)
-                }
-                Answer::Control(command, result) => {
-                    self.relay.handle_control_response(command, result, now)
-                }
-                Answer::Posted(command, outcome) => {
-                    self.relay.handle_report_posted(command, outcome, now)
-                }
-                Answer::ProgressPosted(command, outcome) => {
-                    self.relay.handle_progress_posted(command, outcome, now)
-                }
-            },
+            Event::Answer(_, answer) => self.hear(answer, now),
             Event::ExecutionDone {
                 command,
                 generation,
                 status,
-            } => {
-                if self.running != Some((command, generation)) {
-                    return;
-                }
-                self.running = None;
-                if let Some(record) = self
-                    .executions
-                    .iter_mut()
-                    .rev()
-                    .find(|e| e.command == command)
-                {
-                    record.ended = Some(now);
-                    record.status = Some(status);
-                }
-                let outcome = ExecutionOutcome {
-                    status: Some(status),
-                    result: json!({"text": "synthetic result"}),
-                    total_tokens: Some(1000),
-                    reported_cost: None,
-                    error: None,
-                };
-                self.relay.handle_execution_finished(command, outcome, now);
-            }
+            } => self.execution_done(command, generation, status, now),
             Event::Progress {
                 command,
                 execution,
                 generation,
                 n,
                 ends_at,
-            } => {
-                if self.running != Some((command, generation)) || !self.desktop_up {
-                    return;
-                }
-                let (Some(every), Some(started)) = (
-                    self.config.progress_every,
-                    self.executions.last().map(|e| e.started),
-                ) else {
-                    return;
-                };
-                let total = ends_at.since(started).as_secs_f64().max(0.001);
-                let done = now.since(started).as_secs_f64();
-                let report = ProgressReport {
-                    message: Some(format!("step {n}")),
-                    percent: Some((done / total * 100.0).clamp(0.0, 100.0).floor()),
-                };
-                let _ = self.relay.handle_progress(command, &execution, report, now);
-                self.schedule(
-                    now.plus(every),
-                    Event::Progress {
-                        command,
-                        execution,
-                        generation,
-                        n: n + 1,
-                        ends_at,
-                    },
-                );
-            }
+            } => self.report_progress(command, execution, generation, n, ends_at, now),
             Event::HoldExpired { generation } => {
                 let Some(index) = self.held.iter().position(|h| h.generation == generation) else {
                     return;
@@ -767,6 +702,96 @@ impl World {
                 self.answer_held(held);
             }
         }
+    }
+
+    /// The server's answer reaches the running desktop's relay.
+    fn hear(&mut self, answer: Answer, now: Timestamp) {
+        match answer {
+            Answer::Sync(result) => self.relay.handle_sync_response(result, now),
+            Answer::Claim(command, outcome) => {
+                self.relay.handle_claim_response(command, outcome, now)
+            }
+            Answer::Control(command, result) => {
+                self.relay.handle_control_response(command, result, now)
+            }
+            Answer::Posted(command, outcome) => {
+                self.relay.handle_report_posted(command, outcome, now)
+            }
+            Answer::ProgressPosted(command, outcome) => {
+                self.relay.handle_progress_posted(command, outcome, now)
+            }
+        }
+    }
+
+    /// The execution `generation` of `command` ended with `status`: it is
+    /// recorded and the relay told, unless a later execution replaced it.
+    fn execution_done(
+        &mut self,
+        command: CommandId,
+        generation: u64,
+        status: FinishStatus,
+        now: Timestamp,
+    ) {
+        if self.running != Some((command, generation)) {
+            return;
+        }
+        self.running = None;
+        if let Some(record) = self
+            .executions
+            .iter_mut()
+            .rev()
+            .find(|e| e.command == command)
+        {
+            record.ended = Some(now);
+            record.status = Some(status);
+        }
+        let outcome = ExecutionOutcome {
+            status: Some(status),
+            result: json!({"text": "synthetic result"}),
+            total_tokens: Some(1000),
+            reported_cost: None,
+            error: None,
+        };
+        self.relay.handle_execution_finished(command, outcome, now);
+    }
+
+    /// The running execution reports its `n`th step (how far it is, by the
+    /// time it will take) and schedules the next one.
+    fn report_progress(
+        &mut self,
+        command: CommandId,
+        execution: ExecutionId,
+        generation: u64,
+        n: u64,
+        ends_at: Timestamp,
+        now: Timestamp,
+    ) {
+        if self.running != Some((command, generation)) || !self.desktop_up {
+            return;
+        }
+        let (Some(every), Some(started)) = (
+            self.config.progress_every,
+            self.executions.last().map(|e| e.started),
+        ) else {
+            return;
+        };
+        let total = ends_at.since(started).as_secs_f64().max(0.001);
+        let done = now.since(started).as_secs_f64();
+        let report = ProgressReport {
+            message: Some(format!("step {n}")),
+            percent: Some((done / total * 100.0).clamp(0.0, 100.0).floor()),
+        };
+        let _ = self.relay.handle_progress(command, &execution, report, now);
+        self.schedule(
+            now.plus(every),
+            Event::Progress {
+                command,
+                execution,
+                generation,
+                n: n + 1,
+                ends_at,
+            },
+        );
     }
 
     /// The server side of each relay request: the real queue.
