@@ -434,6 +434,52 @@ pub fn relay_events(data: &[u8]) {
     }
 }
 
+/// The desktop a crashed earlier process (epoch 0) left: a report in the
+/// outbox for each of the first four `left_over` commands, which the server
+/// holds running under a granted lease (or queued, for a decline).
+fn left_over_outbox(
+    left_over: Vec<(u8, bool)>,
+    server: &mut ModelServer,
+    t0: Timestamp,
+) -> Desktop {
+    let mut desktop = Desktop::default();
+    for (n, declined) in left_over.into_iter().take(4) {
+        let command = CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(n)));
+        let execution = ExecutionId::parse("exec-old").expect("valid");
+        server.commands.insert(
+            command,
+            if declined {
+                ServerState::Queued
+            } else {
+                ServerState::Running {
+                    execution: execution.clone(),
+                    lease_until: t0.plus(server.lease),
+                    cancel: false,
+                }
+            },
+        );
+        let report = if declined {
+            RelayReport::Declined
+        } else {
+            RelayReport::Completion {
+                envelope: ResultEnvelope::build(
+                    execution,
+                    FinishStatus::Completed,
+                    EnvelopeBody::default(),
+                ),
+            }
+        };
+        let item = graph_relay_core::outbox::OutboxItem {
+            command,
+            report,
+            stored_at: t0,
+            attempts: 0,
+        };
+        desktop.outbox.insert(command, (0, item));
+    }
+    desktop
+}
+
 /// One run of [`relay_events`]: the relay, the model server and desktop it
 /// talks to, what is in flight between them, and what the checks have seen.
 struct RelayFuzz {
@@ -488,43 +534,7 @@ impl RelayFuzz {
             offered: HashMap::new(),
             shares: BTreeSet::new(),
         };
-        // Reports a crashed earlier process left in the outbox (epoch 0), for
-        // commands that ran then: the server holds them running, leases granted.
-        let mut desktop = Desktop::default();
-        for (n, declined) in left_over.into_iter().take(4) {
-            let command = CommandId::from_uuid(uuid::Uuid::from_u128(1000 + u128::from(n)));
-            let execution = ExecutionId::parse("exec-old").expect("valid");
-            server.commands.insert(
-                command,
-                if declined {
-                    ServerState::Queued
-                } else {
-                    ServerState::Running {
-                        execution: execution.clone(),
-                        lease_until: t0.plus(server.lease),
-                        cancel: false,
-                    }
-                },
-            );
-            let report = if declined {
-                RelayReport::Declined
-            } else {
-                RelayReport::Completion {
-                    envelope: ResultEnvelope::build(
-                        execution,
-                        FinishStatus::Completed,
-                        EnvelopeBody::default(),
-                    ),
-                }
-            };
-            let item = graph_relay_core::outbox::OutboxItem {
-                command,
-                report,
-                stored_at: t0,
-                attempts: 0,
-            };
-            desktop.outbox.insert(command, (0, item));
-        }
+        let desktop = left_over_outbox(left_over, &mut server, t0);
         let epoch = 1u64;
         let mut relay = Relay::new(config.clone(), shared.clone(), t0);
         let flight = InFlight::default();
@@ -549,11 +559,9 @@ impl RelayFuzz {
     fn check_action(&mut self, action: Action) {
         let Self {
             relay,
-            server,
             desktop,
             flight,
             seen,
-            shared,
             now,
             ..
         } = self;
@@ -574,53 +582,14 @@ impl RelayFuzz {
                 );
                 desktop.remembered.insert(project);
             }
-            Action::ForgetProject(project) => {
-                assert!(
-                    !relay.shared().is_enabled(&project),
-                    "only a project no longer enabled is forgotten"
-                );
-                assert!(
-                    !server.shares.contains(&project),
-                    "a project is forgotten only once the server holds no shares there"
-                );
-                desktop.remembered.remove(&project);
-            }
+            Action::ForgetProject(project) => self.check_forget_project(project),
             Action::AbortHeldSync => {
                 if flight.sync.take().is_some() {
                     relay.handle_sync_response(Err(SyncFailure::Aborted), now);
                 }
             }
-            Action::Claim { command, execution } => {
-                assert!(seen.running.is_none(), "never claims while a command runs");
-                assert!(seen.asking.is_none(), "never claims while a run waits");
-                // A claim starts a new attempt at the run: the answers to
-                // the progress posts of an earlier one are lost.
-                flight.progress.retain(|(c, _)| *c != command);
-                seen.last_progress_post.remove(&command);
-                let c = &server.offered[&command];
-                assert!(
-                    relay
-                        .shared()
-                        .still_shared(&c.project, &c.graph_session_id, &c.slug),
-                    "a claim always follows a re-check that holds now"
-                );
-                flight.claim = Some((command, execution));
-            }
-            Action::AskApproval { job, .. } => {
-                assert!(
-                    shared.approval(&job.command.graph_session_id).is_some(),
-                    "approval is asked only for a Graph that needs it"
-                );
-                assert!(seen.running.is_none() && seen.asking.is_none());
-                assert!(
-                    matches!(
-                        server.state(&job.command.id, now),
-                        Some(ServerState::Running { execution, .. }) if execution == job.execution
-                    ),
-                    "a run waits for approval once claimed"
-                );
-                seen.asking = Some((job.command.id, job.execution));
-            }
+            Action::Claim { command, execution } => self.check_claim(command, execution),
+            Action::AskApproval { job, .. } => self.check_ask_approval(job),
             Action::WithdrawApproval { command } => {
                 assert_eq!(
                     seen.asking.take().map(|(c, _)| c),
@@ -646,16 +615,7 @@ impl RelayFuzz {
                 report,
             } => self.check_progress_post(command, execution, report),
             Action::StoreReport(item) => self.check_store_report(item),
-            Action::PostReport(item) => {
-                assert!(
-                    !seen
-                        .refused
-                        .iter()
-                        .any(|r| r.command == item.command && r.report == item.report),
-                    "a report refused for good is never posted again"
-                );
-                flight.posts.push(item);
-            }
+            Action::PostReport(item) => self.check_post_report(item),
             Action::RemoveReport(command) => {
                 assert_eq!(
                     seen.may_remove.remove(&command),
@@ -666,6 +626,90 @@ impl RelayFuzz {
             }
             Action::RecordAttempt(_) => {}
         }
+    }
+
+    /// A forgotten project: no longer enabled, and no share of it left on
+    /// the server.
+    fn check_forget_project(&mut self, project: ProjectId) {
+        let Self {
+            relay,
+            server,
+            desktop,
+            ..
+        } = self;
+        assert!(
+            !relay.shared().is_enabled(&project),
+            "only a project no longer enabled is forgotten"
+        );
+        assert!(
+            !server.shares.contains(&project),
+            "a project is forgotten only once the server holds no shares there"
+        );
+        desktop.remembered.remove(&project);
+    }
+
+    /// A claim: one run at a time, of a command still shared as offered.
+    fn check_claim(&mut self, command: CommandId, execution: ExecutionId) {
+        let Self {
+            relay,
+            server,
+            flight,
+            seen,
+            ..
+        } = self;
+        assert!(seen.running.is_none(), "never claims while a command runs");
+        assert!(seen.asking.is_none(), "never claims while a run waits");
+        // A claim starts a new attempt at the run: the answers to
+        // the progress posts of an earlier one are lost.
+        flight.progress.retain(|(c, _)| *c != command);
+        seen.last_progress_post.remove(&command);
+        let c = &server.offered[&command];
+        assert!(
+            relay
+                .shared()
+                .still_shared(&c.project, &c.graph_session_id, &c.slug),
+            "a claim always follows a re-check that holds now"
+        );
+        flight.claim = Some((command, execution));
+    }
+
+    /// An approval asked: for a Graph that needs it, of a run claimed and
+    /// nothing else running or waiting.
+    fn check_ask_approval(&mut self, job: Job) {
+        let Self {
+            server,
+            seen,
+            shared,
+            now,
+            ..
+        } = self;
+        let now = *now;
+        assert!(
+            shared.approval(&job.command.graph_session_id).is_some(),
+            "approval is asked only for a Graph that needs it"
+        );
+        assert!(seen.running.is_none() && seen.asking.is_none());
+        assert!(
+            matches!(
+                server.state(&job.command.id, now),
+                Some(ServerState::Running { execution, .. }) if execution == job.execution
+            ),
+            "a run waits for approval once claimed"
+        );
+        seen.asking = Some((job.command.id, job.execution));
+    }
+
+    /// A report posted: never one the server refused for good.
+    fn check_post_report(&mut self, item: OutboxItem) {
+        let Self { flight, seen, .. } = self;
+        assert!(
+            !seen
+                .refused
+                .iter()
+                .any(|r| r.command == item.command && r.report == item.report),
+            "a report refused for good is never posted again"
+        );
+        flight.posts.push(item);
     }
 
     /// A sync the relay sends: one at a time, naming what runs, sharing only remembered projects.
