@@ -552,37 +552,11 @@ pub fn cancellation(seed: u64, n: usize) -> Outcome {
         ];
         let mut executed_after_queued_cancel = 0usize;
         for i in 0..n {
-            let mut w = world(mode, &mut rng);
-            w.run_until(START.plus(REQUEST_AT));
-            let id = queue_run(&mut w, i as u64);
-            let cancel_at = w
-                .now()
-                .plus(Duration::from_secs_f64(rng.between(0.0, 40.0)));
-            w.run_until(cancel_at);
-            let before = w.status(&id).unwrap_or(CommandStatus::Queued);
-            let asked = w.now();
-            let _ = block_on(w.queue.cancel_graph_run(&w.agent, &id));
-            let limit = asked.plus(Duration::from_secs(3600));
-            w.run_while(limit, |w| {
-                w.status(&id).is_some_and(CommandStatus::is_terminal)
-            });
-            let finished = w
-                .command(&w.agent, &id)
-                .and_then(|c| c.finished_at)
-                .unwrap_or(limit);
-            let slot = match before {
-                CommandStatus::Queued => 0,
-                CommandStatus::Running => 1,
-                _ => 2,
-            };
-            if slot == 0 && w.executions.iter().any(|e| e.command == id) {
+            let cancelled = cancel_once(mode, i as u64, &mut rng);
+            if cancelled.ran_anyway {
                 executed_after_queued_cancel += 1;
             }
-            by_state[slot].1.push(if slot == 2 {
-                0.0
-            } else {
-                secs_between(asked, finished)
-            });
+            by_state[cancelled.state].1.push(cancelled.seconds);
         }
         let mut per_state = Map::new();
         for (state, values) in &by_state {
@@ -611,6 +585,53 @@ pub fn cancellation(seed: u64, n: usize) -> Outcome {
             x_label: "time from cancel to terminal, running runs (s)".into(),
             series,
         },
+    }
+}
+
+/// One run of experiment 4, cancelled where it stood.
+struct Cancelled {
+    /// Where it stood when the cancel was asked: 0 queued, 1 running, 2
+    /// already done.
+    state: usize,
+    /// From the request to the run's end (0 when it was done already).
+    seconds: f64,
+    /// Cancelled while queued, and executed all the same.
+    ran_anyway: bool,
+}
+
+/// Queues run `n`, cancels it 0–40 s later, and waits for its end.
+fn cancel_once(mode: RelayMode, n: u64, rng: &mut SimRng) -> Cancelled {
+    let mut w = world(mode, rng);
+    w.run_until(START.plus(REQUEST_AT));
+    let id = queue_run(&mut w, n);
+    let cancel_at = w
+        .now()
+        .plus(Duration::from_secs_f64(rng.between(0.0, 40.0)));
+    w.run_until(cancel_at);
+    let before = w.status(&id).unwrap_or(CommandStatus::Queued);
+    let asked = w.now();
+    let _ = block_on(w.queue.cancel_graph_run(&w.agent, &id));
+    let limit = asked.plus(Duration::from_secs(3600));
+    w.run_while(limit, |w| {
+        w.status(&id).is_some_and(CommandStatus::is_terminal)
+    });
+    let finished = w
+        .command(&w.agent, &id)
+        .and_then(|c| c.finished_at)
+        .unwrap_or(limit);
+    let slot = match before {
+        CommandStatus::Queued => 0,
+        CommandStatus::Running => 1,
+        _ => 2,
+    };
+    Cancelled {
+        state: slot,
+        seconds: if slot == 2 {
+            0.0
+        } else {
+            secs_between(asked, finished)
+        },
+        ran_anyway: slot == 0 && w.executions.iter().any(|e| e.command == id),
     }
 }
 
@@ -716,80 +737,11 @@ pub fn offline(seed: u64) -> Outcome {
     );
     let mut figures = Map::new();
     for mode in MODES {
-        let mut w = World::new(WorldConfig {
-            mode,
-            relay_start: Duration::from_secs(600),
-            seed,
-            ..WorldConfig::default()
-        });
-        let ids: Vec<CommandId> = (0..5).map(|i| queue_run(&mut w, i)).collect();
-        let limit = START.plus(Duration::from_secs(4 * 3600));
-        w.run_while(limit, |w| {
-            ids.iter()
-                .all(|id| w.status(id).is_some_and(CommandStatus::is_terminal))
-        });
-        let first_start = ids
-            .iter()
-            .filter_map(|id| w.command(&w.agent, id)?.started_at)
-            .min();
-        let last_end = ids
-            .iter()
-            .filter_map(|id| w.command(&w.agent, id)?.finished_at)
-            .max();
-        let done = ids
-            .iter()
-            .filter(|id| w.status(id) == Some(CommandStatus::Completed))
-            .count();
-        table.row(vec![
-            "offline 600 s, 5 queued".into(),
-            mode_name(mode).into(),
-            format!("{done}/5 completed; first start"),
-            first_start.map_or("-".into(), |t| s1(secs_between(START, t))),
-        ]);
-        table.row(vec![
-            String::new(),
-            String::new(),
-            "last end".into(),
-            last_end.map_or("-".into(), |t| s1(secs_between(START, t))),
-        ]);
-        figures.insert(format!("offline/{}", mode_name(mode)), json!({"completed": done, "first_start": first_start.map(|t| secs_between(START, t)), "last_end": last_end.map(|t| secs_between(START, t))}));
+        desktop_offline(mode, seed, &mut table, &mut figures);
     }
     for mode in MODES {
         for outbox in [true, false] {
-            let mut w = World::new(WorldConfig {
-                mode,
-                outbox,
-                seed,
-                ..WorldConfig::default()
-            });
-            w.lose_next_posts(1);
-            w.run_until(START.plus(REQUEST_AT));
-            let id = queue_run(&mut w, 1);
-            let limit = w.now().plus(Duration::from_secs(1800));
-            w.run_while(limit, |w| {
-                w.status(&id).is_some_and(CommandStatus::is_terminal)
-            });
-            let c = w.command(&w.agent, &id);
-            let status = c.as_ref().map_or(CommandStatus::Queued, |c| c.status);
-            let ended = w.executions.first().and_then(|e| e.ended);
-            let delay = match (ended, c.as_ref().and_then(|c| c.finished_at)) {
-                (Some(e), Some(f)) => s1(secs_between(e, f)),
-                _ => "never".into(),
-            };
-            let scenario = format!(
-                "lost completion, outbox {}",
-                if outbox { "on" } else { "off" }
-            );
-            table.row(vec![
-                scenario.clone(),
-                mode_name(mode).into(),
-                format!("{} after 30 min; delivered after", status.as_str()),
-                delay.clone(),
-            ]);
-            figures.insert(
-                format!("{scenario}/{}", mode_name(mode)),
-                json!({"status": status.as_str(), "delivery_delay": delay}),
-            );
+            completion_lost(mode, outbox, seed, &mut table, &mut figures);
         }
     }
     table.note("The queue lives on the server, so work queued while the desktop sleeps runs when it wakes.");
@@ -800,6 +752,98 @@ pub fn offline(seed: u64) -> Outcome {
         figures: Value::Object(figures),
         plot: Plot::None,
     }
+}
+
+/// The desktop sleeps the first 600 s with 5 runs queued: when they start
+/// and end once it wakes.
+fn desktop_offline(
+    mode: RelayMode,
+    seed: u64,
+    table: &mut Table,
+    figures: &mut Map<String, Value>,
+) {
+    let mut w = World::new(WorldConfig {
+        mode,
+        relay_start: Duration::from_secs(600),
+        seed,
+        ..WorldConfig::default()
+    });
+    let ids: Vec<CommandId> = (0..5).map(|i| queue_run(&mut w, i)).collect();
+    let limit = START.plus(Duration::from_secs(4 * 3600));
+    w.run_while(limit, |w| {
+        ids.iter()
+            .all(|id| w.status(id).is_some_and(CommandStatus::is_terminal))
+    });
+    let first_start = ids
+        .iter()
+        .filter_map(|id| w.command(&w.agent, id)?.started_at)
+        .min();
+    let last_end = ids
+        .iter()
+        .filter_map(|id| w.command(&w.agent, id)?.finished_at)
+        .max();
+    let done = ids
+        .iter()
+        .filter(|id| w.status(id) == Some(CommandStatus::Completed))
+        .count();
+    table.row(vec![
+        "offline 600 s, 5 queued".into(),
+        mode_name(mode).into(),
+        format!("{done}/5 completed; first start"),
+        first_start.map_or("-".into(), |t| s1(secs_between(START, t))),
+    ]);
+    table.row(vec![
+        String::new(),
+        String::new(),
+        "last end".into(),
+        last_end.map_or("-".into(), |t| s1(secs_between(START, t))),
+    ]);
+    figures.insert(format!("offline/{}", mode_name(mode)), json!({"completed": done, "first_start": first_start.map(|t| secs_between(START, t)), "last_end": last_end.map(|t| secs_between(START, t))}));
+}
+
+/// The first completion POST is lost: whether, and how late, the run's
+/// result still reaches the server, with and without the durable outbox.
+fn completion_lost(
+    mode: RelayMode,
+    outbox: bool,
+    seed: u64,
+    table: &mut Table,
+    figures: &mut Map<String, Value>,
+) {
+    let mut w = World::new(WorldConfig {
+        mode,
+        outbox,
+        seed,
+        ..WorldConfig::default()
+    });
+    w.lose_next_posts(1);
+    w.run_until(START.plus(REQUEST_AT));
+    let id = queue_run(&mut w, 1);
+    let limit = w.now().plus(Duration::from_secs(1800));
+    w.run_while(limit, |w| {
+        w.status(&id).is_some_and(CommandStatus::is_terminal)
+    });
+    let c = w.command(&w.agent, &id);
+    let status = c.as_ref().map_or(CommandStatus::Queued, |c| c.status);
+    let ended = w.executions.first().and_then(|e| e.ended);
+    let delay = match (ended, c.as_ref().and_then(|c| c.finished_at)) {
+        (Some(e), Some(f)) => s1(secs_between(e, f)),
+        _ => "never".into(),
+    };
+    let scenario = format!(
+        "lost completion, outbox {}",
+        if outbox { "on" } else { "off" }
+    );
+    table.row(vec![
+        scenario.clone(),
+        mode_name(mode).into(),
+        format!("{} after 30 min; delivered after", status.as_str()),
+        delay.clone(),
+    ]);
+    figures.insert(
+        format!("{scenario}/{}", mode_name(mode)),
+        json!({"status": status.as_str(), "delivery_delay": delay}),
+    );
 }
 
 // ----- 7. result size -------------------------------------------------------
