@@ -80,85 +80,69 @@ impl RelayFuzz {
     /// A forgotten project: no longer enabled, and no share of it left on
     /// the server.
     fn check_forget_project(&mut self, project: ProjectId) {
-        let Self {
-            relay,
-            server,
-            desktop,
-            ..
-        } = self;
         assert!(
-            !relay.shared().is_enabled(&project),
+            !self.relay.shared().is_enabled(&project),
             "only a project no longer enabled is forgotten"
         );
         assert!(
-            !server.shares.contains(&project),
+            !self.server.shares.contains(&project),
             "a project is forgotten only once the server holds no shares there"
         );
-        desktop.remembered.remove(&project);
+        self.desktop.remembered.remove(&project);
     }
 
     /// A claim: one run at a time, of a command still shared as offered.
     fn check_claim(&mut self, command: CommandId, execution: ExecutionId) {
-        let Self {
-            relay,
-            server,
-            flight,
-            seen,
-            ..
-        } = self;
-        assert!(seen.running.is_none(), "never claims while a command runs");
-        assert!(seen.asking.is_none(), "never claims while a run waits");
+        assert!(
+            self.seen.running.is_none(),
+            "never claims while a command runs"
+        );
+        assert!(self.seen.asking.is_none(), "never claims while a run waits");
         // A claim starts a new attempt at the run: the answers to
         // the progress posts of an earlier one are lost.
-        flight.progress.retain(|(c, _)| *c != command);
-        seen.last_progress_post.remove(&command);
-        let c = &server.offered[&command];
+        self.flight.progress.retain(|(c, _)| *c != command);
+        self.seen.last_progress_post.remove(&command);
+        let c = &self.server.offered[&command];
         assert!(
-            relay
+            self.relay
                 .shared()
                 .still_shared(&c.project, &c.graph_session_id, &c.slug),
             "a claim always follows a re-check that holds now"
         );
-        flight.claim = Some((command, execution));
+        self.flight.claim = Some((command, execution));
     }
 
     /// An approval asked: for a Graph that needs it, of a run claimed and
     /// nothing else running or waiting.
     fn check_ask_approval(&mut self, job: Job) {
-        let Self {
-            server,
-            seen,
-            shared,
-            now,
-            ..
-        } = self;
-        let now = *now;
         assert!(
-            shared.approval(&job.command.graph_session_id).is_some(),
+            self.shared
+                .approval(&job.command.graph_session_id)
+                .is_some(),
             "approval is asked only for a Graph that needs it"
         );
-        assert!(seen.running.is_none() && seen.asking.is_none());
+        assert!(self.seen.running.is_none() && self.seen.asking.is_none());
         assert!(
             matches!(
-                server.state(&job.command.id, now),
+                self.server.state(&job.command.id, self.now),
                 Some(ServerState::Running { execution, .. }) if execution == job.execution
             ),
             "a run waits for approval once claimed"
         );
-        seen.asking = Some((job.command.id, job.execution));
+        self.seen.asking = Some((job.command.id, job.execution));
     }
 
     /// A report posted: never one the server refused for good.
     fn check_post_report(&mut self, item: OutboxItem) {
-        let Self { flight, seen, .. } = self;
         assert!(
-            !seen
+            !self
+                .seen
                 .refused
                 .iter()
                 .any(|r| r.command == item.command && r.report == item.report),
             "a report refused for good is never posted again"
         );
-        flight.posts.push(item);
+        self.flight.posts.push(item);
     }
 
     /// A sync the relay sends: one at a time, naming what runs, sharing only remembered projects.
