@@ -1,6 +1,8 @@
 //! The desktop side: the relay's actions performed on the simulated
 //! network, the synthetic executor, and the answers it hears.
 
+use graph_relay_core::outbox::OutboxError;
+
 use super::*;
 
 impl World {
@@ -20,14 +22,10 @@ impl World {
                 }
                 Action::Sync(request) => self.send(Request::Sync(request)),
                 Action::RememberProject(project) => {
-                    if let Some(o) = &self.outbox {
-                        let _ = block_on(o.remember_project(&project));
-                    }
+                    self.write_outbox(|o| o.remember_project(&project));
                 }
                 Action::ForgetProject(project) => {
-                    if let Some(o) = &self.outbox {
-                        let _ = block_on(o.forget_project(&project));
-                    }
+                    self.write_outbox(|o| o.forget_project(&project));
                 }
                 Action::AbortHeldSync => {
                     self.held.retain(|h| !matches!(h.kind, HeldKind::Sync(_)));
@@ -54,23 +52,28 @@ impl World {
                     report,
                 }),
                 Action::StoreReport(item) => {
-                    if let Some(o) = &self.outbox {
-                        let _ = block_on(o.put(&item));
-                    }
+                    self.write_outbox(|o| o.put(&item));
                     self.relay.handle_report_stored(item.command, now);
                 }
                 Action::PostReport(item) => self.post_report(item, now),
                 Action::RemoveReport(command) => {
-                    if let Some(o) = &self.outbox {
-                        let _ = block_on(o.remove(&command));
-                    }
+                    self.write_outbox(|o| o.remove(&command));
                 }
                 Action::RecordAttempt(command) => {
-                    if let Some(o) = &self.outbox {
-                        let _ = block_on(o.record_attempt(&command));
-                    }
+                    self.write_outbox(|o| o.record_attempt(&command));
                 }
             }
+        }
+    }
+
+    /// Writes to the desktop's outbox, when it has one (the in-memory
+    /// outbox does not fail).
+    fn write_outbox<'a, F>(&'a self, write: impl FnOnce(&'a MemoryOutbox) -> F)
+    where
+        F: Future<Output = Result<(), OutboxError>>,
+    {
+        if let Some(o) = &self.outbox {
+            let _ = block_on(write(o));
         }
     }
 
