@@ -153,33 +153,29 @@ fn desktops(
 /// What each owner's project shares: how many sessions, from how many
 /// desktops.
 fn shares(conn: &Connection) -> Result<Vec<ProjectShares>, StatsError> {
-    let mut shares = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT owner, project, COUNT(DISTINCT graph_session_id), COUNT(DISTINCT device)
          FROM shared_sessions GROUP BY owner, project ORDER BY owner, project",
     )?;
-    for row in stmt.query_map([], |r| {
+    let rows = stmt.query_map([], |r| {
         Ok(ProjectShares {
             owner: r.get(0)?,
             project: r.get(1)?,
             sessions: count(r.get(2)?),
             desktops: count(r.get(3)?),
         })
-    })? {
-        shares.push(row?);
-    }
-    Ok(shares)
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// The oldest `queue_limit` queued runs, in the order they were queued.
 fn queue_head(conn: &Connection, queue_limit: usize) -> Result<Vec<QueuedRun>, StatsError> {
-    let mut queue = Vec::new();
     let mut stmt = conn.prepare(
         "SELECT id, owner, project, device, created_at FROM commands
          WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?1",
     )?;
     let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
-    for row in stmt.query_map(params![limit], |r| {
+    let rows = stmt.query_map(params![limit], |r| {
         Ok(QueuedRun {
             command_id: r.get(0)?,
             owner: r.get(1)?,
@@ -187,10 +183,8 @@ fn queue_head(conn: &Connection, queue_limit: usize) -> Result<Vec<QueuedRun>, S
             device: r.get(3)?,
             created_at: stamp(r.get(4)?),
         })
-    })? {
-        queue.push(row?);
-    }
-    Ok(queue)
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// The pickup latencies, shortest first, of the runs that started since
