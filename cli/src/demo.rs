@@ -200,22 +200,7 @@ pub fn run(args: DemoArgs) -> Result<(), DemoError> {
 }
 
 async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
-    let store = graph_relay_store_sqlite::SqliteStore::open(&files.db)
-        .map_err(|e| DemoError::Server(format!("{}: {e}", files.db.display())))?;
-    let catalog = ToolCatalog::builder()
-        .wait_seconds(Some(MAX_WAIT_SECONDS))
-        .build()
-        .map_err(|e| DemoError::Server(e.to_string()))?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let server_error =
-        |e: graph_relay_transport_http::server::ServerError| DemoError::Server(e.to_string());
-    let server = Server::builder(Arc::new(store))
-        .config_file(&files.config)
-        .map_err(server_error)?
-        .catalog(catalog)
-        .build(listener)
-        .await
-        .map_err(server_error)?;
+    let server = build_server(args, files).await?;
     let local = server.local_addr();
     let queue = server.queue().clone();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -282,6 +267,27 @@ async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
         println!("Stopped; {} removed.", files.dir.display());
     }
     outcome
+}
+
+/// The demo's server on `args.listen`: its SQLite queue and configuration
+/// file in the demo folder, and `wait_seconds` offered.
+async fn build_server(args: &DemoArgs, files: &DemoFiles) -> Result<Server, DemoError> {
+    let store = graph_relay_store_sqlite::SqliteStore::open(&files.db)
+        .map_err(|e| DemoError::Server(format!("{}: {e}", files.db.display())))?;
+    let catalog = ToolCatalog::builder()
+        .wait_seconds(Some(MAX_WAIT_SECONDS))
+        .build()
+        .map_err(|e| DemoError::Server(e.to_string()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let server_error =
+        |e: graph_relay_transport_http::server::ServerError| DemoError::Server(e.to_string());
+    Server::builder(Arc::new(store))
+        .config_file(&files.config)
+        .map_err(server_error)?
+        .catalog(catalog)
+        .build(listener)
+        .await
+        .map_err(server_error)
 }
 
 /// This binary's `worker` command, in the demo folder, its stderr shown
@@ -442,6 +448,18 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
     let tools = agent.list_tools().await?;
     println!("    {}", tools.join(", "));
 
+    list_shared_sessions(agent).await?;
+    let echo = run_echo(agent, &tag).await?;
+    cancel_slow_run(agent, &tag).await?;
+    run_failing(agent, &tag).await?;
+    read_as_another_agent(other, &echo).await?;
+    println!("\nThe scripted flow is done.");
+    Ok(())
+}
+
+/// Step 2: the sessions the desktop shares, once the worker has shared
+/// them all.
+async fn list_shared_sessions(agent: &Agent) -> Result<(), DemoError> {
     println!("[2] list_graph_sessions {{\"project_id\": \"{PROJECT}\"}}");
     let start = Instant::now();
     let sessions = loop {
@@ -473,7 +491,11 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
             s["description"].as_str().unwrap_or("")
         );
     }
+    Ok(())
+}
 
+/// Steps 3 and 4: an echo run, its pickup and its result; returns its id.
+async fn run_echo(agent: &Agent, tag: &str) -> Result<String, DemoError> {
     println!("[3] run_graph_session Echo {{\"greeting\": \"hello\"}}");
     let echo = agent
         .run(
@@ -502,7 +524,11 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
         "    result: {} ({} tokens)",
         run["result"], run["total_tokens"]
     );
+    Ok(echo)
+}
 
+/// Step 5: a slow run, cancelled while it reports progress.
+async fn cancel_slow_run(agent: &Agent, tag: &str) -> Result<(), DemoError> {
     println!("[5] run_graph_session Slow count, then cancel_graph_run while it runs");
     let slow = agent
         .run(SLOW, &format!("demo-slow-{tag}"), json!({}))
@@ -542,7 +568,11 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
         millis(sent.elapsed()),
         run["error"].as_str().unwrap_or("")
     );
+    Ok(())
+}
 
+/// Step 6: a run whose Graph fails.
+async fn run_failing(agent: &Agent, tag: &str) -> Result<(), DemoError> {
     println!("[6] run_graph_session Always fails");
     let fails = agent
         .run(FAILS, &format!("demo-fails-{tag}"), json!({}))
@@ -555,7 +585,12 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
         "    failed: {}",
         run["error"].as_str().unwrap_or("").trim_end()
     );
+    Ok(())
+}
 
+/// Step 7: another agent asks for the echo run and gets the answer an
+/// unknown id gets.
+async fn read_as_another_agent(other: &Agent, echo: &str) -> Result<(), DemoError> {
     println!("[7] another agent (dev/other-agent) reads the first agent's ticket");
     let hidden = other
         .call("get_graph_run", json!({"command_id": echo}))
@@ -576,7 +611,6 @@ async fn scripted_flow(agent: &Agent, other: &Agent) -> Result<(), DemoError> {
     println!(
         "    the same answer as for an id that does not exist: a leaked ticket confirms nothing"
     );
-    println!("\nThe scripted flow is done.");
     Ok(())
 }
 

@@ -217,47 +217,16 @@ impl Graphs {
                 let project = ProjectId::parse(p).map_err(|e| invalid(&g.id, e.to_string()))?;
                 graphs.shared.share(project, meta.clone());
             }
-            let approval = match g.approval {
-                ApprovalForm::Never => {
-                    if g.approval_command.is_some() || g.approval_timeout_seconds.is_some() {
-                        return Err(invalid(
-                            &g.id,
-                            "`approval_command` and `approval_timeout_seconds` need `approval = \"always\"`".into(),
-                        ));
-                    }
-                    None
-                }
-                ApprovalForm::Always => {
-                    let timeout = g
-                        .approval_timeout_seconds
-                        .map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
-                    if timeout.is_zero() || timeout > MAX_APPROVAL_TIMEOUT {
-                        return Err(invalid(
-                            &g.id,
-                            format!(
-                                "`approval_timeout_seconds` must be from 1 to {}",
-                                MAX_APPROVAL_TIMEOUT.as_secs()
-                            ),
-                        ));
-                    }
-                    let command = match g.approval_command {
-                        None => None,
-                        Some(mut argv) => {
-                            if argv.first().is_none_or(|p| p.is_empty()) {
-                                return Err(invalid(
-                                    &g.id,
-                                    "`approval_command` needs at least a program".into(),
-                                ));
-                            }
-                            argv[0] = resolve_program(&base, &argv[0])
-                                .map_err(|problem| invalid(&g.id, problem))?;
-                            Some(argv)
-                        }
-                    };
-                    graphs.shared.require_approval(id.clone(), timeout);
-                    Some(ApprovalSpec { timeout, command })
-                }
-            };
+            let approval = approval_spec(
+                g.approval,
+                g.approval_timeout_seconds,
+                g.approval_command,
+                &base,
+                |problem| invalid(&g.id, problem),
+            )?;
+            if let Some(spec) = &approval {
+                graphs.shared.require_approval(id.clone(), spec.timeout);
+            }
             graphs.specs.insert(
                 id,
                 GraphSpec {
@@ -272,6 +241,50 @@ impl Graphs {
             );
         }
         Ok(graphs)
+    }
+}
+
+/// The approval a Graph declares: none, or the owner's, within a timeout
+/// (1 s to [`MAX_APPROVAL_TIMEOUT`]) and optionally asked by a command
+/// (its program resolved from `base`, as the Graph's own).
+fn approval_spec(
+    approval: ApprovalForm,
+    timeout_seconds: Option<u64>,
+    approval_command: Option<Vec<String>>,
+    base: &Path,
+    invalid: impl Fn(String) -> GraphsError,
+) -> Result<Option<ApprovalSpec>, GraphsError> {
+    match approval {
+        ApprovalForm::Never => {
+            if approval_command.is_some() || timeout_seconds.is_some() {
+                return Err(invalid(
+                    "`approval_command` and `approval_timeout_seconds` need `approval = \"always\"`".into(),
+                ));
+            }
+            Ok(None)
+        }
+        ApprovalForm::Always => {
+            let timeout = timeout_seconds.map_or(DEFAULT_APPROVAL_TIMEOUT, Duration::from_secs);
+            if timeout.is_zero() || timeout > MAX_APPROVAL_TIMEOUT {
+                return Err(invalid(format!(
+                    "`approval_timeout_seconds` must be from 1 to {}",
+                    MAX_APPROVAL_TIMEOUT.as_secs()
+                )));
+            }
+            let command = match approval_command {
+                None => None,
+                Some(mut argv) => {
+                    if argv.first().is_none_or(|p| p.is_empty()) {
+                        return Err(invalid(
+                            "`approval_command` needs at least a program".into(),
+                        ));
+                    }
+                    argv[0] = resolve_program(base, &argv[0]).map_err(&invalid)?;
+                    Some(argv)
+                }
+            };
+            Ok(Some(ApprovalSpec { timeout, command }))
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 mod approval;
 mod baseline;
 mod children;
+mod command_line;
 mod console;
 mod demo;
 mod graphs;
@@ -19,24 +20,29 @@ mod orphans;
 mod process_executor;
 mod run_status;
 mod status;
+mod stores;
+mod tokens;
 mod worker;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand, ValueEnum};
-use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE, ToolCatalog};
-use graph_relay_core::mcp::{Caller, DEFAULT_INSTRUCTIONS, McpServer, ServerInfo};
+use clap::Parser;
+use graph_relay_core::catalog::ToolCatalog;
 use graph_relay_core::prelude::*;
 use graph_relay_core::stats::OperatorStats;
 use graph_relay_core::store::Store;
-use graph_relay_transport_http::auth::{AgentToken, DeviceToken, TokenKind, hash_token, new_token};
-use graph_relay_transport_http::config::{ConfigFile, ServerSection};
+use graph_relay_transport_http::Server;
+use graph_relay_transport_http::auth::DeviceToken;
+use graph_relay_transport_http::config::ConfigFile;
 use graph_relay_transport_http::server::{ServerError, maintain, shutdown_signal};
-use graph_relay_transport_http::{Principal, Server};
+
+use crate::command_line::{Command, StoreArgs};
+use crate::stores::{open_any_store, open_postgres, open_sqlite, open_store};
+use crate::tokens::{bootstrap, find_agent, select_principals, token};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
 /// many small blocks (HTTP parts, JSON, the store's rows), and glibc's
@@ -54,234 +60,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(Debug, clap::Args)]
-struct StoreArgs {
-    /// SQLite database file (shared by `serve` and `stdio`).
-    #[arg(long, default_value = "graph-relay.db", conflicts_with = "memory")]
-    db: PathBuf,
-    /// Keep the queue in memory (lost on exit).
-    #[arg(long)]
-    memory: bool,
-    /// PostgreSQL URL (`postgres://user@host:5432/db`), for several servers
-    /// sharing one queue (`serve` and `stdio`); they wake each other's held
-    /// requests with LISTEN/NOTIFY.
-    #[arg(long, value_name = "URL", conflicts_with_all = ["memory", "db"])]
-    postgres: Option<String>,
-    /// Postgres schema for the tables (created if missing); default: the
-    /// connection's search_path.
-    #[arg(long, value_name = "SCHEMA", requires = "postgres")]
-    postgres_schema: Option<String>,
-    /// Most connections this process keeps to Postgres for its requests,
-    /// 1 to 1000 (default 16); the wake-up listener has one more. Every
-    /// server's pool counts against the database's `max_connections`.
-    #[arg(long, value_name = "N", requires = "postgres", value_parser = postgres_pool_size)]
-    postgres_pool: Option<usize>,
-}
-
-/// Most connections `--postgres-pool` accepts.
-const MAX_POSTGRES_POOL: usize = 1000;
-
-/// `--postgres-pool`: a whole number of connections, 1 to [`MAX_POSTGRES_POOL`].
-fn postgres_pool_size(value: &str) -> Result<usize, String> {
-    match value.trim().parse::<usize>() {
-        Ok(n) if (1..=MAX_POSTGRES_POOL).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "expected a number of connections from 1 to {MAX_POSTGRES_POOL}, got `{value}`"
-        )),
-    }
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Serve MCP over Streamable HTTP at /mcp.
-    #[command(after_help = help::SERVE)]
-    Serve {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8787")]
-        listen: SocketAddr,
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Configuration file; created with a development agent and device if absent.
-        #[arg(long, default_value = "graph-relay.toml")]
-        config: PathBuf,
-        /// Serve requests WITHOUT a bearer token as this configured agent
-        /// (`NAME`, or `OWNER/NAME` when several owners use the name).
-        /// For local development and the MCP conformance suite only;
-        /// refused unless listening on a loopback address.
-        #[arg(long, value_name = "AGENT")]
-        insecure_anonymous_agent: Option<String>,
-        /// The lease of a run on a long-polling desktop in seconds (default
-        /// 60, or `[server] lease_seconds`): a run whose desktop says
-        /// nothing for this long ends `failed`.
-        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
-        lease_seconds: Option<u64>,
-        /// The lease of a run on a desktop in interval mode, in control
-        /// intervals of 3 s (default 10, or `[server] lease_interval_controls`;
-        /// fewer than 3 count as 3).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=10_000))]
-        lease_controls: Option<u32>,
-        /// Offer `wait_seconds` (up to this many seconds) on `get_graph_run`,
-        /// so clients can wait for a run instead of polling. Off by default,
-        /// which keeps the published tool schema exactly. Must stay below the
-        /// request timeout (30 s unless configured).
-        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u32).range(1..=3600))]
-        max_wait_seconds: Option<u32>,
-        /// Serve `GET /metrics` (Prometheus) on a listener of its own at this
-        /// address, e.g. 127.0.0.1:9187 (or `[server] metrics_listen`). Its
-        /// figures are totals over every owner: keep it where only the
-        /// operator reaches it.
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<SocketAddr>,
-    },
-    /// The whole system in one command: a server, a worker with sample
-    /// Graphs and a scripted agent, in a temporary folder; then snippets to
-    /// connect real clients to it.
-    Demo(demo::DemoArgs),
-    /// An operator's view of a server's SQLite database (read-only), or of
-    /// a running server's queue (`--server`, on SQLite or Postgres):
-    /// desktops, shared sessions, the queue, the last hour's runs and
-    /// pickup latency.
-    Status(status::StatusArgs),
-    /// Load a server with simulated desktops and agents and report pickup,
-    /// cancel and result latency, errors, and the server's CPU and RSS.
-    Loadtest(loadtest::LoadtestArgs),
-    /// Serve one MCP client over stdin/stdout as a configured agent.
-    Stdio {
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Configuration file holding the agent.
-        #[arg(long, default_value = "graph-relay.toml")]
-        config: PathBuf,
-        /// The agent (a `[[agent]]` name in the configuration, or
-        /// `OWNER/NAME` when several owners use the name).
-        #[arg(long)]
-        agent: String,
-        /// Longest accepted input line in bytes.
-        #[arg(long, default_value_t = graph_relay_transport_stdio::DEFAULT_MAX_LINE_BYTES)]
-        max_line_bytes: usize,
-    },
-    /// Run the desktop relay: pull queued runs from a server and run the
-    /// Graphs declared in a graphs file.
-    #[command(after_help = help::WORKER)]
-    Worker(worker::WorkerArgs),
-    /// Rerun the published experiments (and a desktop that dies mid-run) on
-    /// a virtual clock.
-    Sim {
-        /// Experiments to run (all when none is given): pickup,
-        /// five-at-once, polling, cancellation, idempotency, offline,
-        /// result-size, second-agent, desktop-dies.
-        experiments: Vec<String>,
-        /// Seed of the run.
-        #[arg(long, default_value_t = graph_relay_sim::DEFAULT_SEED)]
-        seed: u64,
-        /// Print every figure as one JSON document instead of tables.
-        #[arg(long)]
-        json: bool,
-        /// Also write SVG plots into this folder.
-        #[arg(long, value_name = "DIR")]
-        plot: Option<PathBuf>,
-    },
-    /// Approve a run waiting for approval, through a worker's local console.
-    Approve {
-        /// The console's URL, as the worker printed it (secret included).
-        #[arg(long)]
-        console: String,
-        /// The run's command id.
-        command: String,
-    },
-    /// Decline a run waiting for approval, through a worker's local console.
-    Deny {
-        /// The console's URL, as the worker printed it (secret included).
-        #[arg(long)]
-        console: String,
-        /// The run's command id.
-        command: String,
-        /// Why (at most 500 characters); the agent reads it.
-        #[arg(long)]
-        reason: Option<String>,
-    },
-    /// Print the completion script of SHELL on stdout, e.g.
-    /// `graph-relay completions bash > /etc/bash_completion.d/graph-relay`.
-    Completions {
-        /// bash, elvish, fish, powershell or zsh.
-        shell: clap_complete::Shell,
-    },
-    /// Print the man page (roff) on stdout, or write one page per command
-    /// into a folder (`graph-relay.1`, `graph-relay-serve.1`, …).
-    Man {
-        /// Write the pages into this folder instead.
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-    },
-    /// Create, list and revoke tokens.
-    Token {
-        /// Configuration file.
-        #[arg(long, default_value = "graph-relay.toml", global = true)]
-        config: PathBuf,
-        #[command(subcommand)]
-        command: TokenCommand,
-    },
-    /// Development: share a session to a project as a device would on sync.
-    #[command(hide = true)]
-    DevShare {
-        #[command(flatten)]
-        store: StoreArgs,
-        /// Configuration file holding the device.
-        #[arg(long, default_value = "graph-relay.toml")]
-        config: PathBuf,
-        /// The device (a `[[device]]` name, or `OWNER/NAME`).
-        #[arg(long)]
-        device: String,
-        /// The project.
-        #[arg(long)]
-        project: String,
-        /// The graph session id (`gs_` + 32 hex).
-        #[arg(long)]
-        session: String,
-        /// Display name.
-        #[arg(long, default_value = "Development graph")]
-        name: String,
-    },
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Kind {
-    Agent,
-    Device,
-}
-
-#[derive(Debug, Subcommand)]
-enum TokenCommand {
-    /// Create a token; it is printed once, only its hash is stored.
-    Create {
-        /// agent or device.
-        kind: Kind,
-        /// Agent or device name.
-        name: String,
-        /// Owner.
-        #[arg(long, default_value = "dev")]
-        owner: String,
-        /// Connected project (agents; repeatable).
-        #[arg(long = "project")]
-        projects: Vec<String>,
-        /// Granted scope (agents; repeatable; default: read and run).
-        #[arg(long = "scope")]
-        scopes: Vec<String>,
-    },
-    /// Create (or replace) the operator token, which reads the status on
-    /// the metrics listener (`status --server URL --token FILE`); it is
-    /// printed once, only its hash is stored.
-    Operator,
-    /// List tokens (names and hash prefixes; never the tokens).
-    List,
-    /// Revoke every token of `NAME` (or `OWNER/NAME` when several owners use
-    /// the name), or the one whose hash starts with the given prefix.
-    Revoke {
-        /// Name or hash prefix (at least 8 hex digits).
-        target: String,
-    },
 }
 
 /// Why a command failed.
@@ -433,115 +211,6 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-fn open_store(args: &StoreArgs) -> Result<Arc<dyn Store>, CliError> {
-    if args.postgres.is_some() {
-        return Err(CliError::Usage(
-            "--postgres is supported by `serve` and `stdio`".into(),
-        ));
-    }
-    if args.memory {
-        return Ok(Arc::new(graph_relay_store_memory::MemoryStore::new()));
-    }
-    Ok(Arc::new(open_sqlite(args)?))
-}
-
-/// The SQLite store of `--db`.
-fn open_sqlite(args: &StoreArgs) -> Result<graph_relay_store_sqlite::SqliteStore, CliError> {
-    graph_relay_store_sqlite::SqliteStore::open(&args.db)
-        .map_err(|e| CliError::Db(format!("{}: {e}", args.db.display())))
-}
-
-/// The Postgres store of `--postgres`, connected and migrated on `runtime`
-/// (which then drives its connections); `None` without the flag.
-fn open_postgres(
-    args: &StoreArgs,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<Option<graph_relay_store_postgres::PostgresStore>, CliError> {
-    let Some(url) = &args.postgres else {
-        return Ok(None);
-    };
-    let defaults = graph_relay_store_postgres::PostgresOptions::default();
-    let options = graph_relay_store_postgres::PostgresOptions {
-        schema: args.postgres_schema.clone(),
-        pool_size: args.postgres_pool.unwrap_or(defaults.pool_size),
-        ..defaults
-    };
-    runtime
-        .block_on(graph_relay_store_postgres::PostgresStore::connect(
-            url, &options,
-        ))
-        .map(Some)
-        .map_err(|e| CliError::Db(format!("postgres: {e}")))
-}
-
-/// `postgres` (opened by [`open_postgres`]) or else `open_store`; with
-/// Postgres, the queue's signals are forwarded to (and woken by) the other
-/// servers on the database.
-fn open_any_store(
-    args: &StoreArgs,
-    postgres: Option<graph_relay_store_postgres::PostgresStore>,
-    runtime: &tokio::runtime::Runtime,
-) -> Result<McpServer, CliError> {
-    match postgres {
-        None => mcp_server(open_store(args)?),
-        Some(pg) => {
-            let server = mcp_server(Arc::new(pg.clone()))?;
-            let _enter = runtime.enter();
-            // The listener runs (and reconnects) for the life of the runtime.
-            let _listener = pg.signal_bridge(server.queue().signals().clone()).install();
-            tracing::info!(schema = ?pg.schema(), "queue and MCP sessions on Postgres; wake-ups over LISTEN/NOTIFY");
-            Ok(server)
-        }
-    }
-}
-
-/// The MCP server of `graph-relay stdio`: the published catalog on `store`.
-fn mcp_server(store: Arc<dyn Store>) -> Result<McpServer, CliError> {
-    let queue = Queue::new(
-        store,
-        Arc::new(SystemClock),
-        Arc::new(RandomIds),
-        QueueConfig::default(),
-    );
-    let mut info = ServerInfo::new("graph-relay", env!("CARGO_PKG_VERSION"));
-    info.instructions = Some(DEFAULT_INSTRUCTIONS.into());
-    let catalog = ToolCatalog::builder()
-        .build()
-        .map_err(|e| CliError::Usage(e.to_string()))?;
-    Ok(McpServer::new(queue, catalog, info))
-}
-
-/// Creates `path` with a development agent and device; prints their tokens once.
-fn bootstrap(path: &Path, listen: SocketAddr) -> Result<(), CliError> {
-    let agent_token = new_token(TokenKind::Agent);
-    let device_token = new_token(TokenKind::Device);
-    let file = ConfigFile {
-        server: ServerSection::default(),
-        oauth: None,
-        agents: vec![AgentToken {
-            name: "dev-agent".into(),
-            owner: "dev".into(),
-            projects: vec!["default".into()],
-            scopes: vec![READ_SCOPE.into(), RUN_SCOPE.into()],
-            token_sha256: hash_token(&agent_token),
-            revoked: false,
-        }],
-        devices: vec![DeviceToken {
-            name: "dev-desktop".into(),
-            owner: "dev".into(),
-            token_sha256: hash_token(&device_token),
-            revoked: false,
-        }],
-    };
-    file.save(path)?;
-    eprintln!(
-        "Created {} with a development agent and device. These tokens are shown ONCE:\n\n  agent  dev-agent    {agent_token}\n  device dev-desktop  {device_token}\n\nConnect an MCP client to http://{listen}/mcp with header\n  Authorization: Bearer {agent_token}\nor over stdio: graph-relay stdio --agent dev-agent --config {}\nConnect a relay (worker) to http://{listen} with the device token.\n",
-        path.display(),
-        path.display()
-    );
-    Ok(())
-}
-
 /// `graph-relay serve`: the flags mapped onto the configuration file's
 /// settings, then the library's server.
 fn serve(
@@ -682,66 +351,6 @@ fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(
     Ok(())
 }
 
-/// Which entries a command-line `NAME` or `OWNER/NAME` means: identity is
-/// (owner, name), so a bare name that several owners use is refused with
-/// the choices spelled out. `entries` are `(owner, name)` pairs; returns
-/// the indexes of the matching ones (never empty).
-fn select_principals<'a>(
-    what: &str,
-    target: &str,
-    entries: impl Iterator<Item = (&'a str, &'a str)>,
-) -> Result<Vec<usize>, CliError> {
-    let (owner, name) = match target.split_once('/') {
-        Some((owner, name)) => (Some(owner), name),
-        None => (None, target),
-    };
-    let mut found = Vec::new();
-    let mut owners = std::collections::BTreeSet::new();
-    for (index, (o, n)) in entries.enumerate() {
-        if n == name && owner.is_none_or(|wanted| wanted == o) {
-            found.push(index);
-            owners.insert(o);
-        }
-    }
-    if found.is_empty() {
-        return Err(CliError::Usage(format!(
-            "no {what} `{target}` in the configuration"
-        )));
-    }
-    if owners.len() > 1 {
-        let choices: Vec<String> = owners.iter().map(|o| format!("{o}/{name}")).collect();
-        return Err(CliError::Usage(format!(
-            "{what} `{name}` exists for several owners; say which: {}",
-            choices.join(", ")
-        )));
-    }
-    Ok(found)
-}
-
-fn find_agent(file: &ConfigFile, name: &str) -> Result<Caller, CliError> {
-    let active: Vec<&AgentToken> = file.agents.iter().filter(|a| !a.revoked).collect();
-    let picked = select_principals(
-        "agent",
-        name,
-        active.iter().map(|a| (a.owner.as_str(), a.name.as_str())),
-    )
-    .map_err(|e| match e {
-        CliError::Usage(text) if text.starts_with("no agent") => CliError::Usage(format!(
-            "{text} (create one with `graph-relay token create agent {name}`)"
-        )),
-        other => other,
-    })?;
-    let entry = active[picked[0]];
-    let one = graph_relay_transport_http::auth::TokenConfig {
-        agents: vec![entry.clone()],
-        devices: vec![],
-    };
-    match one.principals()?.into_values().next() {
-        Some(Principal::Agent(caller)) => Ok(caller),
-        _ => Err(CliError::Usage(format!("agent `{name}` is not usable"))),
-    }
-}
-
 fn stdio(
     store: &StoreArgs,
     config_path: &Path,
@@ -765,191 +374,6 @@ fn stdio(
     graph_relay_transport_stdio::serve_stdio(&server, &caller, &config)
         .map(|report| tracing::info!(?report, "stdio client disconnected"))
         .map_err(|e| CliError::Io(std::io::Error::other(e)))
-}
-
-fn token(config_path: &Path, command: TokenCommand) -> Result<(), CliError> {
-    let mut file = if config_path.exists() {
-        ConfigFile::load(config_path)?
-    } else {
-        ConfigFile::default()
-    };
-    match command {
-        TokenCommand::Create {
-            kind,
-            name,
-            owner,
-            projects,
-            scopes,
-        } => create_token(&mut file, config_path, kind, name, owner, projects, scopes),
-        TokenCommand::Operator => {
-            let token = new_token(TokenKind::Operator);
-            file.server.operator_token_sha256 = Some(hash_token(&token));
-            file.save(config_path)?;
-            eprintln!(
-                "Created the operator token in {} (serve reads it at start). It is shown once:",
-                config_path.display()
-            );
-            println!("{token}");
-            Ok(())
-        }
-        TokenCommand::List => {
-            list_tokens(&file);
-            Ok(())
-        }
-        TokenCommand::Revoke { target } => revoke_tokens(&mut file, config_path, &target),
-    }
-}
-
-/// `token create`: a new agent or device token, validated with the rest
-/// of the file before it is written, and shown once.
-fn create_token(
-    file: &mut ConfigFile,
-    config_path: &Path,
-    kind: Kind,
-    name: String,
-    owner: String,
-    projects: Vec<String>,
-    scopes: Vec<String>,
-) -> Result<(), CliError> {
-    let (token, kind_name) = match kind {
-        Kind::Agent => {
-            let token = new_token(TokenKind::Agent);
-            file.agents.push(AgentToken {
-                name: name.clone(),
-                owner,
-                projects: if projects.is_empty() {
-                    vec!["default".into()]
-                } else {
-                    projects
-                },
-                scopes: if scopes.is_empty() {
-                    vec![READ_SCOPE.into(), RUN_SCOPE.into()]
-                } else {
-                    scopes
-                },
-                token_sha256: hash_token(&token),
-                revoked: false,
-            });
-            (token, "agent")
-        }
-        Kind::Device => {
-            let token = new_token(TokenKind::Device);
-            file.devices.push(DeviceToken {
-                name: name.clone(),
-                owner,
-                token_sha256: hash_token(&token),
-                revoked: false,
-            });
-            (token, "device")
-        }
-    };
-    // Validate before writing.
-    graph_relay_transport_http::auth::TokenConfig {
-        agents: file.agents.clone(),
-        devices: file.devices.clone(),
-    }
-    .principals()?;
-    file.save(config_path)?;
-    eprintln!(
-        "Created {kind_name} token for `{name}` in {}. It is shown once:",
-        config_path.display()
-    );
-    println!("{token}");
-    Ok(())
-}
-
-/// `token list`: every token of the file, active or revoked.
-fn list_tokens(file: &ConfigFile) {
-    println!(
-        "{:<7} {:<24} {:<16} {:<14} {:<8} scopes/projects",
-        "kind", "name", "owner", "hash", "state"
-    );
-    for a in &file.agents {
-        println!(
-            "{:<7} {:<24} {:<16} {:<14} {:<8} {} / {}",
-            "agent",
-            a.name,
-            a.owner,
-            &a.token_sha256[..12.min(a.token_sha256.len())],
-            if a.revoked { "revoked" } else { "active" },
-            a.scopes.join(" "),
-            a.projects.join(" ")
-        );
-    }
-    for d in &file.devices {
-        println!(
-            "{:<7} {:<24} {:<16} {:<14} {:<8}",
-            "device",
-            d.name,
-            d.owner,
-            &d.token_sha256[..12.min(d.token_sha256.len())],
-            if d.revoked { "revoked" } else { "active" }
-        );
-    }
-}
-
-/// `token revoke`: by hash prefix, or every active token of one (owner,
-/// name).
-fn revoke_tokens(file: &mut ConfigFile, config_path: &Path, target: &str) -> Result<(), CliError> {
-    let by_hash = target.len() >= 8 && target.bytes().all(|b| b.is_ascii_hexdigit());
-    let mut count = 0;
-    if by_hash {
-        for a in file
-            .agents
-            .iter_mut()
-            .filter(|a| a.token_sha256.starts_with(target) && !a.revoked)
-        {
-            a.revoked = true;
-            count += 1;
-        }
-        for d in file
-            .devices
-            .iter_mut()
-            .filter(|d| d.token_sha256.starts_with(target) && !d.revoked)
-        {
-            d.revoked = true;
-            count += 1;
-        }
-    }
-    if count == 0 {
-        // By name: every active token of one (owner, name), agents
-        // and devices alike; a name several owners use needs its owner.
-        let agents: Vec<usize> = (0..file.agents.len())
-            .filter(|&i| !file.agents[i].revoked)
-            .collect();
-        let devices: Vec<usize> = (0..file.devices.len())
-            .filter(|&i| !file.devices[i].revoked)
-            .collect();
-        let entries = agents
-            .iter()
-            .map(|&i| (file.agents[i].owner.as_str(), file.agents[i].name.as_str()))
-            .chain(devices.iter().map(|&i| {
-                (
-                    file.devices[i].owner.as_str(),
-                    file.devices[i].name.as_str(),
-                )
-            }));
-        let picked = match select_principals("token", target, entries) {
-            Ok(picked) => picked,
-            Err(CliError::Usage(text)) if text.starts_with("no token") => Vec::new(),
-            Err(e) => return Err(e),
-        };
-        for index in picked {
-            match agents.get(index) {
-                Some(&i) => file.agents[i].revoked = true,
-                None => file.devices[devices[index - agents.len()]].revoked = true,
-            }
-            count += 1;
-        }
-    }
-    if count == 0 {
-        return Err(CliError::Usage(format!(
-            "no active token matches `{target}`"
-        )));
-    }
-    file.save(config_path)?;
-    eprintln!("Revoked {count} token(s); a running server picks this up within seconds.");
-    Ok(())
 }
 
 fn dev_share(

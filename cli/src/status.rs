@@ -10,6 +10,7 @@
 //! owner), which a server on SQLite or Postgres answers to a bearer of the
 //! operator token.
 
+use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -163,10 +164,18 @@ fn fetch(server: &str, token: &Path, limit: usize) -> Result<StatusReport, Statu
 
 /// The status as tables; `source` names the database or server read.
 pub fn render(source: &str, report: &StatusReport) -> String {
-    use std::fmt::Write;
-    let millis = Duration::from_millis;
     let mut out = String::new();
     let _ = writeln!(out, "graph-relay status of {source} at {}", report.now);
+    write_desktops(&mut out, report);
+    write_shared(&mut out, report);
+    write_queue(&mut out, report);
+    write_last_hour(&mut out, report);
+    out
+}
+
+/// Each desktop: when it was last seen, how it polls, what it runs.
+fn write_desktops(out: &mut String, report: &StatusReport) {
+    let millis = Duration::from_millis;
     let _ = writeln!(out, "\nDesktops ({})", report.desktops.len());
     if report.desktops.is_empty() {
         let _ = writeln!(out, "  none has connected yet");
@@ -193,6 +202,10 @@ pub fn render(source: &str, report: &StatusReport) -> String {
             );
         }
     }
+}
+
+/// What each project shares, from how many desktops.
+fn write_shared(out: &mut String, report: &StatusReport) {
     let _ = writeln!(out, "\nShared sessions");
     if report.shared.is_empty() {
         let _ = writeln!(out, "  nothing is shared");
@@ -204,6 +217,11 @@ pub fn render(source: &str, report: &StatusReport) -> String {
             s.owner, s.project, s.sessions, s.desktops
         );
     }
+}
+
+/// The queue's depth and its oldest runs.
+fn write_queue(out: &mut String, report: &StatusReport) {
+    let millis = Duration::from_millis;
     let queue = &report.queue;
     let _ = writeln!(out, "\nQueue ({} queued, oldest first)", queue.depth);
     for q in &queue.oldest_first {
@@ -221,6 +239,11 @@ pub fn render(source: &str, report: &StatusReport) -> String {
     if queue.depth > listed {
         let _ = writeln!(out, "  … and {} more", queue.depth - listed);
     }
+}
+
+/// How the runs of the last hour ended, and how long their pickup took.
+fn write_last_hour(out: &mut String, report: &StatusReport) {
+    let millis = Duration::from_millis;
     let _ = writeln!(
         out,
         "\nRuns of the last hour (finished), and now (queued, running)"
@@ -246,7 +269,6 @@ pub fn render(source: &str, report: &StatusReport) -> String {
             let _ = writeln!(out, "\nPickup latency: no run started in the last hour");
         }
     }
-    out
 }
 
 /// `12 ms`, `3.4 s`, `5 min`.

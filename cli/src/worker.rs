@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use graph_relay_core::ids::GraphSessionId;
-use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport};
+use graph_relay_core::relay::driver::{DriverEvent, RelayDriver, RelayTransport, SharedSetSender};
 use graph_relay_core::relay::executor::{Approver, Executor};
 use graph_relay_core::relay::{Relay, RelayConfig, RelayEvent, RelayMode};
 use graph_relay_core::time::Clock;
@@ -288,35 +288,15 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     {
         return Err(WorkerError::MetricsNotLoopback(address));
     }
-    let graphs = Graphs::load(&args.graphs)?;
-    if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
-        status(&warning);
-    }
-    if args.console.is_none() {
-        for warning in unaskable_approvals(&graphs.specs) {
-            status(&warning);
-        }
-    }
+    let graphs = load_graphs(&args, status)?;
     let token = read_token(&args.token_file)?;
-    let outbox_path = match &args.outbox {
-        Some(path) => path.clone(),
-        None => default_outbox(&args.server, &token)?,
-    };
-    let outbox = Arc::new(
-        SqliteOutbox::open(&outbox_path).map_err(|e| WorkerError::Outbox {
-            path: outbox_path.clone(),
-            message: e.to_string(),
-        })?,
-    );
+    let (outbox_path, outbox) = open_outbox(&args, &token)?;
     let http = HttpRelayTransport::new(HttpRelayConfig::new(&args.server, token))?;
     let transport: Arc<dyn RelayTransport> = Arc::new(http);
     let specs = Arc::new(RwLock::new(graphs.specs));
     let grace = Duration::from_secs(args.grace_seconds);
     let current = CurrentRun::default();
-    let process: Arc<dyn Executor> = Arc::new(Watched::new(
-        ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()),
-        current.clone(),
-    ));
+    let process = process_executor(&specs, grace, &outbox, &current);
     let hook = HookApprover::new(specs.clone());
     let clock = Arc::new(SystemClock);
     let relay = Relay::new(relay_config(&args), graphs.shared.clone(), clock.now());
@@ -328,22 +308,12 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             Some(address) => Some(Console::start(address).await?),
             None => None,
         };
-        // With a console, the runs it shows are watched as they run.
-        let (executor, approver): (Arc<dyn Executor>, Arc<dyn Approver>) = match &console {
-            Some(console) => (
-                Arc::new(ConsoleExecutor::new(console.clone(), process)),
-                Arc::new(ConsoleApprover::new(console.clone(), hook)),
-            ),
-            None => (process, Arc::new(hook)),
-        };
+        let (executor, approver) = watched_by(console.as_ref(), process, hook);
         let (stopped_tx, stopped_rx) = tokio::sync::watch::channel(false);
         let metrics = match args.metrics {
-            Some(address) => {
-                let (metrics, local) =
-                    serve_metrics(address, outbox.clone(), clock.clone(), stopped_rx).await?;
-                status(&format!("metrics: http://{local}/metrics"));
-                Some(metrics)
-            }
+            Some(address) => Some(
+                serve_metrics(address, outbox.clone(), clock.clone(), stopped_rx, status).await?,
+            ),
             None => None,
         };
         let driver = RelayDriver::new(
@@ -357,11 +327,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         .with_approver(approver);
         let shared_tx = driver.shared_set_sender();
         if let Some(console) = &console {
-            console.attach(driver.local_canceller());
-            status(&format!(
-                "console: {} (approve, decline or cancel runs; keep this URL private)",
-                console.url()
-            ));
+            attach_console(console, &driver, status);
         }
         // Signal handlers first: a stop asked for once the line below is
         // printed must find them.
@@ -374,34 +340,12 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
             outbox_path.display()
         ));
         crate::orphans::end_left_over(&outbox, grace, |line| status(&line)).await;
-        tokio::spawn(graphs::watch(
-            args.graphs.clone(),
-            Duration::from_secs(1),
-            shared_tx,
-            specs,
-            move |line| status(&line),
-        ));
-        if args.progress_every > 0 {
-            tokio::spawn(report_long_runs(
-                current,
-                Duration::from_secs(args.progress_every),
-                move |line| status(line),
-            ));
-        }
+        spawn_watchers(&args, shared_tx, specs, current, status);
         driver
-            .run(stop, |event| {
-                if let Some(metrics) = &metrics {
-                    metrics.observe(&event);
-                }
-                if let (Some(console), DriverEvent::Relay(event)) = (&console, &event) {
-                    console.observe(event);
-                }
-                if verbosity.shows(&event)
-                    && let Some(line) = describe(&event)
-                {
-                    print_status(&line);
-                }
-            })
+            .run(
+                stop,
+                observer(metrics.as_deref(), console.as_ref(), verbosity),
+            )
             .await;
         let _ = stopped_tx.send(true);
         status("worker: stopped");
@@ -410,14 +354,136 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
     Ok(())
 }
 
-/// Starts the metrics listener at `address` until `stopped` turns true;
-/// returns the metrics to feed and the bound address.
+/// The graphs file, with a warning for each way it cannot work as meant:
+/// nothing shared, or approvals no one can give without a console.
+fn load_graphs(args: &WorkerArgs, status: impl Fn(&str)) -> Result<Graphs, WorkerError> {
+    let graphs = Graphs::load(&args.graphs)?;
+    if let Some(warning) = graphs::nothing_shared_warning(&args.graphs, &graphs.shared) {
+        status(&warning);
+    }
+    if args.console.is_none() {
+        for warning in unaskable_approvals(&graphs.specs) {
+            status(&warning);
+        }
+    }
+    Ok(graphs)
+}
+
+/// The outbox named on the command line, or the default one for this
+/// server and token; returns its path too, for the status line.
+fn open_outbox(
+    args: &WorkerArgs,
+    token: &str,
+) -> Result<(PathBuf, Arc<SqliteOutbox>), WorkerError> {
+    let outbox_path = match &args.outbox {
+        Some(path) => path.clone(),
+        None => default_outbox(&args.server, token)?,
+    };
+    let outbox = Arc::new(
+        SqliteOutbox::open(&outbox_path).map_err(|e| WorkerError::Outbox {
+            path: outbox_path.clone(),
+            message: e.to_string(),
+        })?,
+    );
+    Ok((outbox_path, outbox))
+}
+
+/// Runs each Graph as a process (ended `grace` after a cancel, its pid
+/// kept in the outbox's ledger for a successor), watched as the current run.
+fn process_executor(
+    specs: &graphs::SpecTable,
+    grace: Duration,
+    outbox: &Arc<SqliteOutbox>,
+    current: &CurrentRun,
+) -> Arc<dyn Executor> {
+    Arc::new(Watched::new(
+        ProcessExecutor::new(specs.clone(), grace).with_ledger(outbox.clone()),
+        current.clone(),
+    ))
+}
+
+/// The executor and approver the driver uses: with a console, the runs it
+/// shows are watched as they run and approvals are asked there.
+fn watched_by(
+    console: Option<&Console>,
+    process: Arc<dyn Executor>,
+    hook: HookApprover,
+) -> (Arc<dyn Executor>, Arc<dyn Approver>) {
+    match console {
+        Some(console) => (
+            Arc::new(ConsoleExecutor::new(console.clone(), process)),
+            Arc::new(ConsoleApprover::new(console.clone(), hook)),
+        ),
+        None => (process, Arc::new(hook)),
+    }
+}
+
+/// Lets the console cancel the driver's runs, and says where it is.
+fn attach_console(console: &Console, driver: &RelayDriver, status: impl Fn(&str)) {
+    console.attach(driver.local_canceller());
+    status(&format!(
+        "console: {} (approve, decline or cancel runs; keep this URL private)",
+        console.url()
+    ));
+}
+
+/// The tasks that run beside the driver: the graphs file's watch (a change
+/// reaches the relay as a new shared set) and, if asked, the reminder of a
+/// run that takes long.
+fn spawn_watchers(
+    args: &WorkerArgs,
+    shared_tx: SharedSetSender,
+    specs: graphs::SpecTable,
+    current: CurrentRun,
+    status: impl Fn(&str) + Copy + Send + 'static,
+) {
+    tokio::spawn(graphs::watch(
+        args.graphs.clone(),
+        Duration::from_secs(1),
+        shared_tx,
+        specs,
+        move |line| status(&line),
+    ));
+    if args.progress_every > 0 {
+        tokio::spawn(report_long_runs(
+            current,
+            Duration::from_secs(args.progress_every),
+            move |line| status(line),
+        ));
+    }
+}
+
+/// Where each driver event goes: the metrics, the console, and a status
+/// line when the verbosity shows it.
+fn observer<'a>(
+    metrics: Option<&'a RelayMetrics>,
+    console: Option<&'a Console>,
+    verbosity: Verbosity,
+) -> impl FnMut(DriverEvent) + 'a {
+    move |event| {
+        if let Some(metrics) = metrics {
+            metrics.observe(&event);
+        }
+        if let (Some(console), DriverEvent::Relay(event)) = (console, &event) {
+            console.observe(event);
+        }
+        if verbosity.shows(&event)
+            && let Some(line) = describe(&event)
+        {
+            print_status(&line);
+        }
+    }
+}
+
+/// Starts the metrics listener at `address` until `stopped` turns true,
+/// and says where it listens; returns the metrics to feed.
 async fn serve_metrics(
     address: std::net::SocketAddr,
     outbox: Arc<SqliteOutbox>,
     clock: Arc<SystemClock>,
     mut stopped: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<(Arc<RelayMetrics>, std::net::SocketAddr)> {
+    status: impl Fn(&str),
+) -> std::io::Result<Arc<RelayMetrics>> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     let local = listener.local_addr()?;
     let metrics = Arc::new(RelayMetrics::new(outbox, clock));
@@ -429,7 +495,8 @@ async fn serve_metrics(
             let _ = stopped.wait_for(|s| *s).await;
         },
     ));
-    Ok((metrics, local))
+    status(&format!("metrics: http://{local}/metrics"));
+    Ok(metrics)
 }
 
 /// One human status line, through tracing (target

@@ -64,88 +64,16 @@ impl ReadQueueStats for QueueStats {
         let conn = open_read_only(path)?;
         let since = i64::try_from(window_start(now, window).as_millis()).unwrap_or(i64::MAX);
 
-        let mut running_by_device: BTreeMap<(String, String), u64> = BTreeMap::new();
-        let mut stmt = conn.prepare(
-            "SELECT owner, device, COUNT(*) FROM commands WHERE status = 'running' GROUP BY owner, device",
-        )?;
-        for row in stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-            ))
-        })? {
-            let (owner, device, n) = row?;
-            running_by_device.insert((owner, device), count(n));
-        }
+        let running_by_device = running_by_device(&conn)?;
         let running = running_by_device.values().sum();
-
-        let mut desktops = Vec::new();
-        let mut stmt = conn.prepare(
-            "SELECT owner, device, last_sync_at, last_seen_at, long_poll FROM devices ORDER BY owner, device",
-        )?;
-        for row in stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, Option<i64>>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, bool>(4)?,
-            ))
-        })? {
-            let (owner, device, last_sync, last_seen, long_poll) = row?;
-            let running = running_by_device
-                .get(&(owner.clone(), device.clone()))
-                .copied()
-                .unwrap_or(0);
-            desktops.push(DesktopStats {
-                owner,
-                device,
-                last_seen_at: stamp(last_seen),
-                last_sync_at: last_sync.map(stamp),
-                long_poll,
-                running,
-            });
-        }
-
-        let mut shares = Vec::new();
-        let mut stmt = conn.prepare(
-            "SELECT owner, project, COUNT(DISTINCT graph_session_id), COUNT(DISTINCT device)
-             FROM shared_sessions GROUP BY owner, project ORDER BY owner, project",
-        )?;
-        for row in stmt.query_map([], |r| {
-            Ok(ProjectShares {
-                owner: r.get(0)?,
-                project: r.get(1)?,
-                sessions: count(r.get(2)?),
-                desktops: count(r.get(3)?),
-            })
-        })? {
-            shares.push(row?);
-        }
-
+        let desktops = desktops(&conn, &running_by_device)?;
+        let shares = shares(&conn)?;
         let queued: i64 = conn.query_row(
             "SELECT COUNT(*) FROM commands WHERE status = 'queued'",
             [],
             |r| r.get(0),
         )?;
-        let mut queue = Vec::new();
-        let mut stmt = conn.prepare(
-            "SELECT id, owner, project, device, created_at FROM commands
-             WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?1",
-        )?;
-        let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
-        for row in stmt.query_map(params![limit], |r| {
-            Ok(QueuedRun {
-                command_id: r.get(0)?,
-                owner: r.get(1)?,
-                project: r.get(2)?,
-                device: r.get(3)?,
-                created_at: stamp(r.get(4)?),
-            })
-        })? {
-            queue.push(row?);
-        }
+        let queue = queue_head(&conn, queue_limit)?;
 
         let mut recent_by_status = BTreeMap::new();
         for run in finished_since(&conn, since)? {
@@ -153,24 +81,6 @@ impl ReadQueueStats for QueueStats {
         }
         recent_by_status.insert("queued".to_owned(), count(queued));
         recent_by_status.insert("running".to_owned(), running);
-
-        // Runs that started within the window: finished ones (the index on
-        // finished_at) and running ones (the index on running commands).
-        let mut pickups = Vec::new();
-        let mut stmt = conn.prepare(
-            "SELECT json_extract(record, '$.created_at'), json_extract(record, '$.started_at')
-             FROM commands
-             WHERE ((finished_at IS NOT NULL AND finished_at >= ?1) OR status = 'running')
-               AND json_extract(record, '$.started_at') >= ?1",
-        )?;
-        for row in stmt.query_map(params![since], |r| {
-            Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
-        })? {
-            if let (Some(created), Some(started)) = row? {
-                pickups.push(stamp(started).since(stamp(created)));
-            }
-        }
-        pickups.sort();
 
         Ok(Self {
             now,
@@ -180,9 +90,123 @@ impl ReadQueueStats for QueueStats {
             queued: count(queued),
             running,
             recent_by_status,
-            pickups,
+            pickups: pickups_since(&conn, since)?,
         })
     }
+}
+
+/// How many runs each desktop ((owner, device)) is running.
+fn running_by_device(conn: &Connection) -> Result<BTreeMap<(String, String), u64>, StatsError> {
+    let mut running_by_device = BTreeMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT owner, device, COUNT(*) FROM commands WHERE status = 'running' GROUP BY owner, device",
+    )?;
+    for row in stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    })? {
+        let (owner, device, n) = row?;
+        running_by_device.insert((owner, device), count(n));
+    }
+    Ok(running_by_device)
+}
+
+/// Every desktop the server knows, with when it was last heard from and
+/// how many runs it is running.
+fn desktops(
+    conn: &Connection,
+    running_by_device: &BTreeMap<(String, String), u64>,
+) -> Result<Vec<DesktopStats>, StatsError> {
+    let mut desktops = Vec::new();
+    let mut stmt = conn.prepare(
+        "SELECT owner, device, last_sync_at, last_seen_at, long_poll FROM devices ORDER BY owner, device",
+    )?;
+    for row in stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<i64>>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, bool>(4)?,
+        ))
+    })? {
+        let (owner, device, last_sync, last_seen, long_poll) = row?;
+        let running = running_by_device
+            .get(&(owner.clone(), device.clone()))
+            .copied()
+            .unwrap_or(0);
+        desktops.push(DesktopStats {
+            owner,
+            device,
+            last_seen_at: stamp(last_seen),
+            last_sync_at: last_sync.map(stamp),
+            long_poll,
+            running,
+        });
+    }
+    Ok(desktops)
+}
+
+/// What each owner's project shares: how many sessions, from how many
+/// desktops.
+fn shares(conn: &Connection) -> Result<Vec<ProjectShares>, StatsError> {
+    let mut stmt = conn.prepare(
+        "SELECT owner, project, COUNT(DISTINCT graph_session_id), COUNT(DISTINCT device)
+         FROM shared_sessions GROUP BY owner, project ORDER BY owner, project",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(ProjectShares {
+            owner: r.get(0)?,
+            project: r.get(1)?,
+            sessions: count(r.get(2)?),
+            desktops: count(r.get(3)?),
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The oldest `queue_limit` queued runs, in the order they were queued.
+fn queue_head(conn: &Connection, queue_limit: usize) -> Result<Vec<QueuedRun>, StatsError> {
+    let mut stmt = conn.prepare(
+        "SELECT id, owner, project, device, created_at FROM commands
+         WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?1",
+    )?;
+    let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
+    let rows = stmt.query_map(params![limit], |r| {
+        Ok(QueuedRun {
+            command_id: r.get(0)?,
+            owner: r.get(1)?,
+            project: r.get(2)?,
+            device: r.get(3)?,
+            created_at: stamp(r.get(4)?),
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// The pickup latencies, shortest first, of the runs that started since
+/// `since`: finished ones (the index on finished_at) and running ones (the
+/// index on running commands).
+fn pickups_since(conn: &Connection, since: i64) -> Result<Vec<Duration>, StatsError> {
+    let mut pickups = Vec::new();
+    let mut stmt = conn.prepare(
+        "SELECT json_extract(record, '$.created_at'), json_extract(record, '$.started_at')
+         FROM commands
+         WHERE ((finished_at IS NOT NULL AND finished_at >= ?1) OR status = 'running')
+           AND json_extract(record, '$.started_at') >= ?1",
+    )?;
+    for row in stmt.query_map(params![since], |r| {
+        Ok((r.get::<_, Option<i64>>(0)?, r.get::<_, Option<i64>>(1)?))
+    })? {
+        if let (Some(created), Some(started)) = row? {
+            pickups.push(stamp(started).since(stamp(created)));
+        }
+    }
+    pickups.sort();
+    Ok(pickups)
 }
 
 /// The runs that finished after `after` and no later than `until` (both in

@@ -146,132 +146,134 @@ impl Metrics {
     /// Metrics whose queue figures come from `figures` (if any); runs that
     /// finished before now are not counted.
     pub fn new(figures: Option<Arc<dyn OperatorStats>>) -> Self {
-        let mut registry = Registry::default();
-        let runs = Family::<StatusLabels, Gauge>::default();
-        registry.register(
-            "graph_relay_runs",
-            "Runs in the queue now, by status (queued, running)",
-            runs.clone(),
-        );
-        let queue_depth = Gauge::default();
-        registry.register(
-            "graph_relay_queue_depth",
-            "Queued runs, all owners",
-            queue_depth.clone(),
-        );
-        let queue_oldest = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "graph_relay_queue_oldest_seconds",
-            "Age of the oldest queued run in seconds (0 when none)",
-            queue_oldest.clone(),
-        );
-        let finished = Family::<StatusLabels, Counter>::default();
-        registry.register(
-            "graph_relay_runs_finished",
-            "Runs that finished since the server started, by status",
-            finished.clone(),
-        );
-        let pickup = Histogram::new(PICKUP_BUCKETS);
-        registry.register(
-            "graph_relay_pickup_latency_seconds",
-            "Queued to running, observed when the run finishes",
-            pickup.clone(),
-        );
-        let cancel = Histogram::new(PICKUP_BUCKETS);
-        registry.register(
-            "graph_relay_cancel_latency_seconds",
-            "Cancel requested to run finished, for runs their agent asked to cancel",
-            cancel.clone(),
-        );
-        let desktops_online = Gauge::default();
-        registry.register(
-            "graph_relay_desktops_online",
-            "Desktops heard from within three expected sync gaps",
-            desktops_online.clone(),
-        );
-        let desktops_known = Gauge::default();
-        registry.register(
-            "graph_relay_desktops_known",
-            "Desktops ever seen",
-            desktops_known.clone(),
-        );
-        let held = Gauge::default();
-        registry.register(
-            "graph_relay_held_requests",
-            "Requests parked on the queue's wake-ups (held syncs and control polls, waiting calls, listen streams)",
-            held.clone(),
-        );
-        let notifications = Counter::default();
-        registry.register(
-            "graph_relay_notifications",
-            "Topics notified to this server's held requests",
-            notifications.clone(),
-        );
-        let wakeups = Counter::default();
-        registry.register(
-            "graph_relay_wakeups",
-            "Held requests woken by a notification of their topic",
-            wakeups.clone(),
-        );
-        let wakeups_all = Counter::default();
-        registry.register(
-            "graph_relay_wakeups_all",
-            "Held requests woken all at once after another process wrote unannounced",
-            wakeups_all.clone(),
-        );
-        let sessions = Gauge::default();
-        registry.register(
-            "graph_relay_mcp_sessions",
-            "Initialize-era MCP sessions",
-            sessions.clone(),
-        );
-        let listen_streams = Gauge::default();
-        registry.register(
-            "graph_relay_listen_streams",
-            "Open subscriptions/listen streams",
-            listen_streams.clone(),
-        );
-        let http_requests = Family::<HttpLabels, Counter>::default();
-        registry.register(
-            "graph_relay_http_requests",
-            "Answered HTTP requests by route pattern, method and status",
-            http_requests.clone(),
-        );
-        let store_errors = Counter::default();
-        registry.register(
-            "graph_relay_metrics_store_errors",
-            "Scrapes whose store figures could not be read",
-            store_errors.clone(),
-        );
-        let store_operations = operation_histograms();
-        registry.register(
-            "graph_relay_store_operation_seconds",
-            "How long each store call took, by Store method",
-            store_operations.clone(),
-        );
-        Self {
-            registry,
-            runs,
-            queue_depth,
-            queue_oldest,
-            finished,
-            pickup,
-            cancel,
-            desktops_online,
-            desktops_known,
-            held,
-            notifications,
-            wakeups,
-            wakeups_all,
-            sessions,
-            listen_streams,
-            http_requests,
-            store_errors,
-            store_operations,
+        let mut metrics = Self {
+            registry: Registry::default(),
+            runs: Family::default(),
+            queue_depth: Gauge::default(),
+            queue_oldest: Gauge::default(),
+            finished: Family::default(),
+            pickup: Histogram::new(PICKUP_BUCKETS),
+            cancel: Histogram::new(PICKUP_BUCKETS),
+            desktops_online: Gauge::default(),
+            desktops_known: Gauge::default(),
+            held: Gauge::default(),
+            notifications: Counter::default(),
+            wakeups: Counter::default(),
+            wakeups_all: Counter::default(),
+            sessions: Gauge::default(),
+            listen_streams: Gauge::default(),
+            http_requests: Family::default(),
+            store_errors: Counter::default(),
+            store_operations: operation_histograms(),
             figures,
             operator: None,
             counted_until: tokio::sync::Mutex::new(SystemClock.now()),
-        }
+        };
+        metrics.register();
+        metrics
+    }
+
+    /// Names each metric in the registry, with its help text, in the order
+    /// a scrape lists them: first the queue's figures, then this server's.
+    fn register(&mut self) {
+        self.register_queue_figures();
+        self.register_server_figures();
+    }
+
+    /// The figures of the queue, read from the store at each scrape.
+    fn register_queue_figures(&mut self) {
+        let registry = &mut self.registry;
+        registry.register(
+            "graph_relay_runs",
+            "Runs in the queue now, by status (queued, running)",
+            self.runs.clone(),
+        );
+        registry.register(
+            "graph_relay_queue_depth",
+            "Queued runs, all owners",
+            self.queue_depth.clone(),
+        );
+        registry.register(
+            "graph_relay_queue_oldest_seconds",
+            "Age of the oldest queued run in seconds (0 when none)",
+            self.queue_oldest.clone(),
+        );
+        registry.register(
+            "graph_relay_runs_finished",
+            "Runs that finished since the server started, by status",
+            self.finished.clone(),
+        );
+        registry.register(
+            "graph_relay_pickup_latency_seconds",
+            "Queued to running, observed when the run finishes",
+            self.pickup.clone(),
+        );
+        registry.register(
+            "graph_relay_cancel_latency_seconds",
+            "Cancel requested to run finished, for runs their agent asked to cancel",
+            self.cancel.clone(),
+        );
+        registry.register(
+            "graph_relay_desktops_online",
+            "Desktops heard from within three expected sync gaps",
+            self.desktops_online.clone(),
+        );
+        registry.register(
+            "graph_relay_desktops_known",
+            "Desktops ever seen",
+            self.desktops_known.clone(),
+        );
+    }
+
+    /// The figures of this server: its held requests and wake-ups, its MCP
+    /// sessions and streams, the requests it answered and its store calls.
+    fn register_server_figures(&mut self) {
+        let registry = &mut self.registry;
+        registry.register(
+            "graph_relay_held_requests",
+            "Requests parked on the queue's wake-ups (held syncs and control polls, waiting calls, listen streams)",
+            self.held.clone(),
+        );
+        registry.register(
+            "graph_relay_notifications",
+            "Topics notified to this server's held requests",
+            self.notifications.clone(),
+        );
+        registry.register(
+            "graph_relay_wakeups",
+            "Held requests woken by a notification of their topic",
+            self.wakeups.clone(),
+        );
+        registry.register(
+            "graph_relay_wakeups_all",
+            "Held requests woken all at once after another process wrote unannounced",
+            self.wakeups_all.clone(),
+        );
+        registry.register(
+            "graph_relay_mcp_sessions",
+            "Initialize-era MCP sessions",
+            self.sessions.clone(),
+        );
+        registry.register(
+            "graph_relay_listen_streams",
+            "Open subscriptions/listen streams",
+            self.listen_streams.clone(),
+        );
+        registry.register(
+            "graph_relay_http_requests",
+            "Answered HTTP requests by route pattern, method and status",
+            self.http_requests.clone(),
+        );
+        registry.register(
+            "graph_relay_metrics_store_errors",
+            "Scrapes whose store figures could not be read",
+            self.store_errors.clone(),
+        );
+        registry.register(
+            "graph_relay_store_operation_seconds",
+            "How long each store call took, by Store method",
+            self.store_operations.clone(),
+        );
     }
 
     /// Serves `GET /admin/status` on the metrics listener to a bearer of the

@@ -127,21 +127,19 @@ where
             Err(e) => {
                 // Out of file descriptors (or another transient failure):
                 // say so, at most once a second, and give the system a moment.
-                if last_accept_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                if warning_due(&mut last_accept_warning) {
                     tracing::warn!(error = %e, "accepting a connection failed");
-                    last_accept_warning = Some(Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            if last_cap_warning.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+            if warning_due(&mut last_cap_warning) {
                 tracing::warn!(
                     limit = config.max_connections,
                     "connection cap reached; answering new connections with 503"
                 );
-                last_cap_warning = Some(Instant::now());
             }
             if let Ok(refusal) = refusing.clone().try_acquire_owned() {
                 let retry_after = config.retry_after;
@@ -164,7 +162,24 @@ where
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let grace = config.shutdown_grace;
+    drain(connections, config.shutdown_grace).await;
+    Ok(())
+}
+
+/// Whether a warning whose last time is `last` may be said again (at most
+/// once a second: a flood of failures must not flood the log); if so, now
+/// is its last time.
+fn warning_due(last: &mut Option<Instant>) -> bool {
+    let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(1));
+    if due {
+        *last = Some(Instant::now());
+    }
+    due
+}
+
+/// Waits up to `grace` for the connections (told to stop) to finish their
+/// requests, then closes the rest.
+async fn drain(mut connections: JoinSet<()>, grace: Duration) {
     let drained = tokio::time::timeout(grace, async {
         while connections.join_next().await.is_some() {}
     })
@@ -176,7 +191,6 @@ where
         );
         connections.shutdown().await;
     }
-    Ok(())
 }
 
 /// Answers a connection over the cap: 503 with `Retry-After`, then closes.

@@ -311,27 +311,13 @@ impl ServerBuilder {
             Some(catalog) => catalog,
             None => ToolCatalog::builder().build()?,
         };
-        let mut http = self.http;
-        if let Some(wait) = catalog.max_wait_seconds()
-            && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
-        {
-            return Err(ServerError::WaitPastTimeout {
-                wait,
-                timeout: http.request_timeout.as_secs(),
-            });
-        }
-        if self.anonymous.is_some() && !local.ip().is_loopback() {
-            return Err(ServerError::AnonymousNotLoopback(local));
-        }
-        check_open_file_limit(self.serve.max_connections);
-        // The Host port check and the published URLs use the bound address.
-        http.listen_addr = Some(local);
-        if local.ip().is_unspecified() && http.public_url.is_none() {
-            tracing::warn!(
-                "listening on every interface without `public_url`: the resource metadata names http://localhost:{}; set [server] public_url to the address clients use",
-                local.port()
-            );
-        }
+        let http = bound_http(
+            self.http,
+            &catalog,
+            self.anonymous.is_some(),
+            self.serve.max_connections,
+            local,
+        )?;
 
         let metrics = self.metrics.listen.map(|_| {
             let metrics = Metrics::new(self.stats.clone());
@@ -362,13 +348,7 @@ impl ServerBuilder {
             &http.resource_url(),
         )
         .await?;
-        let auth: Arc<dyn Authenticator> = match self.anonymous {
-            Some(caller) => {
-                tracing::warn!(agent = %caller.agent.id, "requests without credentials are served as this agent");
-                Arc::new(AnonymousFallback::new(auth, caller))
-            }
-            None => auth,
-        };
+        let auth = with_anonymous(auth, self.anonymous);
         let state = match self.mcp_sessions {
             Some(sessions) => HttpState::with_mcp_session_store(mcp, auth, http, sessions),
             None => HttpState::new(mcp, auth, http),
@@ -413,6 +393,56 @@ impl ServerBuilder {
     {
         self.build(listener).await?.serve(shutdown).await?;
         Ok(())
+    }
+}
+
+/// The edge's settings for a server bound at `local`, once the settings
+/// are checked against each other: a `wait_seconds` bound must end before
+/// the request timeout, an anonymous agent is served on loopback only, and
+/// the open-file limit is raised for `max_connections` (or a warning says
+/// why not).
+fn bound_http(
+    mut http: HttpConfig,
+    catalog: &ToolCatalog,
+    anonymous: bool,
+    max_connections: usize,
+    local: SocketAddr,
+) -> Result<HttpConfig, ServerError> {
+    if let Some(wait) = catalog.max_wait_seconds()
+        && Duration::from_secs(u64::from(wait)) + Duration::from_secs(1) > http.request_timeout
+    {
+        return Err(ServerError::WaitPastTimeout {
+            wait,
+            timeout: http.request_timeout.as_secs(),
+        });
+    }
+    if anonymous && !local.ip().is_loopback() {
+        return Err(ServerError::AnonymousNotLoopback(local));
+    }
+    check_open_file_limit(max_connections);
+    // The Host port check and the published URLs use the bound address.
+    http.listen_addr = Some(local);
+    if local.ip().is_unspecified() && http.public_url.is_none() {
+        tracing::warn!(
+            "listening on every interface without `public_url`: the resource metadata names http://localhost:{}; set [server] public_url to the address clients use",
+            local.port()
+        );
+    }
+    Ok(http)
+}
+
+/// `auth`, or, with an anonymous caller (a loopback development server),
+/// `auth` falling back to that caller for requests without credentials.
+fn with_anonymous(
+    auth: Arc<dyn Authenticator>,
+    anonymous: Option<Caller>,
+) -> Arc<dyn Authenticator> {
+    match anonymous {
+        Some(caller) => {
+            tracing::warn!(agent = %caller.agent.id, "requests without credentials are served as this agent");
+            Arc::new(AnonymousFallback::new(auth, caller))
+        }
+        None => auth,
     }
 }
 

@@ -502,12 +502,7 @@ impl McpServer {
         let id = match incoming.kind() {
             IncomingKind::Response => return None,
             IncomingKind::Notification => {
-                // Notifications need no scope (see `crate::authz`).
-                if method_name == "notifications/initialized" && session.version.is_some() {
-                    session.initialized = true;
-                }
-                // Other notifications (cancelled, progress, roots) need no action:
-                // every request is answered at once.
+                take_notification(session, &method_name);
                 return None;
             }
             IncomingKind::Request { id } => id.clone(),
@@ -557,19 +552,7 @@ impl McpServer {
             )
             .await
             .map_err(|e| e.into_outgoing(&id)),
-            (_, Era::Modern) => Err(Outgoing::error(
-                Some(id.clone()),
-                ErrorCode::MethodNotFound,
-                format!("Method not found: `{method_name}` does not exist in protocol 2026-07-28"),
-                None,
-            )
-            .with_status(404)),
-            (_, Era::Legacy(_)) => Err(Outgoing::error(
-                Some(id.clone()),
-                ErrorCode::MethodNotFound,
-                format!("Method not found: `{method_name}`"),
-                None,
-            )),
+            (_, era) => Err(method_not_found(&id, era, &method_name)),
         };
         Some(match result {
             Ok(answer) => self.reply(&id, era, answer),
@@ -798,4 +781,34 @@ fn missing_protocol_version(id: Option<Value>) -> Outgoing {
         None,
     )
     .with_status(400)
+}
+
+/// Takes a notification: they need no scope (see `crate::authz`), and only
+/// `notifications/initialized` changes anything, completing the session's
+/// handshake. The others (cancelled, progress, roots) need no action: every
+/// request is answered at once.
+fn take_notification(session: &mut McpSession, method: &str) {
+    if method == "notifications/initialized" && session.version.is_some() {
+        session.initialized = true;
+    }
+}
+
+/// The refusal of a method this server does not offer in `era`: a 2026-07-28
+/// request also gets HTTP 404.
+fn method_not_found(id: &RequestId, era: Era, method: &str) -> Outgoing {
+    match era {
+        Era::Modern => Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::MethodNotFound,
+            format!("Method not found: `{method}` does not exist in protocol 2026-07-28"),
+            None,
+        )
+        .with_status(404),
+        Era::Legacy(_) => Outgoing::error(
+            Some(id.clone()),
+            ErrorCode::MethodNotFound,
+            format!("Method not found: `{method}`"),
+            None,
+        ),
+    }
 }

@@ -28,8 +28,32 @@ impl ToolCatalog {
     }
 
     fn definition(&self, tool: &ToolSpec) -> Tool {
+        let (schema, annotations) = self.schema_and_hints(tool.kind);
+        let mut description = tool.description.clone();
+        if tool.kind == ToolKind::GetGraphRun
+            && let Some(max) = self.max_wait_seconds()
+        {
+            description.push_str(&format!(
+                " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
+            ));
+        }
+        Tool {
+            annotations,
+            description,
+            input_schema: schema,
+            name: tool.name.clone(),
+            security_schemes: vec![SecurityScheme {
+                scopes: tool.scopes.clone(),
+                kind: "oauth2".to_owned(),
+            }],
+        }
+    }
+
+    /// The input schema of a tool of `kind`, and the hints a client may
+    /// show about it (whether it changes anything, and may be repeated).
+    fn schema_and_hints(&self, kind: ToolKind) -> (Value, ToolAnnotations) {
         let command_id = json!({"type": "string", "format": "uuid"});
-        let (schema, annotations) = match tool.kind {
+        match kind {
             ToolKind::RunGraphSession => (
                 json!({
                     "type": "object",
@@ -92,24 +116,6 @@ impl ToolCatalog {
                     read_only_hint: false,
                 },
             ),
-        };
-        let mut description = tool.description.clone();
-        if tool.kind == ToolKind::GetGraphRun
-            && let Some(max) = self.max_wait_seconds()
-        {
-            description.push_str(&format!(
-                " Pass wait_seconds (up to {max}) to wait for the run to finish instead of polling."
-            ));
-        }
-        Tool {
-            annotations,
-            description,
-            input_schema: schema,
-            name: tool.name.clone(),
-            security_schemes: vec![SecurityScheme {
-                scopes: tool.scopes.clone(),
-                kind: "oauth2".to_owned(),
-            }],
         }
     }
 }

@@ -48,16 +48,16 @@ use futures::future::{AbortHandle, BoxFuture, FutureExt, abortable};
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use super::{
-    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, PostOutcome, Refusal, Relay,
+    Action, ApprovalDecision, ClaimOutcome, ExecutionOutcome, Job, PostOutcome, Refusal, Relay,
     RelayCommand, RelayEvent, SharedSet, SyncFailure,
 };
 use crate::ids::{CommandId, ExecutionId};
-use crate::outbox::{Outbox, OutboxItem};
+use crate::outbox::{Outbox, OutboxError, OutboxItem};
 use crate::queue::{ControlAnswer, SyncRequest};
 use crate::relay::executor::{
     Approver, CancelHandle, Executor, NoApprover, ProgressReport, ProgressSink, cancel_pair,
 };
-use crate::time::{Clock, Sleeper};
+use crate::time::{Clock, Sleeper, Timestamp};
 
 /// The relay's side of the relay API, one call per request kind.
 #[async_trait]
@@ -409,7 +409,10 @@ impl RelayDriver {
         handle
     }
 
-    /// Performs every pending action.
+    /// Performs every pending action. Outbox reads and writes are awaited
+    /// here, in order, since the state machine's next step depends on them;
+    /// requests, executions and approval prompts run alongside the loop and
+    /// come back as inputs.
     async fn perform(&mut self, on_event: &mut impl FnMut(DriverEvent)) {
         while let Some(action) = self.relay.poll_action() {
             let now = self.clock.now();
@@ -421,111 +424,139 @@ impl RelayDriver {
                     });
                     self.relay.handle_outbox_loaded(items, now);
                 }
-                Action::Sync(request) => {
-                    let transport = self.transport.clone();
-                    let task =
-                        self.start(async move { Input::Synced(transport.sync(&request).await) });
-                    self.sync_task = Some(task);
-                }
                 Action::RememberProject(project) => {
-                    if let Err(e) = self.outbox.remember_project(&project).await {
-                        on_event(DriverEvent::OutboxError(e.to_string()));
-                    }
+                    outbox_written(self.outbox.remember_project(&project).await, on_event);
                 }
                 Action::ForgetProject(project) => {
-                    if let Err(e) = self.outbox.forget_project(&project).await {
-                        on_event(DriverEvent::OutboxError(e.to_string()));
-                    }
+                    outbox_written(self.outbox.forget_project(&project).await, on_event);
                 }
-                Action::AbortHeldSync => {
-                    if let Some(task) = self.sync_task.take() {
-                        task.abort();
-                    }
-                    self.relay
-                        .handle_sync_response(Err(SyncFailure::Aborted), now);
+                Action::StoreReport(item) => {
+                    outbox_written(self.outbox.put(&item).await, on_event);
+                    self.relay.handle_report_stored(item.command, now);
                 }
-                Action::Claim { command, execution } => {
-                    let transport = self.transport.clone();
-                    self.start(async move {
-                        Input::Claimed(command, transport.claim(&command, &execution).await)
-                    });
+                Action::RemoveReport(command) => {
+                    outbox_written(self.outbox.remove(&command).await, on_event);
                 }
-                Action::Execute(job) => {
-                    let command = job.command.id;
-                    let (handle, signal) = cancel_pair();
-                    self.running = Some((command, handle));
-                    let progress = self.progress_sink(command, job.execution.clone());
-                    let executor = self.executor.clone();
-                    self.start(async move {
-                        Input::Executed(command, executor.execute(job, signal, progress).await)
-                    });
+                Action::RecordAttempt(command) => {
+                    outbox_written(self.outbox.record_attempt(&command).await, on_event);
                 }
-                Action::AskApproval { job, until } => {
-                    let command = job.command.id;
-                    let approver = self.approver.clone();
-                    let task = self.start(async move {
-                        Input::Approval(command, approver.ask(job, until).await)
-                    });
-                    if let Some((_, earlier)) = self.asking.replace((command, task)) {
-                        earlier.abort();
-                    }
-                }
-                Action::WithdrawApproval { command } => {
-                    if let Some((asked, task)) = self.asking.take() {
-                        if asked == command {
-                            task.abort();
-                        } else {
-                            self.asking = Some((asked, task));
-                        }
-                    }
-                }
+                Action::Sync(request) => self.send_sync(request),
+                Action::AbortHeldSync => self.abort_held_sync(now),
+                Action::Claim { command, execution } => self.send_claim(command, execution),
+                Action::Execute(job) => self.execute(job),
+                Action::AskApproval { job, until } => self.ask_approval(job, until),
+                Action::WithdrawApproval { command } => self.withdraw_approval(command),
                 Action::PostProgress {
                     command,
                     execution,
                     report,
-                } => {
-                    let transport = self.transport.clone();
-                    self.start(async move {
-                        let outcome = transport.post_progress(&command, &execution, &report).await;
-                        Input::ProgressPosted(command, outcome)
-                    });
-                }
-                Action::Control { command, long_poll } => {
-                    let transport = self.transport.clone();
-                    self.start(async move {
-                        Input::Controlled(command, transport.control(&command, long_poll).await)
-                    });
-                }
-                Action::CancelExecution { command } => {
-                    if let Some((running, handle)) = self.running.as_mut()
-                        && *running == command
-                    {
-                        handle.cancel();
-                    }
-                }
-                Action::StoreReport(item) => {
-                    if let Err(e) = self.outbox.put(&item).await {
-                        on_event(DriverEvent::OutboxError(e.to_string()));
-                    }
-                    self.relay.handle_report_stored(item.command, now);
-                }
-                Action::PostReport(item) => {
-                    let transport = self.transport.clone();
-                    self.start(async move {
-                        Input::Posted(item.command, transport.post_report(&item).await)
-                    });
-                }
-                Action::RemoveReport(command) => {
-                    if let Err(e) = self.outbox.remove(&command).await {
-                        on_event(DriverEvent::OutboxError(e.to_string()));
-                    }
-                }
-                Action::RecordAttempt(command) => {
-                    if let Err(e) = self.outbox.record_attempt(&command).await {
-                        on_event(DriverEvent::OutboxError(e.to_string()));
-                    }
-                }
+                } => self.send_progress(command, execution, report),
+                Action::Control { command, long_poll } => self.send_control(command, long_poll),
+                Action::CancelExecution { command } => self.cancel_execution(command),
+                Action::PostReport(item) => self.send_report(item),
             }
         }
+    }
+
+    /// Sends a sync; it is kept aside so that [`Action::AbortHeldSync`] can
+    /// drop it while the server holds it.
+    fn send_sync(&mut self, request: SyncRequest) {
+        let transport = self.transport.clone();
+        let task = self.start(async move { Input::Synced(transport.sync(&request).await) });
+        self.sync_task = Some(task);
+    }
+
+    /// Drops the sync the server holds and tells the state machine so.
+    fn abort_held_sync(&mut self, now: Timestamp) {
+        if let Some(task) = self.sync_task.take() {
+            task.abort();
+        }
+        self.relay
+            .handle_sync_response(Err(SyncFailure::Aborted), now);
+    }
+
+    fn send_claim(&mut self, command: CommandId, execution: ExecutionId) {
+        let transport = self.transport.clone();
+        self.start(
+            async move { Input::Claimed(command, transport.claim(&command, &execution).await) },
+        );
+    }
+
+    /// Starts the executor on `job`, keeping the handle that cancels it and
+    /// the slot its progress reports land in.
+    fn execute(&mut self, job: Job) {
+        let command = job.command.id;
+        let (handle, signal) = cancel_pair();
+        self.running = Some((command, handle));
+        let progress = self.progress_sink(command, job.execution.clone());
+        let executor = self.executor.clone();
+        self.start(async move {
+            Input::Executed(command, executor.execute(job, signal, progress).await)
+        });
+    }
+
+    /// Asks the owner to approve `job`; a prompt still open for an earlier
+    /// command is withdrawn, since only one is asked at a time.
+    fn ask_approval(&mut self, job: Job, until: Timestamp) {
+        let command = job.command.id;
+        let approver = self.approver.clone();
+        let task =
+            self.start(async move { Input::Approval(command, approver.ask(job, until).await) });
+        if let Some((_, earlier)) = self.asking.replace((command, task)) {
+            earlier.abort();
+        }
+    }
+
+    /// Withdraws the approval prompt for `command`, if that is the one open.
+    fn withdraw_approval(&mut self, command: CommandId) {
+        if let Some((asked, task)) = self.asking.take() {
+            if asked == command {
+                task.abort();
+            } else {
+                self.asking = Some((asked, task));
+            }
+        }
+    }
+
+    fn send_progress(
+        &mut self,
+        command: CommandId,
+        execution: ExecutionId,
+        report: ProgressReport,
+    ) {
+        let transport = self.transport.clone();
+        self.start(async move {
+            let outcome = transport.post_progress(&command, &execution, &report).await;
+            Input::ProgressPosted(command, outcome)
+        });
+    }
+
+    fn send_control(&mut self, command: CommandId, long_poll: bool) {
+        let transport = self.transport.clone();
+        self.start(async move {
+            Input::Controlled(command, transport.control(&command, long_poll).await)
+        });
+    }
+
+    /// Asks the execution of `command` to stop, if it is the one running.
+    fn cancel_execution(&mut self, command: CommandId) {
+        if let Some((running, handle)) = self.running.as_mut()
+            && *running == command
+        {
+            handle.cancel();
+        }
+    }
+
+    fn send_report(&mut self, item: OutboxItem) {
+        let transport = self.transport.clone();
+        self.start(async move { Input::Posted(item.command, transport.post_report(&item).await) });
+    }
+}
+
+/// A failed outbox write is shown as [`DriverEvent::OutboxError`]; the run
+/// goes on.
+fn outbox_written(result: Result<(), OutboxError>, on_event: &mut impl FnMut(DriverEvent)) {
+    if let Err(e) = result {
+        on_event(DriverEvent::OutboxError(e.to_string()));
     }
 }

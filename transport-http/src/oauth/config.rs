@@ -321,78 +321,103 @@ fn check_url(field: &'static str, value: &str) -> Result<(), OAuthConfigError> {
     }
 }
 
+/// The URLs are http(s) URLs, and the introspection caches no longer than
+/// [`MAX_INTROSPECTION_CACHE_SECONDS`].
+fn check_endpoints(config: &OAuthConfig) -> Result<(), OAuthConfigError> {
+    check_url("issuer", &config.issuer)?;
+    if let Some(uri) = &config.jwks_uri {
+        check_url("jwks_uri", uri)?;
+    }
+    if let Some(endpoint) = config
+        .introspection
+        .as_ref()
+        .and_then(|i| i.endpoint.as_ref())
+    {
+        check_url("introspection.endpoint", endpoint)?;
+    }
+    if let Some(introspection) = &config.introspection {
+        if introspection
+            .active_cache_seconds
+            .is_some_and(|s| s > MAX_INTROSPECTION_CACHE_SECONDS)
+        {
+            return Err(OAuthConfigError::CacheLength("active_cache_seconds"));
+        }
+        if introspection.inactive_cache_seconds > MAX_INTROSPECTION_CACHE_SECONDS {
+            return Err(OAuthConfigError::CacheLength("inactive_cache_seconds"));
+        }
+    }
+    Ok(())
+}
+
+/// The signature algorithms named, each once: asymmetric ones only, and at
+/// least one.
+fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, OAuthConfigError> {
+    let mut algorithms = Vec::new();
+    for name in names {
+        let alg = match name.as_str() {
+            "RS256" => Algorithm::RS256,
+            "ES256" => Algorithm::ES256,
+            "EdDSA" => Algorithm::EdDSA,
+            other => return Err(OAuthConfigError::Algorithm(other.to_owned())),
+        };
+        if !algorithms.contains(&alg) {
+            algorithms.push(alg);
+        }
+    }
+    if algorithms.is_empty() {
+        return Err(OAuthConfigError::NoAlgorithm);
+    }
+    Ok(algorithms)
+}
+
+/// Where each listed subject is placed (its owner and projects); a subject
+/// listed twice is refused.
+fn subjects(entries: &[SubjectEntry]) -> Result<HashMap<String, Placement>, OAuthConfigError> {
+    let mut subjects = HashMap::new();
+    for entry in entries {
+        let place = format!("subject `{}`", entry.subject);
+        let placement = Placement {
+            owner: OwnerId::parse(&entry.owner).map_err(invalid_id(place.clone()))?,
+            projects: entry
+                .projects
+                .iter()
+                .map(|p| ProjectId::parse(p))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid_id(place))?,
+        };
+        if subjects.insert(entry.subject.clone(), placement).is_some() {
+            return Err(OAuthConfigError::DuplicateSubject(entry.subject.clone()));
+        }
+    }
+    Ok(subjects)
+}
+
+/// The error of an invalid id in the setting at `place`.
+fn invalid_id(place: String) -> impl FnOnce(InvalidId) -> OAuthConfigError {
+    move |source| OAuthConfigError::InvalidId { place, source }
+}
+
 impl Settings {
     /// Checks `config`; `resource` is the audience used when it names none.
     pub(crate) fn new(config: &OAuthConfig, resource: &str) -> Result<Self, OAuthConfigError> {
-        check_url("issuer", &config.issuer)?;
-        if let Some(uri) = &config.jwks_uri {
-            check_url("jwks_uri", uri)?;
-        }
-        if let Some(endpoint) = config
-            .introspection
-            .as_ref()
-            .and_then(|i| i.endpoint.as_ref())
-        {
-            check_url("introspection.endpoint", endpoint)?;
-        }
-        if let Some(introspection) = &config.introspection {
-            if introspection
-                .active_cache_seconds
-                .is_some_and(|s| s > MAX_INTROSPECTION_CACHE_SECONDS)
-            {
-                return Err(OAuthConfigError::CacheLength("active_cache_seconds"));
-            }
-            if introspection.inactive_cache_seconds > MAX_INTROSPECTION_CACHE_SECONDS {
-                return Err(OAuthConfigError::CacheLength("inactive_cache_seconds"));
-            }
-        }
-        let mut algorithms = Vec::new();
-        for name in &config.algorithms {
-            let alg = match name.as_str() {
-                "RS256" => Algorithm::RS256,
-                "ES256" => Algorithm::ES256,
-                "EdDSA" => Algorithm::EdDSA,
-                other => return Err(OAuthConfigError::Algorithm(other.to_owned())),
-            };
-            if !algorithms.contains(&alg) {
-                algorithms.push(alg);
-            }
-        }
-        if algorithms.is_empty() {
-            return Err(OAuthConfigError::NoAlgorithm);
-        }
+        check_endpoints(config)?;
+        let algorithms = algorithms(&config.algorithms)?;
         if !matches!(config.agent_claim.as_str(), "sub" | "client_id") {
             return Err(OAuthConfigError::AgentClaim(config.agent_claim.clone()));
         }
-        let bad = |place: String| move |source| OAuthConfigError::InvalidId { place, source };
         let owner = config
             .owner
             .as_deref()
             .map(OwnerId::parse)
             .transpose()
-            .map_err(bad("owner".into()))?;
+            .map_err(invalid_id("owner".into()))?;
         let projects = config
             .projects
             .iter()
             .map(|p| ProjectId::parse(p))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(bad("projects".into()))?;
-        let mut subjects = HashMap::new();
-        for entry in &config.subjects {
-            let place = format!("subject `{}`", entry.subject);
-            let placement = Placement {
-                owner: OwnerId::parse(&entry.owner).map_err(bad(place.clone()))?,
-                projects: entry
-                    .projects
-                    .iter()
-                    .map(|p| ProjectId::parse(p))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(bad(place))?,
-            };
-            if subjects.insert(entry.subject.clone(), placement).is_some() {
-                return Err(OAuthConfigError::DuplicateSubject(entry.subject.clone()));
-            }
-        }
+            .map_err(invalid_id("projects".into()))?;
+        let subjects = subjects(&config.subjects)?;
         let audience = config
             .audience
             .clone()

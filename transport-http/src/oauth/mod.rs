@@ -55,7 +55,7 @@ use graph_relay_core::ids::{AgentId, OwnerId, ProjectId};
 use graph_relay_core::mcp::Caller;
 use graph_relay_core::principal::Agent;
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, Validation};
+use jsonwebtoken::{Algorithm, Header, Validation};
 use serde_json::{Map, Value};
 
 use self::config::Settings;
@@ -386,63 +386,9 @@ impl Shared {
         let settings = &self.settings;
         let header =
             jsonwebtoken::decode_header(token).map_err(|_| refused(TokenRefusal::Malformed))?;
-        if !settings.token_types.is_empty() {
-            let typ = header.typ.as_deref().unwrap_or_default();
-            if !settings
-                .token_types
-                .iter()
-                .any(|t| t.eq_ignore_ascii_case(typ))
-            {
-                return Err(refused(TokenRefusal::TokenType(printable(typ))));
-            }
-        }
-        if !settings.algorithms.contains(&header.alg) {
-            return Err(refused(TokenRefusal::Algorithm(format!(
-                "{:?}",
-                header.alg
-            ))));
-        }
-        let (keys, generation) = self.snapshot();
-        let Some(mut keys) = keys else {
-            return Err(AuthError::Unavailable(
-                "the authorization server's signing keys are not loaded yet".into(),
-            ));
-        };
-        let mut candidates = keys_for(&keys, header.kid.as_deref(), header.alg);
-        if candidates.is_empty() && header.kid.is_some() && self.refetch(generation).await {
-            if let (Some(fresh), _) = self.snapshot() {
-                keys = fresh;
-            }
-            candidates = keys_for(&keys, header.kid.as_deref(), header.alg);
-        }
-        if candidates.is_empty() {
-            return Err(refused(TokenRefusal::UnknownKey));
-        }
-        let mut validation = Validation::new(header.alg);
-        validation.leeway = settings.skew;
-        validation.validate_nbf = true;
-        validation.set_issuer(&[&settings.issuer]);
-        validation.set_audience(&[&settings.audience]);
-        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
-        let mut last = TokenRefusal::Signature;
-        let mut claims = None;
-        for key in &candidates {
-            match jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &validation) {
-                Ok(data) => {
-                    claims = Some(data.claims);
-                    break;
-                }
-                Err(e) => {
-                    last = self.refusal_of(e.kind());
-                    if !matches!(last, TokenRefusal::Signature | TokenRefusal::Algorithm(_)) {
-                        return Err(refused(last));
-                    }
-                }
-            }
-        }
-        let Some(claims) = claims else {
-            return Err(refused(last));
-        };
+        check_header(settings, &header)?;
+        let candidates = self.candidate_keys(&header).await?;
+        let claims = self.verified_claims(token, header.alg, &candidates)?;
         let now = unix_now();
         match claims.get("iat").and_then(number) {
             None => return Err(refused(TokenRefusal::MissingClaim("iat".into()))),
@@ -467,6 +413,60 @@ impl Shared {
             now,
         );
         Ok(principal)
+    }
+
+    /// The keys that may have signed a token with `header`: by its key id
+    /// (the keys are fetched again, at most once per refetch interval, when
+    /// none has it) and algorithm.
+    async fn candidate_keys(&self, header: &Header) -> Result<Vec<jwks::Key>, AuthError> {
+        let (keys, generation) = self.snapshot();
+        let Some(mut keys) = keys else {
+            return Err(AuthError::Unavailable(
+                "the authorization server's signing keys are not loaded yet".into(),
+            ));
+        };
+        let mut candidates = keys_for(&keys, header.kid.as_deref(), header.alg);
+        if candidates.is_empty() && header.kid.is_some() && self.refetch(generation).await {
+            if let (Some(fresh), _) = self.snapshot() {
+                keys = fresh;
+            }
+            candidates = keys_for(&keys, header.kid.as_deref(), header.alg);
+        }
+        if candidates.is_empty() {
+            return Err(refused(TokenRefusal::UnknownKey));
+        }
+        Ok(candidates)
+    }
+
+    /// The claims of `token`, once one of `candidates` verifies its
+    /// signature and its issuer, audience and times hold. A signature or
+    /// algorithm mismatch tries the next key; any other refusal is final.
+    fn verified_claims(
+        &self,
+        token: &str,
+        alg: Algorithm,
+        candidates: &[jwks::Key],
+    ) -> Result<Map<String, Value>, AuthError> {
+        let settings = &self.settings;
+        let mut validation = Validation::new(alg);
+        validation.leeway = settings.skew;
+        validation.validate_nbf = true;
+        validation.set_issuer(&[&settings.issuer]);
+        validation.set_audience(&[&settings.audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        let mut last = TokenRefusal::Signature;
+        for key in candidates {
+            match jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &validation) {
+                Ok(data) => return Ok(data.claims),
+                Err(e) => {
+                    last = self.refusal_of(e.kind());
+                    if !matches!(last, TokenRefusal::Signature | TokenRefusal::Algorithm(_)) {
+                        return Err(refused(last));
+                    }
+                }
+            }
+        }
+        Err(refused(last))
     }
 
     fn refusal_of(&self, kind: &ErrorKind) -> TokenRefusal {
@@ -650,6 +650,28 @@ impl Shared {
 }
 
 /// The keys that may have signed a token with `kid` and `alg`.
+/// The token's type (when the settings name the accepted ones) and its
+/// algorithm are accepted.
+fn check_header(settings: &Settings, header: &Header) -> Result<(), AuthError> {
+    if !settings.token_types.is_empty() {
+        let typ = header.typ.as_deref().unwrap_or_default();
+        if !settings
+            .token_types
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(typ))
+        {
+            return Err(refused(TokenRefusal::TokenType(printable(typ))));
+        }
+    }
+    if !settings.algorithms.contains(&header.alg) {
+        return Err(refused(TokenRefusal::Algorithm(format!(
+            "{:?}",
+            header.alg
+        ))));
+    }
+    Ok(())
+}
+
 fn keys_for(keys: &KeySet, kid: Option<&str>, alg: Algorithm) -> Vec<jwks::Key> {
     let fits = |k: &&jwks::Key| k.alg.is_none_or(|a| a == alg);
     match kid {

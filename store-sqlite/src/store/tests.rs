@@ -1,0 +1,36 @@
+use super::*;
+use graph_relay_core::testkit::World;
+
+fn record() -> CommandRecord {
+    World::new(Arc::new(graph_relay_store_memory::MemoryStore::new())).sync_template(0)
+}
+
+#[test]
+fn a_row_holds_the_record_and_its_json() {
+    let record = record();
+    let row = CommandRow::encode(record.clone()).expect("encodes");
+    assert_eq!(row.entry.record, record);
+    let decoded: CommandRecord = serde_json::from_str(&row.entry.json).expect("valid JSON");
+    assert_eq!(decoded, record);
+}
+
+#[test]
+fn a_record_that_cannot_be_encoded_is_refused_before_any_write() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("encode.sqlite")).expect("open");
+    let mut record = record();
+    record.created_at = Timestamp(u64::MAX);
+    match CommandRow::encode(record.clone()) {
+        Err(DbError::Encode(message)) => assert!(message.contains("out of range")),
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("a timestamp past i64 milliseconds encoded"),
+    }
+    let before = store.statements_executed();
+    record.revision = 1;
+    assert!(futures::executor::block_on(store.update_command(&record)).is_err());
+    assert_eq!(
+        store.statements_executed(),
+        before,
+        "nothing reached the writer"
+    );
+}
