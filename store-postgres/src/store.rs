@@ -37,8 +37,8 @@ pub struct PostgresOptions {
     /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
     pub schema: Option<String>,
     /// Most connections in the pool (16). Each kind of batched request
-    /// (inserts, compare-and-swaps, look-ups; see the crate docs) runs at
-    /// most two statements at once, one with a pool of fewer than 8.
+    /// (durable writes, look-ups; see the crate docs) runs at most two
+    /// statements at once, one with a pool of fewer than 8.
     pub pool_size: usize,
     /// Longest wait for a new connection (5 s).
     pub connect_timeout: Duration,
@@ -67,8 +67,8 @@ pub struct PostgresStore {
     /// SQL statements sent by the [`Store`] methods (see
     /// [`PostgresStore::statements_executed`]); shared by the clones.
     statements: StatementCounter,
-    /// The group-commit writer of inserts and compare-and-swaps; shared by
-    /// the clones.
+    /// The group-commit writer of inserts and compare-and-swaps, gathered
+    /// together; shared by the clones.
     writer: Arc<Writer>,
     /// The batched look-ups of commands and shared sessions; shared by the
     /// clones.

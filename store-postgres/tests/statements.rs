@@ -30,9 +30,11 @@
 //! on Postgres.
 //!
 //! Requests in flight together share statements (see the crate docs): the
-//! inserts, the compare-and-swaps and the look-ups of concurrent requests
-//! are gathered by kind, and a batch is counted as one statement however
-//! many requests it answers. Of each kind, as many requests as there are
+//! durable writes (inserts and compare-and-swaps together) and the
+//! look-ups of concurrent requests are gathered by kind, and a batch is
+//! counted as one statement however many requests it answers; lifecycles
+//! at different steps share a write statement (one run's insert, another's
+//! start, a third's result), which the batching tests pin. Of each kind, as many requests as there are
 //! lanes (two, one with a pool of fewer than 8 connections) run at once,
 //! alone; the rest wait for a lane and go as one statement. Sixteen
 //! lifecycles run step by step together (every desk's run, then every

@@ -1,5 +1,5 @@
-//! Batching: the concurrent requests of one kind (the writes, the hot
-//! reads) gathered and run together, so that many requests share a round
+//! Batching: the concurrent requests of one kind (the durable writes, the
+//! hot reads) gathered and run together, so that many requests share a round
 //! trip, a statement's execution and, for writes, a commit and its flush of
 //! the WAL.
 //!
@@ -32,6 +32,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 pub(crate) mod reads;
 #[cfg(test)]
 mod tests;
+mod write_sql;
 pub(crate) mod writes;
 
 /// One kind of batched request: how its jobs are grouped and run.
@@ -82,10 +83,10 @@ struct Shared<K> {
 pub(crate) const MAX_LANES: usize = 2;
 
 /// The lanes of each kind for a pool of `pool_size` connections: a quarter
-/// of the pool, one at least and [`MAX_LANES`] at most. The three kinds
-/// (inserts, updates, look-ups) then hold at most three quarters of the
-/// pool, and the statements that are not batched (syncs, contacts,
-/// pruning, MCP sessions) keep the rest.
+/// of the pool, one at least and [`MAX_LANES`] at most. The two kinds
+/// (writes, look-ups) then hold at most half of the pool, and the
+/// statements that are not batched (syncs, contacts, pruning, MCP
+/// sessions) keep the rest.
 pub(crate) fn lanes(pool_size: usize) -> usize {
     (pool_size / 4).clamp(1, MAX_LANES)
 }

@@ -146,6 +146,58 @@ fn a_failed_swap_in_a_batch_fails_alone() {
     });
 }
 
+/// The writes of runs at different steps (new runs, starts, results) in
+/// flight together commit as one statement, and each hears its own outcome.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn inserts_and_swaps_in_flight_together_are_one_statement() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let lanes = lanes(store.pool().status().max_size);
+        let queued = insert_all(&store, &w, 1..=8).await;
+        let mut swaps: Vec<CommandRecord> = queued.iter().map(started).collect();
+        // A stale revision in the batch writes nothing, alone.
+        swaps[7].revision = 5;
+        // Fillers take the lanes; then new runs and swaps go together.
+        let fresh: Vec<_> = (10..10 + lanes as u128 + 8)
+            .map(|n| command(&w, n))
+            .collect();
+        let now = w.clock.now();
+        let before = store.statements_executed();
+        let (inserted, swapped) = futures::join!(
+            join_all(fresh.iter().map(|(c, k)| store.insert_command(c, k, now))),
+            join_all(swaps.iter().map(|u| store.update_command(u))),
+        );
+        assert_eq!(
+            store.statements_executed() - before,
+            lanes as u64 + 1,
+            "the fillers alone, then the inserts and swaps together"
+        );
+        for outcome in inserted {
+            assert_eq!(outcome.expect("insert"), InsertOutcome::Inserted);
+        }
+        let swapped: Vec<bool> = swapped.into_iter().map(|o| o.expect("swap")).collect();
+        assert_eq!(swapped, [true, true, true, true, true, true, true, false]);
+        for (n, command) in queued.iter().enumerate() {
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read")
+                .expect("exists");
+            assert_eq!(&stored, if n < 7 { &swaps[n] } else { command });
+        }
+        for (command, _) in &fresh {
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read");
+            assert_eq!(stored.as_ref(), Some(command));
+        }
+    });
+}
+
 #[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[test]
 fn inserts_under_one_key_take_turns_across_batches() {
