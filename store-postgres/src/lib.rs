@@ -75,14 +75,15 @@
 //! the runs in flight are at different steps, and one batch takes the
 //! new run of one, the start of another and the result of a third), and
 //! the look-ups of a command by id, of a device's queued commands and of
-//! a shared session. Each kind has two lanes (one with a pool of fewer
-//! than 8 connections): a request that finds one free and nothing of its
-//! kind waiting runs at once, alone, with the same single-row statement as
-//! ever; requests that arrive while every lane is busy wait for the next
-//! lane and then go together as one statement, their rows as arrays, one
-//! per column. A batch of writes is one transaction, so one commit and
-//! one flush of the WAL for all of them, whatever their kinds, and it
-//! answers each request on its own: an insert whose key is live or a swap whose revision moved is
+//! a shared session. The writes have one lane, the look-ups two (one
+//! with a pool of fewer than 8 connections): a request that finds a lane
+//! free and nothing of its kind waiting runs at once, alone, with the same
+//! single-row statement as ever; requests that arrive while every lane is
+//! busy wait for the next lane and then go together as one statement,
+//! their rows as arrays, one per column. A batch of writes is one
+//! transaction, so one commit and one flush of the WAL for all of them,
+//! whatever their kinds, and while it waits for the disk the next writes
+//! gather for the next batch. It answers each request on its own: an insert whose key is live or a swap whose revision moved is
 //! told `false` alone while the rest commits; a statement the server
 //! refuses (a constraint) runs again request by request so that only the
 //! one at fault fails; any other failure (no connection, a connection lost
