@@ -62,7 +62,7 @@
 //! lock and replaces them in a transaction.
 //!
 //! ## Requests in flight share statements
-//! A Graph run costs the store six statements, three of them commits that
+//! A Graph run costs the store five statements, three of them commits that
 //! wait for the disk: the insert of the command with its key, and the
 //! compare-and-swaps of `start` and `complete`. Run one by one, each
 //! request holding a pooled connection through its round trip and its

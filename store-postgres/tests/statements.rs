@@ -39,11 +39,12 @@
 //! alone (the writes one, the look-ups two, one with a pool of fewer than
 //! 8 connections); the rest wait for a lane and go as one statement.
 //! Sixteen lifecycles run step by step together (every desk's run, then
-//! every desk's sync, and so on) therefore send 12 or 13 statements
+//! every desk's sync, and so on) therefore send 12 to 14 statements
 //! instead of 80: the run's look-ups of the session (two alone, one batch),
-//! its inserts (one alone, then one batch, or two when the insert that
-//! follows the second lone look-up arrives before the other fourteen),
-//! the sync's look-ups of the queued commands (two alone, one batch), and
+//! its inserts (2 to 4: each insert follows its own look-up, and the
+//! look-ups answer in three waves, the two lone ones and the batch; the
+//! first insert of a wave that finds the write lane free goes alone, the
+//! rest wait for the lane and go together), the sync's look-ups of the queued commands (two alone, one batch), and
 //! the compare-and-swaps of `start` and of `complete` (one alone, one
 //! batch each); the last step, `get_graph_run`, sends none (the queue
 //! answers it with the finished run its `complete` wrote). The
@@ -166,10 +167,11 @@ async fn lifecycles_in_flight_together_share_statements() {
     let sent = store.statements_executed() - before;
     // Five steps reach the store; the reads of the finished runs do not.
     // Two steps of look-ups (the lanes alone, then one batch) and three of
-    // writes (one alone, then one batch); the inserts of the run may need
-    // a batch more for each further look-up that went alone.
+    // writes (one alone, then one batch). The run's inserts follow their
+    // look-ups, which answer in `lanes + 1` waves: each wave after the
+    // first may find the write lane free and send one more statement.
     let least = 2 * (lanes + 1) + 3 * 2;
-    let most = least + lanes - 1;
+    let most = least + lanes;
     assert!(
         (least..=most).contains(&sent),
         "16 lifecycles in step sent {sent} statements, not {least}..={most}"

@@ -89,13 +89,14 @@ pub(crate) const MAX_LANES: usize = 2;
 /// commits all go in the next batch, so there is one commit per flush.
 /// Alternating on a machine at load 4–6, one lane ran 1,553 / 2,823
 /// lifecycles/s with 16 / 64 in flight against two lanes' 1,087 / 2,502
-/// (medians of 4 runs; 3 of the 4 runs at 16 in flight went to one lane),
-/// with a quarter fewer statements (0.9 against 1.2 per lifecycle at 16)
-/// and a third fewer WAL flushes (0.46 against 0.70 per lifecycle, from
-/// `pg_stat_wal`). One lane also means that a write held up on the server
-/// (a row another server's transaction holds) holds up the writes queued
-/// behind it; every write transaction of the store is one short statement,
-/// so that wait is one commit of another batch.
+/// (medians of 4 runs; one lane was ahead in 3 of the 4 runs at 16 in
+/// flight), with a quarter fewer statements (0.9 against 1.2 per
+/// lifecycle at 16) and a third fewer WAL flushes (0.46 against 0.70 per
+/// lifecycle, from `pg_stat_wal`). One lane also means that a write held
+/// up on the server (a row or key that another server's transaction
+/// holds) holds up the writes queued behind it; every transaction that
+/// writes commands or keys is one short statement, so that wait is about
+/// one commit of another batch.
 pub(crate) const WRITE_LANES: usize = 1;
 
 /// The lanes of the look-ups for a pool of `pool_size` connections: a
