@@ -62,7 +62,7 @@
 //! lock and replaces them in a transaction.
 //!
 //! ## Requests in flight share statements
-//! A Graph run costs the store six statements, three of them commits that
+//! A Graph run costs the store five statements, three of them commits that
 //! wait for the disk: the insert of the command with its key, and the
 //! compare-and-swaps of `start` and `complete`. Run one by one, each
 //! request holding a pooled connection through its round trip and its
@@ -70,16 +70,20 @@
 //! waiting for flushes, its connections busy, and every other request
 //! queued behind them.
 //!
-//! So the hot requests are gathered by kind: inserts, compare-and-swaps,
-//! and the look-ups of a command by id, of a device's queued commands and
-//! of a shared session. Each kind has two lanes (one with a pool of fewer
-//! than 8 connections): a request that finds one free and nothing of its
-//! kind waiting runs at once, alone, with the same single-row statement as
-//! ever; requests that arrive while every lane is busy wait for the next
-//! lane and then go together as one statement, their rows as arrays, one
-//! per column. A batch of writes is one transaction, so one commit and
-//! one flush of the WAL for all of them, and it answers each request on
-//! its own: an insert whose key is live or a swap whose revision moved is
+//! So the hot requests are gathered in two kinds: the durable writes
+//! (inserts of commands with their keys, and compare-and-swaps, together:
+//! the runs in flight are at different steps, and one batch takes the
+//! new run of one, the start of another and the result of a third), and
+//! the look-ups of a command by id, of a device's queued commands and of
+//! a shared session. The writes have one lane, the look-ups two (one
+//! with a pool of fewer than 8 connections): a request that finds a lane
+//! free and nothing of its kind waiting runs at once, alone, with the same
+//! single-row statement as ever; requests that arrive while every lane is
+//! busy wait for the next lane and then go together as one statement,
+//! their rows as arrays, one per column. A batch of writes is one
+//! transaction, so one commit and one flush of the WAL for all of them,
+//! whatever their kinds, and while it waits for the disk the next writes
+//! gather for the next batch. It answers each request on its own: an insert whose key is live or a swap whose revision moved is
 //! told `false` alone while the rest commits; a statement the server
 //! refuses (a constraint) runs again request by request so that only the
 //! one at fault fails; any other failure (no connection, a connection lost

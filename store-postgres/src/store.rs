@@ -36,9 +36,9 @@ pub struct PostgresOptions {
     /// wake-up listener's). `None` uses the connection's own `search_path`.
     /// A plain lowercase identifier: `[a-z_][a-z0-9_]*`, at most 63 bytes.
     pub schema: Option<String>,
-    /// Most connections in the pool (16). Each kind of batched request
-    /// (inserts, compare-and-swaps, look-ups; see the crate docs) runs at
-    /// most two statements at once, one with a pool of fewer than 8.
+    /// Most connections in the pool (16). The durable writes (see the crate
+    /// docs) run one batch at a time, the look-ups at most two statements
+    /// at once, one with a pool of fewer than 8.
     pub pool_size: usize,
     /// Longest wait for a new connection (5 s).
     pub connect_timeout: Duration,
@@ -67,8 +67,8 @@ pub struct PostgresStore {
     /// SQL statements sent by the [`Store`] methods (see
     /// [`PostgresStore::statements_executed`]); shared by the clones.
     statements: StatementCounter,
-    /// The group-commit writer of inserts and compare-and-swaps; shared by
-    /// the clones.
+    /// The group-commit writer of inserts and compare-and-swaps, gathered
+    /// together; shared by the clones.
     writer: Arc<Writer>,
     /// The batched look-ups of commands and shared sessions; shared by the
     /// clones.
@@ -157,7 +157,11 @@ impl PostgresStore {
         let statements = StatementCounter::default();
         let lanes = crate::batch::lanes(pool.status().max_size);
         Ok(Self {
-            writer: Arc::new(Writer::new(pool.clone(), statements.clone(), lanes)),
+            writer: Arc::new(Writer::new(
+                pool.clone(),
+                statements.clone(),
+                crate::batch::WRITE_LANES,
+            )),
             reader: Arc::new(Reader::new(pool.clone(), statements.clone(), lanes)),
             pool,
             config,

@@ -3,7 +3,8 @@
 //!
 //! Each test runs on a current-thread runtime, where the requests that one
 //! `join_all` starts are all under way before any of them gets an answer:
-//! the first [`lanes`] of a kind take the free lanes and run alone, the rest
+//! the first requests of a kind take the free lanes ([`WRITE_LANES`],
+//! [`lanes`]) and run alone, the rest
 //! are queued and, once a lane frees, go as one batch. So the statements
 //! a test counts are exact.
 
@@ -17,7 +18,7 @@ use graph_relay_core::store::{IdempotencyRecord, InsertOutcome, Store, StoreErro
 use graph_relay_core::testkit::{World, exec, gs, p1};
 use graph_relay_core::time::Clock;
 
-use super::lanes;
+use super::{WRITE_LANES, lanes};
 use crate::PostgresStore;
 use crate::testing::{TestSchema, url};
 
@@ -77,9 +78,9 @@ fn concurrent_inserts_beyond_the_lanes_are_one_statement() {
         insert_all(&store, &w, 1..=16).await;
         assert_eq!(
             store.statements_executed() - before,
-            lanes(store.pool().status().max_size) as u64 + 1,
+            WRITE_LANES as u64 + 1,
             "the first inserts run alone, the other {} together",
-            16 - lanes(store.pool().status().max_size)
+            16 - WRITE_LANES
         );
         assert_eq!(store.command_count().await.expect("count"), 16);
     });
@@ -103,7 +104,7 @@ fn a_failed_swap_in_a_batch_fails_alone() {
         let mut stale = started(&commands[7]);
         stale.revision = 5;
         updates.push(stale);
-        assert!(updates.len() > lanes(store.pool().status().max_size) + 3);
+        assert!(updates.len() > WRITE_LANES + 3);
 
         let before = store.statements_executed();
         let outcomes: Vec<bool> = join_all(updates.iter().map(|u| store.update_command(u)))
@@ -111,10 +112,7 @@ fn a_failed_swap_in_a_batch_fails_alone() {
             .into_iter()
             .map(|o| o.expect("no backend error"))
             .collect();
-        assert_eq!(
-            store.statements_executed() - before,
-            lanes(store.pool().status().max_size) as u64 + 1
-        );
+        assert_eq!(store.statements_executed() - before, WRITE_LANES as u64 + 1);
         assert_eq!(outcomes[..6], [true; 6]);
         assert_eq!(
             u8::from(outcomes[6]) + u8::from(outcomes[7]),
@@ -142,6 +140,57 @@ fn a_failed_swap_in_a_batch_fails_alone() {
                 7 => assert_eq!(&stored, command, "untouched"),
                 _ => assert_eq!(stored, updates[n]),
             }
+        }
+    });
+}
+
+/// The writes of runs at different steps (new runs, starts, results) in
+/// flight together commit as one statement, and each hears its own outcome.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn inserts_and_swaps_in_flight_together_are_one_statement() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let queued = insert_all(&store, &w, 1..=8).await;
+        let mut swaps: Vec<CommandRecord> = queued.iter().map(started).collect();
+        // A stale revision in the batch writes nothing, alone.
+        swaps[7].revision = 5;
+        // Fillers take the lanes; then new runs and swaps go together.
+        let fresh: Vec<_> = (10..10 + WRITE_LANES as u128 + 8)
+            .map(|n| command(&w, n))
+            .collect();
+        let now = w.clock.now();
+        let before = store.statements_executed();
+        let (inserted, swapped) = futures::join!(
+            join_all(fresh.iter().map(|(c, k)| store.insert_command(c, k, now))),
+            join_all(swaps.iter().map(|u| store.update_command(u))),
+        );
+        assert_eq!(
+            store.statements_executed() - before,
+            WRITE_LANES as u64 + 1,
+            "the fillers alone, then the inserts and swaps together"
+        );
+        for outcome in inserted {
+            assert_eq!(outcome.expect("insert"), InsertOutcome::Inserted);
+        }
+        let swapped: Vec<bool> = swapped.into_iter().map(|o| o.expect("swap")).collect();
+        assert_eq!(swapped, [true, true, true, true, true, true, true, false]);
+        for (n, command) in queued.iter().enumerate() {
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read")
+                .expect("exists");
+            assert_eq!(&stored, if n < 7 { &swaps[n] } else { command });
+        }
+        for (command, _) in &fresh {
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read");
+            assert_eq!(stored.as_ref(), Some(command));
         }
     });
 }
@@ -192,7 +241,7 @@ fn a_refused_batch_runs_again_write_by_write() {
         // Fillers take the lanes; the batch holds two good inserts around
         // one that reuses the id of a stored command under a fresh key,
         // which makes the server refuse the whole statement.
-        let mut rows: Vec<_> = (10..10 + lanes(store.pool().status().max_size) as u128)
+        let mut rows: Vec<_> = (10..10 + WRITE_LANES as u128)
             .map(|n| command(&w, n))
             .collect();
         rows.push(command(&w, 20));

@@ -1,10 +1,10 @@
 //! The group-commit writer: the durable writes of many requests committed
 //! together, with one WAL flush (see [`super`] for how requests are
-//! gathered). Two kinds of writes, each gathered on its own: inserts of
-//! commands with their keys ([`INSERTS`]) and compare-and-swap updates
-//! ([`UPDATES`]). Batches of both kinds run at once on their own
-//! connections, and the server flushes the WAL for commits that arrive
-//! together only once.
+//! gathered). Inserts of commands with their keys and compare-and-swap
+//! updates are gathered together: the lifecycles in flight are at
+//! different steps (one queued, another started, a third completed), and
+//! one batch takes all of their writes, so they share one commit and one
+//! flush instead of one per kind.
 //!
 //! A batch is one statement: the rows travel as arrays, one per column,
 //! and the statement answers with the position of every row that took
@@ -32,126 +32,18 @@
 //! returned is committed, and with the database's `synchronous_commit`
 //! (these writes never turn it off).
 
-use std::future::Future;
-use std::hash::Hash;
-use std::marker::PhantomData;
-
 use deadpool_postgres::{Client, Pool};
 use graph_relay_core::store::StoreError;
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
+use super::write_sql::{INSERT_ONE, UPDATE_ONE, WRITES};
 use super::{BatchKind, Batcher, answer, same_error};
 use crate::errors::{describe, pool_error};
 use crate::rows::{StatementCounter, backend};
 
 /// Most writes in one batch.
 const MAX_BATCH: usize = 256;
-
-/// The inserts' statement: `$1..$16` are the columns. Returns the position
-/// (from 1) of each insert that wrote its key and command.
-///
-/// An insert writes its key unless a live key (`expires_at` after the
-/// insert's own `now`) exists, replacing an expired one, and writes its
-/// command only if it wrote the key: one statement, so both or neither.
-/// Concurrent inserts of one key from another batch or another server
-/// serialise on the key's index entry: the later one waits for the earlier
-/// to commit and then sees a live key. Keys are written in the order of
-/// their text, so two batches that share keys wait for each other in one
-/// order and never deadlock.
-///
-/// Each array is read through a scalar subquery (`(SELECT $1::uuid[])`):
-/// the planner then cannot see how long it is, so its plan does not depend
-/// on the batch's size, and Postgres settles on one generic plan after the
-/// first few executions instead of planning every batch again (measured:
-/// planning took as long as executing a batch of six writes).
-pub(crate) const INSERTS: &str = "WITH i AS (
-        SELECT * FROM unnest(
-            (SELECT $1::uuid[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::text[]),
-            (SELECT $5::text[]), (SELECT $6::text[]), (SELECT $7::text[]), (SELECT $8::int8[]),
-            (SELECT $9::int8[]), (SELECT $10::text[]), (SELECT $11::text[]), (SELECT $12::int8[]),
-            (SELECT $13::int8[]), (SELECT $14::int8[]), (SELECT $15::text[]), (SELECT $16::int8[]))
-            WITH ORDINALITY AS i(id, owner, agent, key, project, device, fingerprint,
-                                 expires_at, now, idempotency_key, status, created_at,
-                                 finished_at, revision, record, lease_expires_at, ord)
-    ), k AS (
-        INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
-        SELECT owner, agent, key, id, fingerprint, expires_at FROM i ORDER BY owner, agent, key
-        ON CONFLICT (owner, agent, key) DO UPDATE SET
-            command = EXCLUDED.command,
-            fingerprint = EXCLUDED.fingerprint,
-            expires_at = EXCLUDED.expires_at
-        WHERE k.expires_at <= (SELECT i.now FROM i
-                               WHERE i.owner = EXCLUDED.owner AND i.agent = EXCLUDED.agent
-                                 AND i.key = EXCLUDED.key)
-        RETURNING owner, agent, key
-    ), c AS (
-        INSERT INTO commands (id, agent, owner, project, device, idempotency_key, status,
-                              created_at, finished_at, revision, record, lease_expires_at)
-        SELECT i.id, i.agent, i.owner, i.project, i.device, i.idempotency_key, i.status,
-               i.created_at, i.finished_at, i.revision, i.record, i.lease_expires_at
-        FROM i JOIN k ON k.owner = i.owner AND k.agent = i.agent AND k.key = i.key
-        ORDER BY i.ord
-        RETURNING id
-    )
-    SELECT i.ord FROM c JOIN i ON i.id = c.id";
-
-/// The updates' statement: `$1..$7` are the columns. Returns the position
-/// (from 1) of each update whose compare-and-swap took effect.
-///
-/// An update changes only what a transition can change (the status,
-/// `finished_at`, the revision, the record and the lease). If two updates
-/// in the batch name the same command and revision, one of them takes
-/// effect and the other reports `false`, as if they had run one after the
-/// other.
-///
-/// Each update finds its row by id and revision in a fenced `LATERAL`
-/// subquery and updates it by its `ctid`: the plan is then an index
-/// look-up and a TID fetch per update whatever the table's statistics
-/// (see the statements of `reads` for why that matters). If
-/// another transaction changes the row after the look-up, the update
-/// waits for it and then, as the row's newest version has another
-/// `ctid`, leaves it alone: the revision moved, so the swap fails, as it
-/// must. The arrays are read through scalar subqueries, as for [`INSERTS`].
-pub(crate) const UPDATES: &str = "UPDATE commands AS c SET
-        status = u.status, finished_at = u.finished_at, revision = u.revision,
-        record = u.record, lease_expires_at = u.lease_expires_at
-    FROM (
-        SELECT u.*, t.tid FROM unnest(
-            (SELECT $1::uuid[]), (SELECT $2::int8[]), (SELECT $3::text[]), (SELECT $4::int8[]),
-            (SELECT $5::int8[]), (SELECT $6::text[]), (SELECT $7::int8[]))
-            WITH ORDINALITY AS u(id, previous, status, finished_at, revision, record,
-                                 lease_expires_at, ord)
-        CROSS JOIN LATERAL (
-            SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
-            OFFSET 0) AS t
-    ) AS u
-    WHERE c.ctid = u.tid
-    RETURNING u.ord";
-
-/// [`INSERTS`] for one row: `$1..$16` are its columns, as scalars.
-const INSERT_ONE: &str = "WITH k AS (
-        INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
-        VALUES ($2, $3, $4, $1, $7, $8)
-        ON CONFLICT (owner, agent, key) DO UPDATE SET
-            command = EXCLUDED.command,
-            fingerprint = EXCLUDED.fingerprint,
-            expires_at = EXCLUDED.expires_at
-        WHERE k.expires_at <= $9
-        RETURNING 1
-    ), c AS (
-        INSERT INTO commands (id, agent, owner, project, device, idempotency_key, status,
-                              created_at, finished_at, revision, record, lease_expires_at)
-        SELECT $1, $3, $2, $5, $6, $10, $11, $12, $13, $14, $15, $16 FROM k
-        RETURNING 1
-    )
-    SELECT 1::int8 FROM c";
-
-/// [`UPDATES`] for one row: `$1..$7` are its columns, as scalars.
-const UPDATE_ONE: &str = "UPDATE commands SET
-        status = $3, finished_at = $4, revision = $5, record = $6, lease_expires_at = $7
-    WHERE id = $1 AND revision = $2
-    RETURNING 1::int8";
 
 /// A command and its key to insert (see [`Store::insert_command`]).
 ///
@@ -196,50 +88,139 @@ pub(crate) struct CommandUpdate {
 
 type Reply = oneshot::Sender<Result<bool, StoreError>>;
 
-/// One kind of batched write: its statements and how its rows travel.
-pub(crate) trait WriteKind: Send + Sync + 'static {
-    /// What one writer asks for.
-    type Row: Send + Sync + 'static;
-    /// What no two rows of one batch may share.
-    type Exclusive: Hash + Eq;
-
-    /// What `row` must have to itself in its batch, if anything.
-    fn exclusive(row: &Self::Row) -> Option<Self::Exclusive>;
-
-    /// Runs `rows` as one statement and returns the position (from 1) of
-    /// each row that took effect, one per result row.
-    ///
-    /// A batch of one runs the kind's single-row statement: the batch
-    /// statement's arrays, subqueries and joins cost the server about
-    /// twice a plain statement's time when there is only one row to write
-    /// (measured), and a lone write is the common case of a quiet server.
-    /// Counts the statement in `statements` once it is prepared, as it is
-    /// sent.
-    fn query(
-        client: &Client,
-        statements: &StatementCounter,
-        rows: &[&Self::Row],
-    ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> + Send;
+/// One write of a batch.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// A command and its key.
+    Insert(NewCommand),
+    /// A compare-and-swap of a command.
+    Update(CommandUpdate),
 }
 
-/// The inserts of commands with their keys.
-pub(crate) struct Inserts;
+impl Write {
+    /// What the write must have to itself in its batch: an insert's key
+    /// (owner, agent, key).
+    fn exclusive(&self) -> Option<(String, String, String)> {
+        match self {
+            Write::Insert(r) => Some((r.owner.clone(), r.agent.clone(), r.key.clone())),
+            Write::Update(_) => None,
+        }
+    }
+}
 
-impl WriteKind for Inserts {
-    type Row = NewCommand;
-    /// The key's (owner, agent, key).
-    type Exclusive = (String, String, String);
+/// The rows of a batch as the arrays of [`WRITES`], one per column.
+#[derive(Default)]
+struct Columns<'a> {
+    insert_pos: Vec<i64>,
+    id: Vec<uuid::Uuid>,
+    owner: Vec<&'a str>,
+    agent: Vec<&'a str>,
+    key: Vec<&'a str>,
+    project: Vec<&'a str>,
+    device: Vec<&'a str>,
+    fingerprint: Vec<&'a str>,
+    expires_at: Vec<i64>,
+    now: Vec<i64>,
+    idempotency_key: Vec<&'a str>,
+    status: Vec<&'a str>,
+    created_at: Vec<i64>,
+    finished_at: Vec<Option<i64>>,
+    revision: Vec<i64>,
+    record: Vec<&'a str>,
+    lease: Vec<Option<i64>>,
+    update_pos: Vec<i64>,
+    update_id: Vec<uuid::Uuid>,
+    previous: Vec<i64>,
+    update_status: Vec<&'a str>,
+    update_finished_at: Vec<Option<i64>>,
+    update_revision: Vec<i64>,
+    update_record: Vec<&'a str>,
+    update_lease: Vec<Option<i64>>,
+}
 
-    fn exclusive(row: &NewCommand) -> Option<Self::Exclusive> {
-        Some((row.owner.clone(), row.agent.clone(), row.key.clone()))
+impl<'a> Columns<'a> {
+    /// The columns of `rows`, each tagged with its position (from 1).
+    fn new(rows: &[&'a Write]) -> Self {
+        let mut c = Self::default();
+        for (pos, row) in (1i64..).zip(rows) {
+            match row {
+                Write::Insert(r) => {
+                    c.insert_pos.push(pos);
+                    c.id.push(r.id);
+                    c.owner.push(&r.owner);
+                    c.agent.push(&r.agent);
+                    c.key.push(&r.key);
+                    c.project.push(&r.project);
+                    c.device.push(&r.device);
+                    c.fingerprint.push(&r.fingerprint);
+                    c.expires_at.push(r.expires_at);
+                    c.now.push(r.now);
+                    c.idempotency_key.push(&r.idempotency_key);
+                    c.status.push(r.status);
+                    c.created_at.push(r.created_at);
+                    c.finished_at.push(r.finished_at);
+                    c.revision.push(r.revision);
+                    c.record.push(&r.record);
+                    c.lease.push(r.lease_expires_at);
+                }
+                Write::Update(r) => {
+                    c.update_pos.push(pos);
+                    c.update_id.push(r.id);
+                    c.previous.push(r.previous);
+                    c.update_status.push(r.status);
+                    c.update_finished_at.push(r.finished_at);
+                    c.update_revision.push(r.revision);
+                    c.update_record.push(&r.record);
+                    c.update_lease.push(r.lease_expires_at);
+                }
+            }
+        }
+        c
     }
 
-    async fn query(
-        client: &Client,
-        statements: &StatementCounter,
-        rows: &[&NewCommand],
-    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        if let [r] = rows {
+    /// `$1..$25` of [`WRITES`].
+    fn params(&self) -> [&(dyn ToSql + Sync); 25] {
+        [
+            &self.insert_pos,
+            &self.id,
+            &self.owner,
+            &self.agent,
+            &self.key,
+            &self.project,
+            &self.device,
+            &self.fingerprint,
+            &self.expires_at,
+            &self.now,
+            &self.idempotency_key,
+            &self.status,
+            &self.created_at,
+            &self.finished_at,
+            &self.revision,
+            &self.record,
+            &self.lease,
+            &self.update_pos,
+            &self.update_id,
+            &self.previous,
+            &self.update_status,
+            &self.update_finished_at,
+            &self.update_revision,
+            &self.update_record,
+            &self.update_lease,
+        ]
+    }
+}
+
+/// Runs `rows` as one statement and returns the position (from 1) of each
+/// row that took effect, one per result row; a batch of one runs the
+/// statement of its kind (see [`INSERT_ONE`]). Counts the statement in
+/// `statements` once it is prepared, as it is sent.
+async fn query(
+    client: &Client,
+    statements: &StatementCounter,
+    rows: &[&Write],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    match rows {
+        [Write::Insert(r)] => {
             let statement = client.prepare_cached(INSERT_ONE).await?;
             statements.sent(1);
             let params: [&(dyn ToSql + Sync); 16] = [
@@ -260,65 +241,9 @@ impl WriteKind for Inserts {
                 &r.record,
                 &r.lease_expires_at,
             ];
-            return client.query(&statement, &params).await;
+            client.query(&statement, &params).await
         }
-        let statement = client.prepare_cached(INSERTS).await?;
-        statements.sent(1);
-        let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-        let owner: Vec<&str> = rows.iter().map(|r| r.owner.as_str()).collect();
-        let agent: Vec<&str> = rows.iter().map(|r| r.agent.as_str()).collect();
-        let key: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
-        let project: Vec<&str> = rows.iter().map(|r| r.project.as_str()).collect();
-        let device: Vec<&str> = rows.iter().map(|r| r.device.as_str()).collect();
-        let fingerprint: Vec<&str> = rows.iter().map(|r| r.fingerprint.as_str()).collect();
-        let expires_at: Vec<i64> = rows.iter().map(|r| r.expires_at).collect();
-        let now: Vec<i64> = rows.iter().map(|r| r.now).collect();
-        let idempotency_key: Vec<&str> = rows.iter().map(|r| r.idempotency_key.as_str()).collect();
-        let status: Vec<&str> = rows.iter().map(|r| r.status).collect();
-        let created_at: Vec<i64> = rows.iter().map(|r| r.created_at).collect();
-        let finished_at: Vec<Option<i64>> = rows.iter().map(|r| r.finished_at).collect();
-        let revision: Vec<i64> = rows.iter().map(|r| r.revision).collect();
-        let record: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
-        let lease: Vec<Option<i64>> = rows.iter().map(|r| r.lease_expires_at).collect();
-        let params: [&(dyn ToSql + Sync); 16] = [
-            &id,
-            &owner,
-            &agent,
-            &key,
-            &project,
-            &device,
-            &fingerprint,
-            &expires_at,
-            &now,
-            &idempotency_key,
-            &status,
-            &created_at,
-            &finished_at,
-            &revision,
-            &record,
-            &lease,
-        ];
-        client.query(&statement, &params).await
-    }
-}
-
-/// The compare-and-swap updates of commands.
-pub(crate) struct Updates;
-
-impl WriteKind for Updates {
-    type Row = CommandUpdate;
-    type Exclusive = ();
-
-    fn exclusive(_: &CommandUpdate) -> Option<()> {
-        None
-    }
-
-    async fn query(
-        client: &Client,
-        statements: &StatementCounter,
-        rows: &[&CommandUpdate],
-    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        if let [r] = rows {
+        [Write::Update(r)] => {
             let statement = client.prepare_cached(UPDATE_ONE).await?;
             statements.sent(1);
             let params: [&(dyn ToSql + Sync); 7] = [
@@ -330,44 +255,30 @@ impl WriteKind for Updates {
                 &r.record,
                 &r.lease_expires_at,
             ];
-            return client.query(&statement, &params).await;
+            client.query(&statement, &params).await
         }
-        let statement = client.prepare_cached(UPDATES).await?;
-        statements.sent(1);
-        let id: Vec<uuid::Uuid> = rows.iter().map(|r| r.id).collect();
-        let previous: Vec<i64> = rows.iter().map(|r| r.previous).collect();
-        let status: Vec<&str> = rows.iter().map(|r| r.status).collect();
-        let finished_at: Vec<Option<i64>> = rows.iter().map(|r| r.finished_at).collect();
-        let revision: Vec<i64> = rows.iter().map(|r| r.revision).collect();
-        let record: Vec<&str> = rows.iter().map(|r| r.record.as_str()).collect();
-        let lease: Vec<Option<i64>> = rows.iter().map(|r| r.lease_expires_at).collect();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &id,
-            &previous,
-            &status,
-            &finished_at,
-            &revision,
-            &record,
-            &lease,
-        ];
-        client.query(&statement, &params).await
+        _ => {
+            let statement = client.prepare_cached(WRITES).await?;
+            statements.sent(1);
+            let columns = Columns::new(rows);
+            client.query(&statement, &columns.params()).await
+        }
     }
 }
 
-/// The [`BatchKind`] of a [`WriteKind`]: the pool and the statement count.
-pub(crate) struct Writes<W> {
+/// The writes' [`BatchKind`]: the pool and the statement count.
+pub(crate) struct Writes {
     pool: Pool,
     statements: StatementCounter,
-    kind: PhantomData<fn() -> W>,
 }
 
-impl<W: WriteKind> BatchKind for Writes<W> {
-    type Job = (W::Row, Reply);
-    type Exclusive = W::Exclusive;
+impl BatchKind for Writes {
+    type Job = (Write, Reply);
+    type Exclusive = (String, String, String);
     const MAX_BATCH: usize = MAX_BATCH;
 
-    fn exclusive((row, _): &Self::Job) -> Option<W::Exclusive> {
-        W::exclusive(row)
+    fn exclusive((row, _): &Self::Job) -> Option<Self::Exclusive> {
+        row.exclusive()
     }
 
     async fn run(&self, batch: Vec<Self::Job>) {
@@ -375,10 +286,10 @@ impl<W: WriteKind> BatchKind for Writes<W> {
     }
 }
 
-impl<W: WriteKind> Writes<W> {
+impl Writes {
     /// Runs `batch` as one statement and answers every writer.
-    async fn execute(&self, batch: Vec<(W::Row, Reply)>) {
-        let rows: Vec<&W::Row> = batch.iter().map(|(row, _)| row).collect();
+    async fn execute(&self, batch: Vec<(Write, Reply)>) {
+        let rows: Vec<&Write> = batch.iter().map(|(row, _)| row).collect();
         match self.write(&rows).await {
             Ok(outcomes) => {
                 for ((_, reply), took_effect) in batch.into_iter().zip(outcomes) {
@@ -408,13 +319,13 @@ impl<W: WriteKind> Writes<W> {
     }
 
     /// Runs `rows` as one statement; whether each took effect, in order.
-    async fn write(&self, rows: &[&W::Row]) -> Result<Vec<bool>, Failure> {
+    async fn write(&self, rows: &[&Write]) -> Result<Vec<bool>, Failure> {
         let client = self
             .pool
             .get()
             .await
             .map_err(|e| Failure::Other(StoreError::Backend(pool_error(&e))))?;
-        let answered = W::query(&client, &self.statements, rows)
+        let answered = query(&client, &self.statements, rows)
             .await
             .map_err(|e| classify(&e))?;
         let mut outcomes = vec![false; rows.len()];
@@ -464,45 +375,27 @@ fn classify(e: &tokio_postgres::Error) -> Failure {
 }
 
 /// The group-commit writer, shared by a store and its clones.
-pub(crate) struct Writer {
-    inserts: Batcher<Writes<Inserts>>,
-    updates: Batcher<Writes<Updates>>,
-}
+pub(crate) struct Writer(Batcher<Writes>);
 
 impl Writer {
-    /// Inserts and updates on `pool`, each with `lanes` lanes.
+    /// Inserts and updates on `pool`, with `lanes` lanes.
     pub(crate) fn new(pool: Pool, statements: StatementCounter, lanes: usize) -> Self {
-        Self {
-            inserts: Batcher::new(
-                Writes {
-                    pool: pool.clone(),
-                    statements: statements.clone(),
-                    kind: PhantomData,
-                },
-                lanes,
-            ),
-            updates: Batcher::new(
-                Writes {
-                    pool,
-                    statements,
-                    kind: PhantomData,
-                },
-                lanes,
-            ),
-        }
+        Self(Batcher::new(Writes { pool, statements }, lanes))
     }
 
     /// Inserts `command` with its key; `false` if a live key blocked it.
     pub(crate) async fn insert(&self, command: NewCommand) -> Result<bool, StoreError> {
-        let (reply, outcome) = oneshot::channel();
-        self.inserts.run((command, reply)).await?;
-        answer(outcome).await
+        self.write(Write::Insert(command)).await
     }
 
     /// Applies `update` if the command's revision is `update.previous`.
     pub(crate) async fn update(&self, update: CommandUpdate) -> Result<bool, StoreError> {
+        self.write(Write::Update(update)).await
+    }
+
+    async fn write(&self, write: Write) -> Result<bool, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.updates.run((update, reply)).await?;
+        self.0.run((write, reply)).await?;
         answer(outcome).await
     }
 }

@@ -1,0 +1,121 @@
+//! The statements of the group-commit writer ([`super::writes`]): one for
+//! a batch of any mix of inserts and compare-and-swaps, and one for each
+//! kind of write alone.
+
+/// A batch of writes: `$1..$17` are the inserts' columns, `$18..$25` the
+/// compare-and-swaps', each column an array. The first column of each kind
+/// is the write's position in the batch (from 1); the statement returns
+/// the position of every write that took effect.
+///
+/// Inserts and swaps share the statement so that they share its commit:
+/// the writes of lifecycles at different steps (one being queued, another
+/// started, a third completed) wait for one flush of the WAL together
+/// instead of one flush per kind. The two kinds never touch one row: an
+/// insert writes a new command, and a swap of that command can only follow
+/// the insert's answer, so it is in a later batch.
+///
+/// An insert writes its key unless a live key (`expires_at` after the
+/// insert's own `now`) exists, replacing an expired one, and writes its
+/// command only if it wrote the key: one statement, so both or neither.
+/// Concurrent inserts of one key from another batch or another server
+/// serialise on the key's index entry: the later one waits for the earlier
+/// to commit and then sees a live key. Keys are written in the order of
+/// their text, so two batches that share keys wait for each other in one
+/// order and never deadlock. A batch holds at most one insert per key
+/// (two in one statement would make Postgres refuse it).
+///
+/// A swap changes only what a transition can change (the status,
+/// `finished_at`, the revision, the record and the lease). It finds its row
+/// by id and revision in a fenced `LATERAL` subquery and updates it by its
+/// `ctid`: the plan is then an index look-up and a TID fetch per swap
+/// whatever the table's statistics (see the statements of `reads` for why
+/// that matters). If another transaction changes the row after the
+/// look-up, the swap waits for it and then, as the row's newest version
+/// has another `ctid`, leaves it alone: the revision moved, so the swap
+/// fails, as it must. If two swaps of the batch name the same command and
+/// revision, one of them takes effect and the other reports `false`, as if
+/// they had run one after the other.
+///
+/// Each array is read through a scalar subquery (`(SELECT $1::int8[])`):
+/// the planner then cannot see how long it is, so its plan does not depend
+/// on the batch's size, and Postgres settles on one generic plan after the
+/// first few executions instead of planning every batch again (measured:
+/// planning took as long as executing a batch of six writes).
+pub(crate) const WRITES: &str = "WITH i AS (
+        SELECT * FROM unnest(
+            (SELECT $1::int8[]), (SELECT $2::uuid[]), (SELECT $3::text[]), (SELECT $4::text[]),
+            (SELECT $5::text[]), (SELECT $6::text[]), (SELECT $7::text[]), (SELECT $8::text[]),
+            (SELECT $9::int8[]), (SELECT $10::int8[]), (SELECT $11::text[]), (SELECT $12::text[]),
+            (SELECT $13::int8[]), (SELECT $14::int8[]), (SELECT $15::int8[]), (SELECT $16::text[]),
+            (SELECT $17::int8[]))
+            AS i(pos, id, owner, agent, key, project, device, fingerprint, expires_at, now,
+                 idempotency_key, status, created_at, finished_at, revision, record,
+                 lease_expires_at)
+    ), k AS (
+        INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
+        SELECT owner, agent, key, id, fingerprint, expires_at FROM i ORDER BY owner, agent, key
+        ON CONFLICT (owner, agent, key) DO UPDATE SET
+            command = EXCLUDED.command,
+            fingerprint = EXCLUDED.fingerprint,
+            expires_at = EXCLUDED.expires_at
+        WHERE k.expires_at <= (SELECT i.now FROM i
+                               WHERE i.owner = EXCLUDED.owner AND i.agent = EXCLUDED.agent
+                                 AND i.key = EXCLUDED.key)
+        RETURNING owner, agent, key
+    ), inserted AS (
+        INSERT INTO commands (id, agent, owner, project, device, idempotency_key, status,
+                              created_at, finished_at, revision, record, lease_expires_at)
+        SELECT i.id, i.agent, i.owner, i.project, i.device, i.idempotency_key, i.status,
+               i.created_at, i.finished_at, i.revision, i.record, i.lease_expires_at
+        FROM i JOIN k ON k.owner = i.owner AND k.agent = i.agent AND k.key = i.key
+        ORDER BY i.pos
+        RETURNING id
+    ), swapped AS (
+        UPDATE commands AS c SET
+            status = u.status, finished_at = u.finished_at, revision = u.revision,
+            record = u.record, lease_expires_at = u.lease_expires_at
+        FROM (
+            SELECT u.*, t.tid FROM unnest(
+                (SELECT $18::int8[]), (SELECT $19::uuid[]), (SELECT $20::int8[]),
+                (SELECT $21::text[]), (SELECT $22::int8[]), (SELECT $23::int8[]),
+                (SELECT $24::text[]), (SELECT $25::int8[]))
+                AS u(pos, id, previous, status, finished_at, revision, record, lease_expires_at)
+            CROSS JOIN LATERAL (
+                SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
+                OFFSET 0) AS t
+        ) AS u
+        WHERE c.ctid = u.tid
+        RETURNING u.pos
+    )
+    SELECT i.pos FROM inserted JOIN i ON i.id = inserted.id
+    UNION ALL
+    SELECT pos FROM swapped";
+
+/// An insert alone: `$1..$16` are its columns, as scalars (those of
+/// [`WRITES`] without the position). A batch of one write runs the
+/// statement of its kind: the batch statement's arrays, subqueries and
+/// joins cost the server about twice a plain statement's time when there
+/// is only one row to write (measured), and a lone write is the common
+/// case of a quiet server.
+pub(crate) const INSERT_ONE: &str = "WITH k AS (
+        INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
+        VALUES ($2, $3, $4, $1, $7, $8)
+        ON CONFLICT (owner, agent, key) DO UPDATE SET
+            command = EXCLUDED.command,
+            fingerprint = EXCLUDED.fingerprint,
+            expires_at = EXCLUDED.expires_at
+        WHERE k.expires_at <= $9
+        RETURNING 1
+    ), c AS (
+        INSERT INTO commands (id, agent, owner, project, device, idempotency_key, status,
+                              created_at, finished_at, revision, record, lease_expires_at)
+        SELECT $1, $3, $2, $5, $6, $10, $11, $12, $13, $14, $15, $16 FROM k
+        RETURNING 1
+    )
+    SELECT 1::int8 FROM c";
+
+/// A compare-and-swap alone: `$1..$7` are its columns, as scalars.
+pub(crate) const UPDATE_ONE: &str = "UPDATE commands SET
+        status = $3, finished_at = $4, revision = $5, record = $6, lease_expires_at = $7
+    WHERE id = $1 AND revision = $2
+    RETURNING 1::int8";
