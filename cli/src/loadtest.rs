@@ -300,6 +300,13 @@ pub fn run(args: LoadtestArgs) -> Result<(), LoadtestError> {
 
 /// Checks every bound before anything starts.
 fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
+    validate_load(args)?;
+    validate_faults(args)?;
+    validate_servers(args)
+}
+
+/// The load's own bounds: parties, rate, duration, runs, baselines.
+fn validate_load(args: &LoadtestArgs) -> Result<(), LoadtestError> {
     let bounds = |what: String| Err(LoadtestError::Bounds(what));
     if args.desktops == 0 || args.desktops > MAX_DESKTOPS {
         return bounds(format!(
@@ -323,22 +330,6 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
     if !(duration > 0.0 && duration <= MAX_DURATION_SECONDS) {
         return bounds(format!(
             "--duration must be above 0 and at most {MAX_DURATION_SECONDS} s, got {duration}"
-        ));
-    }
-    let c = &args.cluster;
-    for (name, value) in [("--fault-hold", c.fault_hold), ("--fault-gap", c.fault_gap)] {
-        if !(value > 0.0 && value <= MAX_FAULT_SECONDS) {
-            return bounds(format!(
-                "{name} must be above 0 and at most {MAX_FAULT_SECONDS} s, got {value}"
-            ));
-        }
-    }
-    let needed = faults::schedule_seconds(c.faults.len(), c.fault_hold, c.fault_gap);
-    if !c.faults.is_empty() && duration < needed {
-        return bounds(format!(
-            "--duration {duration} s is too short for {} faults: they need {needed} s \
-             (--fault-gap, then each fault's --fault-hold and a gap)",
-            c.faults.len()
         ));
     }
     if !(args.run_seconds >= 0.0 && args.run_seconds <= MAX_RUN_SECONDS) {
@@ -365,6 +356,35 @@ fn validate(args: &LoadtestArgs) -> Result<(), LoadtestError> {
             planned_runs(args)
         ));
     }
+    Ok(())
+}
+
+/// The faults fit their bounds and the load's duration.
+fn validate_faults(args: &LoadtestArgs) -> Result<(), LoadtestError> {
+    let bounds = |what: String| Err(LoadtestError::Bounds(what));
+    let duration = duration(args);
+    let c = &args.cluster;
+    for (name, value) in [("--fault-hold", c.fault_hold), ("--fault-gap", c.fault_gap)] {
+        if !(value > 0.0 && value <= MAX_FAULT_SECONDS) {
+            return bounds(format!(
+                "{name} must be above 0 and at most {MAX_FAULT_SECONDS} s, got {value}"
+            ));
+        }
+    }
+    let needed = faults::schedule_seconds(c.faults.len(), c.fault_hold, c.fault_gap);
+    if !c.faults.is_empty() && duration < needed {
+        return bounds(format!(
+            "--duration {duration} s is too short for {} faults: they need {needed} s \
+             (--fault-gap, then each fault's --fault-hold and a gap)",
+            c.faults.len()
+        ));
+    }
+    Ok(())
+}
+
+/// One pid at most per server, and servers on loopback unless allowed.
+fn validate_servers(args: &LoadtestArgs) -> Result<(), LoadtestError> {
+    let bounds = |what: String| Err(LoadtestError::Bounds(what));
     if args.server_pid.len() > args.server.len() {
         return bounds(format!(
             "{} --server-pid for {} --server: give at most one pid per server, in the same order",
@@ -577,55 +597,14 @@ async fn drive(
     };
     let origin = Instant::now();
     let start = tokio::time::Instant::from_std(origin);
-    let (sampling_tx, sampling_rx) = watch::channel(false);
-    let injector = server.cluster.clone().filter(|_| faulty).map(|cluster| {
-        let c = &args.cluster;
-        let (faults, hold, gap) = (
-            c.faults.clone(),
-            Duration::from_secs_f64(c.fault_hold),
-            Duration::from_secs_f64(c.fault_gap),
-        );
-        tokio::spawn(async move { faults::inject(&cluster, &faults, start, hold, gap).await })
-    });
-    let sampler = server.cluster.clone().map(|cluster| {
-        tokio::spawn(samples::every(
-            cluster,
-            Arc::clone(&tally),
-            origin,
-            Duration::from_secs(args.cluster.report_every),
-            sampling_rx,
-        ))
-    });
+    let watchers = ClusterWatchers::start(args, server, &tally, origin, faulty);
     let (mut records, issued_seconds) =
         issue_runs(args, tokens, &clients, &tally, start, deadline).await;
     let load_seconds = start.elapsed().as_secs_f64();
     let load_end_server = server.sample();
     let load_self = ProcessSample::of_self().cpu_percent_since(&load_start_self);
     let end = Instant::now();
-    let events = match injector {
-        Some(injector) => injector.await.unwrap_or_else(|_| {
-            tally.error("fault_injector_failed");
-            Vec::new()
-        }),
-        None => Vec::new(),
-    };
-    let _ = sampling_tx.send(true);
-    let intervals = match sampler {
-        Some(sampler) => sampler.await.unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let cluster = match (&server.cluster, first_sample) {
-        (Some(cluster), Some(first)) => Some(ClusterRun {
-            cluster: Arc::clone(cluster),
-            origin,
-            end,
-            events,
-            intervals,
-            first,
-            last: samples::sample(cluster, origin).await,
-        }),
-        _ => None,
-    };
+    let cluster = watchers.finish(server, &tally, first_sample, end).await;
 
     // Stop the desktops before the server.
     tally.loaded.store(false, Ordering::Relaxed);
@@ -799,6 +778,87 @@ async fn issue_runs(
         }
     }
     (records, issued_seconds)
+}
+
+/// What watches a cluster while the load runs: the fault injector (under
+/// `--faults`) and the sampler.
+struct ClusterWatchers {
+    origin: Instant,
+    injector: Option<tokio::task::JoinHandle<Vec<faults::FaultEvent>>>,
+    sampler: Option<tokio::task::JoinHandle<Vec<samples::IntervalRow>>>,
+    stop_sampling: watch::Sender<bool>,
+}
+
+impl ClusterWatchers {
+    /// Starts them for a cluster run (nothing otherwise); the faults'
+    /// schedule counts from `origin`.
+    fn start(
+        args: &LoadtestArgs,
+        server: &ServerUnderTest,
+        tally: &Arc<Tally>,
+        origin: Instant,
+        faulty: bool,
+    ) -> Self {
+        let start = tokio::time::Instant::from_std(origin);
+        let (stop_sampling, sampling_rx) = watch::channel(false);
+        let injector = server.cluster.clone().filter(|_| faulty).map(|cluster| {
+            let c = &args.cluster;
+            let (faults, hold, gap) = (
+                c.faults.clone(),
+                Duration::from_secs_f64(c.fault_hold),
+                Duration::from_secs_f64(c.fault_gap),
+            );
+            tokio::spawn(async move { faults::inject(&cluster, &faults, start, hold, gap).await })
+        });
+        let sampler = server.cluster.clone().map(|cluster| {
+            tokio::spawn(samples::every(
+                cluster,
+                Arc::clone(tally),
+                origin,
+                Duration::from_secs(args.cluster.report_every),
+                sampling_rx,
+            ))
+        });
+        Self {
+            origin,
+            injector,
+            sampler,
+            stop_sampling,
+        }
+    }
+
+    /// Waits for the injector, stops the sampler and gathers what the
+    /// cluster's report needs (`None` without a cluster).
+    async fn finish(
+        self,
+        server: &ServerUnderTest,
+        tally: &Tally,
+        first_sample: Option<samples::ClusterSample>,
+        end: Instant,
+    ) -> Option<ClusterRun> {
+        let events = match self.injector {
+            Some(injector) => injector.await.unwrap_or_else(|_| {
+                tally.error("fault_injector_failed");
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
+        let _ = self.stop_sampling.send(true);
+        let intervals = match self.sampler {
+            Some(sampler) => sampler.await.unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let (cluster, first) = (server.cluster.as_ref()?, first_sample?);
+        Some(ClusterRun {
+            cluster: Arc::clone(cluster),
+            origin: self.origin,
+            end,
+            events,
+            intervals,
+            first,
+            last: samples::sample(cluster, self.origin).await,
+        })
+    }
 }
 
 /// What a cluster run adds to the report's inputs.

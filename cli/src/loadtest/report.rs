@@ -275,39 +275,8 @@ pub(super) fn summarize(
         .filter(ok)
         .filter(|r| r.cancel && r.status.as_deref() == Some("cancelled"))
         .count();
-    let mut latency = BTreeMap::new();
-    latency.insert(
-        "pickup".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.pickup).collect()),
-    );
-    latency.insert(
-        "cancel".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
-    );
-    if records.iter().any(|r| r.worker) {
-        latency.insert(
-            "pickup_worker".to_owned(),
-            Latency::of(records.iter().filter_map(|r| r.worker_pickup).collect()),
-        );
-    }
-    latency.insert(
-        "result".to_owned(),
-        Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
-    );
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let servers: Vec<ServerFigures> = phases
-        .server_end
-        .iter()
-        .enumerate()
-        .map(|(i, end)| ServerFigures {
-            url: String::new(),
-            pid: None,
-            idle_cpu_percent: phases.idle_cpu.get(i).copied().flatten(),
-            load_cpu_percent: phases.load_cpu.get(i).copied().flatten(),
-            rss_mib: end.map(|s| mib(s.rss_bytes)),
-            peak_rss_mib: end.map(|s| mib(s.peak_rss_bytes)),
-        })
-        .collect();
+    let latency = latencies(&records);
+    let servers = server_figures(&phases);
     let errors = tally
         .errors
         .lock()
@@ -353,6 +322,48 @@ pub(super) fn summarize(
     }
 }
 
+/// The latencies of the runs, by name (see the module docs of `loadtest`).
+fn latencies(records: &[RunRecord]) -> BTreeMap<String, Latency> {
+    let mut latency = BTreeMap::new();
+    latency.insert(
+        "pickup".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.pickup).collect()),
+    );
+    latency.insert(
+        "cancel".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.cancel_latency).collect()),
+    );
+    if records.iter().any(|r| r.worker) {
+        latency.insert(
+            "pickup_worker".to_owned(),
+            Latency::of(records.iter().filter_map(|r| r.worker_pickup).collect()),
+        );
+    }
+    latency.insert(
+        "result".to_owned(),
+        Latency::of(records.iter().filter_map(|r| r.result_latency).collect()),
+    );
+    latency
+}
+
+/// Each server's process figures at the end of the load.
+fn server_figures(phases: &Phases) -> Vec<ServerFigures> {
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    phases
+        .server_end
+        .iter()
+        .enumerate()
+        .map(|(i, end)| ServerFigures {
+            url: String::new(),
+            pid: None,
+            idle_cpu_percent: phases.idle_cpu.get(i).copied().flatten(),
+            load_cpu_percent: phases.load_cpu.get(i).copied().flatten(),
+            rss_mib: end.map(|s| mib(s.rss_bytes)),
+            peak_rss_mib: end.map(|s| mib(s.peak_rss_bytes)),
+        })
+        .collect()
+}
+
 /// Per run, in order: whether it was executed twice (its command started
 /// more than once, or the run started under two command ids), and whether
 /// it was acknowledged and never executed. A command executed that no
@@ -393,8 +404,6 @@ impl Report {
         let mut out = String::new();
         let c = &self.config;
         let r = &self.runs;
-        let opt =
-            |v: Option<f64>, unit: &str| v.map_or("n/a".to_owned(), |v| format!("{v:.1}{unit}"));
         let _ = writeln!(
             out,
             "graph-relay loadtest: {} desktops, {} agents, {} runs/s for {} s, runs of {} s, agents {}, {:.0}% cancelled",
@@ -444,6 +453,29 @@ impl Report {
             );
         }
         let _ = writeln!(out);
+        out.push_str(&self.processes_table());
+        out.push_str(&self.baselines_table());
+        if let Some(cluster) = &self.cluster {
+            out.push_str(&cluster.table());
+            let _ = writeln!(out);
+        }
+        if self.errors.is_empty() {
+            let _ = writeln!(out, "errors none");
+        } else {
+            let _ = writeln!(out, "errors");
+            for (kind, n) in &self.errors {
+                let _ = writeln!(out, "  {kind:<32} {n}");
+            }
+        }
+        out
+    }
+
+    /// Each server's CPU and memory, and the harness's CPU.
+    fn processes_table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let opt =
+            |v: Option<f64>, unit: &str| v.map_or("n/a".to_owned(), |v| format!("{v:.1}{unit}"));
         for (i, s) in self.servers.iter().enumerate() {
             let name = if self.servers.len() > 1 {
                 format!("server {}", i + 1)
@@ -464,19 +496,6 @@ impl Report {
             "harness CPU under load {}",
             opt(self.harness_cpu_percent, "%")
         );
-        out.push_str(&self.baselines_table());
-        if let Some(cluster) = &self.cluster {
-            out.push_str(&cluster.table());
-            let _ = writeln!(out);
-        }
-        if self.errors.is_empty() {
-            let _ = writeln!(out, "errors none");
-        } else {
-            let _ = writeln!(out, "errors");
-            for (kind, n) in &self.errors {
-                let _ = writeln!(out, "  {kind:<32} {n}");
-            }
-        }
         out
     }
 
