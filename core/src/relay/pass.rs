@@ -168,10 +168,15 @@ impl Relay {
         // pass's last and the pass found nothing, it is also the pass's
         // wait: held, it answers at once if work is queued and else when
         // work arrives, so one request does what an unheld sync and then a
-        // held one would.
+        // held one would. Not before the relay's start is announced: the
+        // first syncs of a process are answered at once, which is how the
+        // server ends what the previous process left running and how the
+        // owner sees the desktop connect.
         if let Some(project) = self.pass.projects.pop_front() {
-            let held =
-                self.pass.projects.is_empty() && self.is_enabled(&project) && self.wait_here();
+            let held = self.pass.projects.is_empty()
+                && !self.restarted
+                && self.is_enabled(&project)
+                && self.wait_here();
             self.pass.held_done |= held;
             self.send_sync(project, held);
             return true;
