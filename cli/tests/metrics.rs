@@ -145,8 +145,10 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         store_count(&text, "update_command").is_some_and(|n| n >= 2.0),
         "{text}"
     );
+    // The worker's syncs recorded its contact (which also serves as the
+    // touch of the run's start).
     assert!(
-        store_count(&text, "touch_device").is_some_and(|n| n >= 1.0),
+        store_count(&text, "record_sync").is_some_and(|n| n >= 1.0),
         "{text}"
     );
     assert!(

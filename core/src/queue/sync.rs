@@ -147,10 +147,12 @@ impl Queue {
     /// Whether `device` long-polls once `request` is recorded: the mode
     /// the ticket's pickup hint, the lease of the next start and the
     /// desktop's liveness follow. A held sync says it does. A long-polling
-    /// relay also sends syncs that are not held: one per project at the
-    /// start of every pass, before it waits in a held one, and only those
-    /// when the pass finds work (it then runs it and delivers the result
-    /// before its next held sync). Such a sync keeps the mode recorded, so
+    /// relay also sends syncs that are not held: every sync of its first
+    /// pass, of every pass after a failure and of every project but the
+    /// last, before it waits in a held one (the last project's sync is the
+    /// wait), and only unheld ones when the pass finds work (it then runs
+    /// it and delivers the result before its next held sync), or when it
+    /// runs a build older than that. Such a sync keeps the mode recorded, so
     /// a desktop that just delivered a result is not taken for one that
     /// polls every [`QueueConfig::sync_interval`]. The first sync of a
     /// restarted relay sets the mode afresh: a relay keeps its mode for
