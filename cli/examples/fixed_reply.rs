@@ -13,6 +13,8 @@
 //! ```
 //!
 //! It prints `listening on http://ADDR/mcp` once it accepts connections.
+//! The load clients (`cli/src/baseline.rs`) check the size of its first
+//! answer and the id and text of every one.
 //! `--reply-bytes` is the answer's body size for a one-digit id (default
 //! 600, about a `get_graph_run` answer); each further digit of the id adds
 //! a byte, as in a real answer.
@@ -121,37 +123,4 @@ fn main() -> Result<(), Error> {
         graph_relay_transport_http::serve(listener, router, ServeConfig::default(), stop).await?;
         Ok(())
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_answer_has_the_asked_size_and_the_request_id() {
-        let reply = Reply::sized(600);
-        let one = reply.answer(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#);
-        assert_eq!(one.len(), 600);
-        let value: serde_json::Value = serde_json::from_slice(&one).unwrap();
-        assert_eq!(value["id"], 7);
-        assert_eq!(value["result"]["isError"], false);
-        assert!(
-            value["result"]["content"][0]["text"]
-                .as_str()
-                .unwrap()
-                .starts_with(MARKER)
-        );
-        let named = reply.answer(br#"{"id": "a-1" ,"method":"x"}"#);
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&named).unwrap()["id"],
-            "a-1"
-        );
-        let none = reply.answer(b"{}");
-        assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&none).unwrap()["id"],
-            serde_json::Value::Null
-        );
-        // A size below the shape's own is the bare shape.
-        assert!(Reply::sized(0).answer(b"{\"id\":1}").len() < 200);
-    }
 }

@@ -95,7 +95,7 @@ pub async fn start_rmcp_echo(exe: &Path) -> Result<Target, Error> {
 pub async fn start_fixed_reply(exe: &Path, reply_bytes: usize) -> Result<Target, Error> {
     let bytes = reply_bytes.to_string();
     let (child, pid, addr) = start(exe, &["127.0.0.1:0", "--reply-bytes", &bytes]).await?;
-    Ok(Target {
+    let target = Target {
         label: "fixed reply (serve's HTTP stack)",
         pid,
         head: mcp_head(&addr, ""),
@@ -106,8 +106,25 @@ pub async fn start_fixed_reply(exe: &Path, reply_bytes: usize) -> Result<Target,
         argument: ECHO_TEXT.to_owned(),
         addr,
         child,
-    })
+    };
+    // The ceiling is only fair at the size asked for (an answer to a
+    // one-digit id; the bare shape, about 100 bytes, when less is asked).
+    let mut connection = Connection::open(&target.addr).await?;
+    let (status, body) = connection
+        .exchange(&request(&target.head, &echo_body(1, ECHO_TEXT)))
+        .await?;
+    if status != 200 || (body.len() != reply_bytes && reply_bytes >= MIN_FIXED_REPLY) {
+        return Err(format!(
+            "fixed_reply answered {status} with {} bytes; {reply_bytes} were asked",
+            body.len()
+        )
+        .into());
+    }
+    Ok(target)
 }
+
+/// The bare fixed reply's size: a smaller size cannot be asked.
+const MIN_FIXED_REPLY: usize = 128;
 
 /// Spawns `exe args` and waits for its `listening on http://ADDR/mcp`.
 async fn start(exe: &Path, args: &[&str]) -> Result<(Child, u32, String), Error> {
