@@ -8,6 +8,12 @@
 //! README's budgets: ≥ 1.5× rmcp's requests/s at ≤ 0.67× its CPU per
 //! request, and ≥ 0.5× the ceiling's requests/s.
 //!
+//! Each round also runs `--lifecycles` whole Graph runs (run → sync →
+//! start → complete → get) on a SQLite store, 64 in flight, with the
+//! `sqlite_lifecycle_loop` example of graph-relay-store-sqlite, and sets
+//! its CPU per lifecycle (every thread of that process) beside the rmcp
+//! echo's CPU per request of the same round: the budget is ≤ 0.8×.
+//!
 //! The servers are child processes (this example's siblings in the target
 //! folder: the `graph-relay` binary and the `rmcp_echo` and `fixed_reply`
 //! examples), loaded in turn by the same client: `--connections` keep-alive HTTP/1.1
@@ -17,11 +23,13 @@
 //!
 //! ```text
 //! cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example fixed_reply --example vs_rmcp
-//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk]
+//! cargo build --release -p graph-relay-store-sqlite --example sqlite_lifecycle_loop
+//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk] [--lifecycles 20000]
 //! ```
 //!
-//! `GRAPH_RELAY_BIN`, `RMCP_ECHO_BIN` and `FIXED_REPLY_BIN` name the three
-//! executables elsewhere.
+//! `GRAPH_RELAY_BIN`, `RMCP_ECHO_BIN`, `FIXED_REPLY_BIN` and
+//! `SQLITE_LIFECYCLE_BIN` name the executables elsewhere; `--lifecycles 0`
+//! leaves the lifecycles out.
 //!
 //! `--client wrk` loads both servers with [wrk](https://github.com/wg/wrk)
 //! instead (one thread, the same connections and requests, a Lua script
@@ -62,6 +70,11 @@ const CPU_BUDGET: f64 = 0.67;
 /// …and at least this share of the fixed reply's requests/s (the ceiling
 /// of serve's HTTP stack).
 const CEILING_BUDGET: f64 = 0.5;
+/// A SQLite lifecycle at 64 in flight costs at most this multiple of the
+/// rmcp echo's CPU per request.
+const LIFECYCLE_BUDGET: f64 = 0.8;
+/// Lifecycles in flight in the SQLite loop.
+const LIFECYCLES_IN_FLIGHT: u32 = 64;
 
 /// Which load generator drives the servers.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -78,6 +91,8 @@ struct Options {
     rounds: usize,
     connections: usize,
     client: Client,
+    /// Lifecycles per round of the SQLite loop (0: none).
+    lifecycles: u64,
 }
 
 impl Options {
@@ -87,6 +102,7 @@ impl Options {
             rounds: 3,
             connections: 64,
             client: Client::Builtin,
+            lifecycles: 20_000,
         };
         let mut args = std::env::args().skip(1);
         while let Some(flag) = args.next() {
@@ -95,6 +111,7 @@ impl Options {
                 "--seconds" => options.seconds = value.parse()?,
                 "--rounds" => options.rounds = value.parse()?,
                 "--connections" => options.connections = value.parse()?,
+                "--lifecycles" => options.lifecycles = value.parse()?,
                 "--client" => {
                     options.client = match value.as_str() {
                         "builtin" => Client::Builtin,
@@ -106,7 +123,7 @@ impl Options {
                 }
                 other => {
                     return Err(format!(
-                        "unknown flag {other}; use --seconds N, --rounds N, --connections N, --client builtin|wrk"
+                        "unknown flag {other}; use --seconds N, --rounds N, --connections N, --client builtin|wrk, --lifecycles N"
                     )
                     .into());
                 }
@@ -400,8 +417,12 @@ async fn run(options: &Options) -> Result<(), Error> {
     let echo = baseline::start_rmcp_echo(&example_binary("RMCP_ECHO_BIN", "rmcp_echo")?).await?;
     let fixed = example_binary("FIXED_REPLY_BIN", "fixed_reply")?;
     let ceiling = baseline::start_fixed_reply(&fixed, reply_bytes).await?;
+    let lifecycle_loop = (options.lifecycles > 0)
+        .then(|| example_binary("SQLITE_LIFECYCLE_BIN", "sqlite_lifecycle_loop"))
+        .transpose()?;
     let mut targets = [ours, echo, ceiling];
     let mut rounds: [Vec<Round>; 3] = Default::default();
+    let mut lifecycles = Vec::new();
     for round in 1..=options.rounds {
         for (target, measured) in targets.iter().zip(&mut rounds) {
             let r = measure(target, options, dir.path()).await?;
@@ -410,6 +431,14 @@ async fn run(options: &Options) -> Result<(), Error> {
                 target.label, r.rate, r.p50_us, r.p99_us, r.cpu_us_per_request
             );
             measured.push(r);
+        }
+        if let Some(exe) = &lifecycle_loop {
+            let l = lifecycle_round(exe, options.lifecycles).await?;
+            println!(
+                "round {round} {:<36} {:>8.0} lifecycles/s  {:>6.1} µs CPU/lifecycle",
+                "SQLite lifecycles, 64 in flight", l.rate, l.cpu_us
+            );
+            lifecycles.push(l);
         }
     }
     println!("\n(answers of {reply_bytes} bytes from graph-relay and the fixed reply)");
@@ -428,10 +457,74 @@ async fn run(options: &Options) -> Result<(), Error> {
         verdict(share >= CEILING_BUDGET),
         ours.cpu_us_per_request / ceiling.cpu_us_per_request
     );
+    if !lifecycles.is_empty() {
+        let median = |f: fn(&Lifecycles) -> f64| {
+            let mut v: Vec<f64> = lifecycles.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (rate, cpu_us) = (median(|l| l.rate), median(|l| l.cpu_us));
+        let ratio = cpu_us / echo.cpu_us_per_request;
+        println!(
+            "SQLite lifecycles, {LIFECYCLES_IN_FLIGHT} in flight: {rate:.0}/s, {cpu_us:.1} µs CPU each (medians of {}): {ratio:.2}× the rmcp echo's CPU/req (budget ≤ {LIFECYCLE_BUDGET}×: {})",
+            lifecycles.len(),
+            verdict(ratio <= LIFECYCLE_BUDGET)
+        );
+    }
     for target in &mut targets {
         baseline::stop(&mut target.child).await?;
     }
     Ok(())
+}
+
+/// One round of the SQLite lifecycle loop.
+struct Lifecycles {
+    /// Lifecycles a second.
+    rate: f64,
+    /// CPU of every thread of the loop's process per lifecycle, µs.
+    cpu_us: f64,
+}
+
+/// Runs `lifecycles` SQLite lifecycles with the loop at `exe` and reads
+/// its figures.
+async fn lifecycle_round(exe: &Path, lifecycles: u64) -> Result<Lifecycles, Error> {
+    let output = Command::new(exe)
+        .arg(lifecycles.to_string())
+        .arg(LIFECYCLES_IN_FLIGHT.to_string())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .await?;
+    if !output.status.success() {
+        return Err(format!("{} ended with {}", exe.display(), output.status).into());
+    }
+    parse_lifecycles(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// The rate (first line, `… : N lifecycles/s`) and the total CPU per
+/// lifecycle (the `total … µs/lifecycle` line) the loop prints.
+fn parse_lifecycles(output: &str) -> Result<Lifecycles, Error> {
+    let unreadable = || format!("the lifecycle loop printed no figures:\n{output}");
+    let rate = output
+        .lines()
+        .next()
+        .and_then(|l| {
+            l.rsplit_once(": ")?
+                .1
+                .strip_suffix(" lifecycles/s")?
+                .parse()
+                .ok()
+        })
+        .ok_or_else(unreadable)?;
+    let cpu_us = output
+        .lines()
+        .find_map(|l| {
+            let rest = l.trim_start().strip_prefix("total ")?;
+            let (_, per) = rest.rsplit_once("s CPU")?;
+            per.trim().strip_suffix("µs/lifecycle")?.trim().parse().ok()
+        })
+        .ok_or_else(unreadable)?;
+    Ok(Lifecycles { rate, cpu_us })
 }
 
 #[cfg(test)]
@@ -452,6 +545,22 @@ mod tests {
 Requests/sec:  78612.30
 Transfer/sec:     40.11MB
 ";
+
+    #[test]
+    fn the_lifecycle_loop_is_read_back() {
+        let output = "20032 lifecycles, 64 in flight, in 1.903 s: 10526 lifecycles/s
+  up to    20032:   10526 lifecycles/s
+  4.21 SQL statements per lifecycle
+  loop (1234)                         1.500 s CPU     74.9 µs/lifecycle
+  sqlite-writer (1240)                0.400 s CPU     20.0 µs/lifecycle
+  total                               1.900 s CPU     94.8 µs/lifecycle
+";
+        let l = parse_lifecycles(output).expect("read");
+        assert_eq!(l.rate, 10526.0);
+        assert_eq!(l.cpu_us, 94.8);
+        assert!(parse_lifecycles("nothing here").is_err());
+        assert!(parse_lifecycles(&output.replace("total", "sum")).is_err());
+    }
 
     #[test]
     fn wrk_output_is_read_back() {

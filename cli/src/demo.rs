@@ -228,7 +228,7 @@ async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
             Some(Err(DemoError::Worker(format!("exited during the flow ({status})"))))
         }
-        () = graph_relay_transport_http::server::shutdown_signal() => None,
+        () = graph_relay_transport_http::shutdown_signal() => None,
     };
     let mut outcome = match flow {
         Some(Ok(())) => {
@@ -238,7 +238,7 @@ async fn demo(args: &DemoArgs, files: &DemoFiles) -> Result<(), DemoError> {
             } else {
                 println!("\nThe demo stays up for these clients; Ctrl-C ends it.");
                 tokio::select! {
-                    () = graph_relay_transport_http::server::shutdown_signal() => Ok(()),
+                    () = graph_relay_transport_http::shutdown_signal() => Ok(()),
                     status = worker.wait() => {
                         let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                         Err(DemoError::Worker(format!("exited ({status})")))
@@ -280,7 +280,7 @@ async fn build_server(args: &DemoArgs, files: &DemoFiles) -> Result<Server, Demo
         .map_err(|e| DemoError::Server(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let server_error =
-        |e: graph_relay_transport_http::server::ServerError| DemoError::Server(e.to_string());
+        |e: graph_relay_transport_http::ServerError| DemoError::Server(e.to_string());
     Server::builder(Arc::new(store))
         .config_file(&files.config)
         .map_err(server_error)?

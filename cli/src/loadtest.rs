@@ -77,8 +77,8 @@ use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, TokenConfigError, TokenKind, hash_token, new_token,
 };
+use graph_relay_transport_http::raise_open_file_limit;
 use graph_relay_transport_http::relay_http::ClientBuildError;
-use graph_relay_transport_http::serve::raise_open_file_limit;
 use tokio::sync::watch;
 
 use crate::mcp_client::{McpClient, McpClientError};

@@ -33,15 +33,13 @@ use std::time::Duration;
 use clap::Parser;
 use graph_relay_core::catalog::ToolCatalog;
 use graph_relay_core::prelude::*;
-use graph_relay_core::stats::OperatorStats;
-use graph_relay_core::store::Store;
 use graph_relay_transport_http::Server;
 use graph_relay_transport_http::auth::DeviceToken;
 use graph_relay_transport_http::config::ConfigFile;
-use graph_relay_transport_http::server::{ServerError, maintain, shutdown_signal};
+use graph_relay_transport_http::{ServerError, maintain, shutdown_signal};
 
 use crate::command_line::{Command, StoreArgs};
-use crate::stores::{open_any_store, open_postgres, open_sqlite, open_store};
+use crate::stores::{open_any_store, open_postgres, open_store};
 use crate::tokens::{bootstrap, find_agent, select_principals, token};
 
 /// mimalloc instead of the system allocator: a request allocates and frees
@@ -225,42 +223,29 @@ fn serve(
     if !config_path.exists() {
         bootstrap(config_path, listen)?;
     }
-    let file = ConfigFile::load(config_path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let postgres = open_postgres(store, &runtime)?;
-    let (queue_store, stats): (Arc<dyn Store>, Option<Arc<dyn OperatorStats>>) = match &postgres {
-        Some(pg) => (Arc::new(pg.clone()), Some(Arc::new(pg.clone()))),
-        None if store.memory => (open_store(store)?, None),
-        None => {
-            let sqlite = Arc::new(open_sqlite(store)?);
-            (sqlite.clone(), Some(sqlite))
-        }
-    };
+    let stores = stores::open_for_serve(store, &runtime)?;
     let catalog = ToolCatalog::builder()
         .wait_seconds(max_wait_seconds)
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
-    let mut builder = Server::builder(queue_store)
+    let mut builder = Server::builder(stores.queue)
         .config_file(config_path)?
         .catalog(catalog);
-    let queue = builder.queue_config_mut();
-    if let Some(seconds) = leases.seconds {
-        queue.lease_long_poll = Duration::from_secs(seconds);
-    }
-    if let Some(controls) = leases.controls {
-        queue.lease_interval_controls = controls;
-    }
+    leases.apply(builder.queue_config_mut());
     if let Some(address) = metrics {
         builder = builder.metrics(address);
     }
-    if let Some(stats) = stats {
+    if let Some(stats) = stores.stats {
         builder = builder.operator_stats(stats);
     }
     if let Some(name) = anonymous {
+        let file = ConfigFile::load(config_path)?;
         builder = builder.anonymous_agent(find_agent(&file, &name)?);
     }
+    let postgres = stores.postgres;
     if let Some(pg) = &postgres {
         // Sessions in the queue's database: any server of the cluster
         // serves any MCP-Session-Id, so the load balancer needs no affinity.
@@ -330,6 +315,18 @@ fn answer(
 struct Leases {
     seconds: Option<u64>,
     controls: Option<u32>,
+}
+
+impl Leases {
+    /// Sets the settings given in `queue`.
+    fn apply(&self, queue: &mut QueueConfig) {
+        if let Some(seconds) = self.seconds {
+            queue.lease_long_poll = Duration::from_secs(seconds);
+        }
+        if let Some(controls) = self.controls {
+            queue.lease_interval_controls = controls;
+        }
+    }
 }
 
 fn sim(names: &[String], seed: u64, json: bool, plot: Option<&Path>) -> Result<(), CliError> {

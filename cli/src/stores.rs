@@ -6,6 +6,7 @@ use std::sync::Arc;
 use graph_relay_core::catalog::ToolCatalog;
 use graph_relay_core::mcp::{DEFAULT_INSTRUCTIONS, McpServer, ServerInfo};
 use graph_relay_core::prelude::*;
+use graph_relay_core::stats::OperatorStats;
 use graph_relay_core::store::Store;
 
 use crate::CliError;
@@ -90,4 +91,37 @@ fn mcp_server(store: Arc<dyn Store>) -> Result<McpServer, CliError> {
         .build()
         .map_err(|e| CliError::Usage(e.to_string()))?;
     Ok(McpServer::new(queue, catalog, info))
+}
+
+/// The stores `serve` runs on.
+pub(crate) struct ServeStores {
+    /// The queue's store.
+    pub(crate) queue: Arc<dyn Store>,
+    /// Where `/admin/status` and the metrics read the queue's figures
+    /// (none on the memory store).
+    pub(crate) stats: Option<Arc<dyn OperatorStats>>,
+    /// The Postgres store, when the queue is on one: its MCP sessions and
+    /// its wake-ups are the cluster's.
+    pub(crate) postgres: Option<graph_relay_store_postgres::PostgresStore>,
+}
+
+/// Opens the stores of `serve` from its flags: Postgres, memory or SQLite.
+pub(crate) fn open_for_serve(
+    args: &StoreArgs,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<ServeStores, CliError> {
+    let postgres = open_postgres(args, runtime)?;
+    let (queue, stats): (Arc<dyn Store>, Option<Arc<dyn OperatorStats>>) = match &postgres {
+        Some(pg) => (Arc::new(pg.clone()), Some(Arc::new(pg.clone()))),
+        None if args.memory => (open_store(args)?, None),
+        None => {
+            let sqlite = Arc::new(open_sqlite(args)?);
+            (sqlite.clone(), Some(sqlite))
+        }
+    };
+    Ok(ServeStores {
+        queue,
+        stats,
+        postgres,
+    })
 }

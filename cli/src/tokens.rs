@@ -7,7 +7,7 @@ use std::path::Path;
 
 use graph_relay_core::catalog::{READ_SCOPE, RUN_SCOPE};
 use graph_relay_core::mcp::Caller;
-use graph_relay_transport_http::Principal;
+use graph_relay_transport_http::auth::Principal;
 use graph_relay_transport_http::auth::{AgentToken, DeviceToken, TokenKind, hash_token, new_token};
 use graph_relay_transport_http::config::{ConfigFile, ServerSection};
 

@@ -331,7 +331,7 @@ pub fn run(args: WorkerArgs) -> Result<(), WorkerError> {
         }
         // Signal handlers first: a stop asked for once the line below is
         // printed must find them.
-        let stop = graph_relay_transport_http::server::shutdown_signal();
+        let stop = graph_relay_transport_http::shutdown_signal();
         status(&format!(
             "worker: relaying {} for {} ({}; outbox {})",
             args.graphs.display(),
@@ -490,7 +490,7 @@ async fn serve_metrics(
     tokio::spawn(graph_relay_transport_http::serve(
         listener,
         metrics.router(local),
-        graph_relay_transport_http::serve::ServeConfig::default(),
+        graph_relay_transport_http::ServeConfig::default(),
         async move {
             let _ = stopped.wait_for(|s| *s).await;
         },

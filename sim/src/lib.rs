@@ -25,8 +25,7 @@ pub mod world;
 
 use serde_json::{Value, json};
 
-pub use crate::experiments::{NAMES, Outcome};
-pub use crate::world::{World, WorldConfig};
+use crate::experiments::{NAMES, Outcome};
 
 /// The seed used when none is given.
 pub const DEFAULT_SEED: u64 = 20_261_130;

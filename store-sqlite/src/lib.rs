@@ -138,7 +138,7 @@
 //!   idempotency key still points at.
 //! - **The outbox** is the table `outbox` of the same schema, with the
 //!   relay's synced projects (`relay_projects`) and the Graph processes its
-//!   worker started ([`graph_processes`], `relay_processes`). A relay
+//!   worker started ([`GraphProcess`], `relay_processes`). A relay
 //!   normally opens its own file with [`SqliteOutbox::open`]; a process that
 //!   runs both halves may point both at one file.
 //!
@@ -164,7 +164,7 @@ use std::time::Duration;
 
 mod cache;
 mod database;
-pub mod graph_processes;
+mod graph_processes;
 mod outbox;
 mod schema;
 mod shares;

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use graph_relay_transport_http::Authenticator;
+use graph_relay_transport_http::auth::Authenticator;
 use graph_relay_transport_http::auth::{AgentToken, StaticTokens, TokenConfig, hash_token};
 use graph_relay_transport_http::oauth::{OAuthAuthenticator, OAuthConfig};
 use issuer::{SigningKey, TestIssuer};

@@ -35,9 +35,10 @@ use graph_relay_core::mcp::{Caller, ServerInfo};
 use graph_relay_core::prelude::*;
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_transport_http::auth::{Authenticated, TokenKind, hash_token, new_token};
-use graph_relay_transport_http::server::shutdown_signal;
+use graph_relay_transport_http::shutdown_signal;
 use graph_relay_transport_http::{
-    AgentPrincipal, AuthError, Authenticator, Challenge, Principal, Server, ServerBuilder,
+    AgentPrincipal, Server, ServerBuilder,
+    auth::{AuthError, Authenticator, Challenge, Principal},
 };
 
 /// The header that carries the key.

@@ -161,8 +161,9 @@ pub enum TokenRefusal {
 /// use axum::http::HeaderMap;
 /// use graph_relay_core::ids::{DeviceId, OwnerId};
 /// use graph_relay_core::principal::Device;
-/// use graph_relay_transport_http::auth::{hash_token, Authenticated};
-/// use graph_relay_transport_http::{AuthError, Authenticator, Principal};
+/// use graph_relay_transport_http::auth::{
+///     AuthError, Authenticated, Authenticator, Principal, hash_token,
+/// };
 ///
 /// /// One device, known by the key in `X-Device-Key`.
 /// struct DeviceKey(String);
@@ -597,7 +598,7 @@ impl Authenticator for StaticTokens {
 
 /// An authenticator that serves requests carrying no credentials at all
 /// as one agent, and hands everything else to `inner`. For development
-/// servers on a loopback address only (the [`Server`](crate::server::Server)
+/// servers on a loopback address only (the [`Server`](crate::Server)
 /// builder refuses it anywhere else): whoever can reach the port acts as
 /// that agent.
 pub struct AnonymousFallback {

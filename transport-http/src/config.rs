@@ -4,8 +4,8 @@
 //! tokens (`[[agent]]`, `[[device]]`, hashes only). This is the file's one
 //! schema: `graph-relay serve` reads it, [`TokenFile`](crate::token_file::TokenFile)
 //! re-reads its tokens when it changes, and a
-//! [`ServerBuilder`](crate::server::ServerBuilder) takes it whole
-//! ([`ServerBuilder::config`](crate::server::ServerBuilder::config)).
+//! [`ServerBuilder`](crate::ServerBuilder) takes it whole
+//! ([`ServerBuilder::config`](crate::ServerBuilder::config)).
 //! Unknown keys are refused, so a misspelt setting never silently keeps
 //! its default.
 //!

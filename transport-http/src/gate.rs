@@ -118,7 +118,7 @@ async fn caller_of(parts: &mut Parts, state: &HttpState) -> Result<Authenticated
 ///
 /// It takes the caller the routes' gate already authenticated (no second
 /// look-up), or authenticates the request's headers with the state's
-/// [`Authenticator`](crate::Authenticator) itself. It rejects exactly as
+/// [`Authenticator`](crate::auth::Authenticator) itself. It rejects exactly as
 /// `/mcp` does: 401 with the authenticator's challenge for missing or
 /// refused credentials and for a device's, 503 when the authenticator
 /// cannot decide. The state must give an [`HttpState`] ([`FromRef`]).

@@ -8,14 +8,14 @@
 //! configuration file ([`config`]) and authenticators of your own, and the
 //! [`Server`] runs the routes on the bounded edge together with the queue's
 //! maintenance, the revocation watch, graceful shutdown and the metrics
-//! listener ([`server`] says what each is for). `graph-relay serve` is a
+//! listener ([`Server`] says what each is for). `graph-relay serve` is a
 //! thin wrapper around it.
 //!
 //! ```no_run
 //! use std::sync::Arc;
 //! use graph_relay_store_memory::MemoryStore;
 //! use graph_relay_transport_http::Server;
-//! use graph_relay_transport_http::server::shutdown_signal;
+//! use graph_relay_transport_http::shutdown_signal;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
@@ -127,8 +127,8 @@ pub mod relay_api;
 pub mod relay_http;
 pub mod relay_metrics;
 pub mod relay_wire;
-pub mod serve;
-pub mod server;
+mod serve;
+mod server;
 pub mod store_timing;
 pub mod token_file;
 
@@ -145,15 +145,21 @@ use axum::routing::get;
 use graph_relay_core::mcp::McpServer;
 use serde_json::json;
 
-pub use crate::auth::Authenticated;
-pub use crate::auth::{AuthError, Authenticator, Challenge, Principal};
+use crate::auth::{AuthError, Authenticated, Authenticator, Principal};
 pub use crate::gate::{AgentPrincipal, DevicePrincipal};
 use crate::host_origin::{Authority, AuthorityError, Origin};
 pub use crate::listen::ListenLimits;
-pub use crate::mcp_sessions::MemoryMcpSessionStore;
-pub use crate::relay_api::RelayApiConfig;
-pub use crate::serve::{ServeConfig, serve};
-pub use crate::server::{Server, ServerBuilder};
+use crate::mcp_sessions::MemoryMcpSessionStore;
+use crate::relay_api::RelayApiConfig;
+pub use crate::serve::{
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_RETRY_AFTER, DEFAULT_SHUTDOWN_GRACE, MAX_REFUSING, OpenFileLimit, OpenFileLimitError,
+    RESERVED_FILES, ServeConfig, raise_open_file_limit, serve,
+};
+pub use crate::server::{
+    MCP_SESSION_SWEEP_EVERY, OAUTH_START_WAIT, Server, ServerBuilder, ServerError, maintain,
+    shutdown_signal, sweep_mcp_sessions,
+};
 use graph_relay_core::mcp::{McpSessionLimits, McpSessionOwner, McpSessionStore};
 
 /// Path of the MCP endpoint.
@@ -514,7 +520,7 @@ impl HttpState {
     ///
     /// ```
     /// # async fn demo(state: graph_relay_transport_http::HttpState) {
-    /// use graph_relay_transport_http::AuthError;
+    /// use graph_relay_transport_http::auth::AuthError;
     ///
     /// let response = state.refusal(&AuthError::MissingCredentials);
     /// assert_eq!(response.status(), 401);
@@ -697,13 +703,22 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 /// checks in the same order itself, without the layers' plumbing; the
 /// answers are the same.
 ///
+/// Serve it with [`serve`] (the connection cap and the header and idle
+/// timeouts), and run what [`Server`] otherwise runs beside it (the
+/// queue's [`maintain`]ance above all; the "Build your own server" guide
+/// lists it all), or let [`Server`] do both.
+///
 /// ```
-/// # async fn demo(state: graph_relay_transport_http::HttpState) -> std::io::Result<()> {
-/// let app = graph_relay_transport_http::router(state);
+/// use graph_relay_transport_http::{HttpState, ServeConfig, router, serve, shutdown_signal};
+///
+/// # async fn demo(state: HttpState) -> std::io::Result<()> {
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-/// # drop(app); drop(listener);
-/// // axum::serve(listener, app).await
-/// # Ok(()) }
+/// tokio::spawn(graph_relay_transport_http::maintain(
+///     state.mcp().queue().clone(),
+///     shutdown_signal(),
+/// ));
+/// serve(listener, router(state), ServeConfig::default(), shutdown_signal()).await
+/// # }
 /// ```
 pub fn router(state: HttpState) -> Router {
     let routes = relay_route_set(&state).merge(metadata_route_set());

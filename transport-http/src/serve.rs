@@ -1,30 +1,5 @@
-//! Serving a router over TCP with every connection bounded.
-//!
-//! [`serve`] is what `graph-relay serve` runs, and what an embedder should
-//! run instead of `axum::serve` (which has no connection cap and no
-//! timeouts). It speaks HTTP/1.1 and adds, per [`ServeConfig`]:
-//!
-//! - a **connection cap** ([`ServeConfig::max_connections`], default 4,096):
-//!   a connection beyond it is answered `503 Service Unavailable` with
-//!   `Retry-After` and closed, instead of waiting unseen in the backlog or
-//!   exhausting file descriptors;
-//! - a **header-read timeout** ([`ServeConfig::header_read_timeout`],
-//!   default 10 s): a connection that opened, or began a request, and has not
-//!   delivered a complete request head by then is closed;
-//! - an **idle timeout** ([`ServeConfig::idle_timeout`], default 30 s): a
-//!   kept-alive connection with no request in flight and no new byte is
-//!   closed. A request in flight, including a streamed response such as a
-//!   `subscriptions/listen` stream, keeps its connection (the router's
-//!   request timeout and the streams' own bounds apply there);
-//! - a **graceful shutdown**: once `shutdown` resolves, no connection is
-//!   accepted, idle ones close, requests in flight may finish for
-//!   [`ServeConfig::shutdown_grace`], then the rest are dropped.
-//!
-//! Request bodies are read only when a handler asks for them, so the
-//! router's authentication gate answers before any body byte is read.
-//!
-//! [`raise_open_file_limit`] raises the process's soft limit on open files
-//! towards its hard limit; call it once at start (see `graph-relay serve`).
+//! [`serve`]: a router over TCP with every connection bounded (the docs are
+//! on [`serve`]).
 
 use std::future::Future;
 use std::io;
@@ -94,9 +69,37 @@ impl Default for ServeConfig {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves (see the module
-/// docs). Returns once every connection is closed; `Err` only when the
-/// listener's address cannot be read.
+/// Serves `router` on `listener` until `shutdown` resolves. Returns once
+/// every connection is closed; `Err` only when the listener's address
+/// cannot be read.
+///
+/// Serving a router over TCP with every connection bounded.
+///
+/// [`serve`] is what `graph-relay serve` runs, and what an embedder should
+/// run instead of `axum::serve` (which has no connection cap and no
+/// timeouts). It speaks HTTP/1.1 and adds, per [`ServeConfig`]:
+///
+/// - a **connection cap** ([`ServeConfig::max_connections`], default 4,096):
+///   a connection beyond it is answered `503 Service Unavailable` with
+///   `Retry-After` and closed, instead of waiting unseen in the backlog or
+///   exhausting file descriptors;
+/// - a **header-read timeout** ([`ServeConfig::header_read_timeout`],
+///   default 10 s): a connection that opened, or began a request, and has not
+///   delivered a complete request head by then is closed;
+/// - an **idle timeout** ([`ServeConfig::idle_timeout`], default 30 s): a
+///   kept-alive connection with no request in flight and no new byte is
+///   closed. A request in flight, including a streamed response such as a
+///   `subscriptions/listen` stream, keeps its connection (the router's
+///   request timeout and the streams' own bounds apply there);
+/// - a **graceful shutdown**: once `shutdown` resolves, no connection is
+///   accepted, idle ones close, requests in flight may finish for
+///   [`ServeConfig::shutdown_grace`], then the rest are dropped.
+///
+/// Request bodies are read only when a handler asks for them, so the
+/// router's authentication gate answers before any body byte is read.
+///
+/// [`raise_open_file_limit`] raises the process's soft limit on open files
+/// towards its hard limit; call it once at start (see `graph-relay serve`).
 pub async fn serve<F>(
     listener: TcpListener,
     router: Router,

@@ -1,47 +1,5 @@
-//! A whole server as a library value: [`Server::builder`] takes a store,
-//! the configuration and any authenticators of the integrator's own, and
-//! the [`Server`] it builds runs everything a correct graph-relay server
-//! runs, which `graph-relay serve` is only a thin wrapper around:
-//!
-//! - the MCP endpoint, the relay API and the OAuth resource metadata
-//!   ([`router`](crate::router)), plus routes of the integrator's own
-//!   behind the same edge ([`ServerBuilder::routes`]);
-//! - the bounded edge: a connection cap, header-read and idle timeouts
-//!   ([`serve`](crate::serve())), Host/Origin checks, body limits and
-//!   request timeouts;
-//! - the queue's maintenance ([`Queue::run_maintenance`]): without it a
-//!   run whose desktop died stays `running` forever, coalesced progress is
-//!   never written and nothing is pruned;
-//! - the revocation watch: a revoked token's sessions, streams and waits
-//!   end within a second;
-//! - the initialize-era session table ([`ServerBuilder::mcp_session_store`]):
-//!   this process's memory by default, or a store shared by every server of
-//!   a cluster (the Postgres store's), so that any server serves any
-//!   `MCP-Session-Id` and a load balancer needs no affinity; expired
-//!   sessions are swept every ten seconds;
-//! - graceful shutdown: held requests answer at once, then requests in
-//!   flight finish;
-//! - when asked, the metrics listener with the operator's `/admin/status`
-//!   ([`ServerBuilder::metrics`]).
-//!
-//! ```no_run
-//! use std::sync::Arc;
-//! use graph_relay_store_memory::MemoryStore;
-//! use graph_relay_transport_http::config::ConfigFile;
-//! use graph_relay_transport_http::server::{Server, shutdown_signal};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
-//! Server::builder(Arc::new(MemoryStore::new()))
-//!     .config_file("graph-relay.toml")?
-//!     .serve(listener, shutdown_signal())
-//!     .await?;
-//! # Ok(()) }
-//! ```
-//!
-//! An integrator who mounts [`router`](crate::router) (or its parts) in an
-//! app of their own instead must run the rest themselves: see
-//! "What you must run yourself" in the crate docs.
+//! [`Server`] and its builder: everything a graph-relay server runs, as one
+//! value (the docs are on [`Server`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -115,7 +73,7 @@ struct MetricsSettings {
     operator_token_sha256: Option<String>,
 }
 
-/// Builds a [`Server`]; see the [module docs](self).
+/// Builds a [`Server`] (its docs say what it runs).
 pub struct ServerBuilder {
     store: Arc<dyn Store>,
     queue: QueueConfig,
@@ -276,7 +234,7 @@ impl ServerBuilder {
     }
 
     /// Where initialize-era MCP sessions (`MCP-Session-Id`) are kept
-    /// (default: [`MemoryMcpSessionStore`](crate::MemoryMcpSessionStore),
+    /// (default: [`MemoryMcpSessionStore`](crate::mcp_sessions::MemoryMcpSessionStore),
     /// this process's memory). Servers that share a queue behind a load
     /// balancer should share this too (e.g. `PostgresMcpSessionStore` on
     /// the queue's database): then any of them serves any session and no
@@ -492,6 +450,51 @@ fn check_open_file_limit(max_connections: usize) {
 }
 
 /// A built server, ready to [`serve`](Self::serve).
+///
+/// A whole server as a library value: [`Server::builder`] takes a store,
+/// the configuration and any authenticators of the integrator's own, and
+/// the [`Server`] it builds runs everything a correct graph-relay server
+/// runs, which `graph-relay serve` is only a thin wrapper around:
+///
+/// - the MCP endpoint, the relay API and the OAuth resource metadata
+///   ([`router`](crate::router)), plus routes of the integrator's own
+///   behind the same edge ([`ServerBuilder::routes`]);
+/// - the bounded edge: a connection cap, header-read and idle timeouts
+///   ([`serve`](crate::serve())), Host/Origin checks, body limits and
+///   request timeouts;
+/// - the queue's maintenance ([`Queue::run_maintenance`]): without it a
+///   run whose desktop died stays `running` forever, coalesced progress is
+///   never written and nothing is pruned;
+/// - the revocation watch: a revoked token's sessions, streams and waits
+///   end within a second;
+/// - the initialize-era session table ([`ServerBuilder::mcp_session_store`]):
+///   this process's memory by default, or a store shared by every server of
+///   a cluster (the Postgres store's), so that any server serves any
+///   `MCP-Session-Id` and a load balancer needs no affinity; expired
+///   sessions are swept every ten seconds;
+/// - graceful shutdown: held requests answer at once, then requests in
+///   flight finish;
+/// - when asked, the metrics listener with the operator's `/admin/status`
+///   ([`ServerBuilder::metrics`]).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use graph_relay_store_memory::MemoryStore;
+/// use graph_relay_transport_http::config::ConfigFile;
+/// use graph_relay_transport_http::{Server, shutdown_signal};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+/// Server::builder(Arc::new(MemoryStore::new()))
+///     .config_file("graph-relay.toml")?
+///     .serve(listener, shutdown_signal())
+///     .await?;
+/// # Ok(()) }
+/// ```
+///
+/// An integrator who mounts [`router`](crate::router) (or its parts) in an
+/// app of their own instead must run the rest themselves: see
+/// "What you must run yourself" in the crate docs.
 pub struct Server {
     state: HttpState,
     app: Router,
@@ -617,7 +620,7 @@ impl Server {
 ///
 /// ```no_run
 /// # fn demo(queue: graph_relay_core::queue::Queue) {
-/// tokio::spawn(graph_relay_transport_http::server::maintain(queue, std::future::pending()));
+/// tokio::spawn(graph_relay_transport_http::maintain(queue, std::future::pending()));
 /// # }
 /// ```
 pub async fn maintain(queue: Queue, stopped: impl Future<Output = ()>) {

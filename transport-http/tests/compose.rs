@@ -19,8 +19,9 @@ use graph_relay_transport_http::mcp_headers::{self, McpHeaderError, McpRoute};
 use graph_relay_transport_http::oauth::AuthChain;
 use graph_relay_transport_http::relay_wire::RELAY_PREFIX;
 use graph_relay_transport_http::{
-    AgentPrincipal, AuthError, Authenticator, Challenge, DevicePrincipal, HttpConfig, HttpState,
-    Principal, mcp_routes, metadata_routes, relay_routes,
+    AgentPrincipal, DevicePrincipal, HttpConfig, HttpState,
+    auth::{AuthError, Authenticator, Challenge, Principal},
+    mcp_routes, metadata_routes, relay_routes,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};

@@ -25,7 +25,9 @@ use graph_relay_transport_http::oauth::{
     AuthChain, IntrospectionConfig, OAuthAuthenticator, OAuthConfig, SubjectEntry,
 };
 use graph_relay_transport_http::{
-    AuthError, Authenticator, HttpConfig, HttpState, Principal, router,
+    HttpConfig, HttpState,
+    auth::{AuthError, Authenticator, Principal},
+    router,
 };
 use http_body_util::BodyExt;
 use issuer::{RS_CLIENT, SigningKey, TestIssuer, hs256, now, unsigned};

@@ -20,7 +20,7 @@ use graph_relay_transport_http::auth::{
     AgentToken, DeviceToken, StaticTokens, TokenConfig, hash_token,
 };
 use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX};
-use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, router};
+use graph_relay_transport_http::{HttpConfig, HttpState, relay_api::RelayApiConfig, router};
 use serde_json::{Value, json};
 
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";

@@ -19,7 +19,9 @@ use graph_relay_transport_http::auth::{
 };
 use graph_relay_transport_http::relay_http::{HttpRelayConfig, HttpRelayTransport};
 use graph_relay_transport_http::relay_wire::{OPENAPI_PATH, RELAY_PREFIX, openapi};
-use graph_relay_transport_http::{HttpConfig, HttpState, RelayApiConfig, TokioSleeper, router};
+use graph_relay_transport_http::{
+    HttpConfig, HttpState, TokioSleeper, relay_api::RelayApiConfig, router,
+};
 use serde_json::{Value, json};
 
 const GS: &str = "gs_0123456789abcdef0123456789abcdef";

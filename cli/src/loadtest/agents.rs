@@ -66,6 +66,35 @@ pub(super) async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan)
         cancel: plan.cancel,
         ..RunRecord::default()
     };
+    let id = match ticket(&client, &tally, &plan, give_up).await {
+        Ok(id) => id,
+        Err(kind) => return record.failed(&tally, kind),
+    };
+    record.command = Some(id.clone());
+    // A worker's start is in its ledger, read at the end.
+    if !plan.worker
+        && let Err(kind) = record
+            .wait_for_start(&client, &tally, &id, sent, give_up)
+            .await
+    {
+        return record.failed(&tally, kind);
+    }
+    if plan.cancel {
+        record.cancel(&client, &tally, &id, &plan, give_up).await
+    } else {
+        record
+            .wait_for_result(&client, &tally, &id, &plan, give_up)
+            .await
+    }
+}
+
+/// Queues the run; its command id, or the error's kind.
+async fn ticket(
+    client: &McpClient,
+    tally: &Tally,
+    plan: &RunPlan,
+    give_up: Instant,
+) -> Result<String, &'static str> {
     let arguments = json!({
         "graph_session_id": session_id(plan.desktop),
         "idempotency_key": plan.key,
@@ -73,77 +102,102 @@ pub(super) async fn one_run(client: McpClient, tally: Arc<Tally>, plan: RunPlan)
     });
     // A retry reuses the idempotency key: a start whose answer was lost
     // returns the same ticket and queues nothing more.
-    let ticket = retrying(&tally, give_up, "run_graph_session", || {
+    let ticket = retrying(tally, give_up, "run_graph_session", || {
         client.call("run_graph_session", arguments.clone())
     })
     .await;
     let ticket = match ticket {
-        Ok(answer) if answer.is_error => return record.failed(&tally, "run_refused"),
+        Ok(answer) if answer.is_error => return Err("run_refused"),
         Ok(answer) => answer.structured,
-        Err(e) => return record.failed(&tally, error_kind("run_graph_session", &e)),
+        Err(e) => return Err(error_kind("run_graph_session", &e)),
     };
-    let Some(id) = ticket["command_id"].as_str().map(str::to_owned) else {
-        return record.failed(&tally, "ticket_without_command_id");
-    };
-    record.command = Some(id.clone());
-    // A worker's start is in its ledger, read at the end.
-    let started = (!plan.worker).then(|| tally.started(&id));
-    let left = give_up.saturating_duration_since(Instant::now());
-    match started {
-        None => {}
-        Some(started) => match tokio::time::timeout(left, started).await {
-            Ok(Ok(at)) => {
-                let pickup = at.saturating_duration_since(sent);
-                record.pickup = Some(pickup);
-                tally.picked_up(sent, pickup);
-            }
-            _ => {
-                // Never started: read where it stands, for the report.
-                let last = client.get_graph_run(&id, 0).await.ok();
-                record.stuck = !last.as_ref().is_some_and(is_terminal);
-                record.read(last.as_ref());
-                return record.failed(&tally, "not_picked_up");
-            }
-        },
+    ticket["command_id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or("ticket_without_command_id")
+}
+
+impl RunRecord {
+    /// Waits for the simulated desktop to start run `id`, and keeps its
+    /// pickup; when it never starts, reads where the run stands.
+    async fn wait_for_start(
+        &mut self,
+        client: &McpClient,
+        tally: &Tally,
+        id: &str,
+        sent: Instant,
+        give_up: Instant,
+    ) -> Result<(), &'static str> {
+        let started = tally.started(id);
+        let left = give_up.saturating_duration_since(Instant::now());
+        if let Ok(Ok(at)) = tokio::time::timeout(left, started).await {
+            let pickup = at.saturating_duration_since(sent);
+            self.pickup = Some(pickup);
+            tally.picked_up(sent, pickup);
+            return Ok(());
+        }
+        // Never started: read where it stands, for the report.
+        let last = client.get_graph_run(id, 0).await.ok();
+        self.stuck = !last.as_ref().is_some_and(is_terminal);
+        self.read(last.as_ref());
+        Err("not_picked_up")
     }
-    if plan.cancel {
+
+    /// Cancels run `id` and waits until it reads `cancelled`.
+    async fn cancel(
+        mut self,
+        client: &McpClient,
+        tally: &Tally,
+        id: &str,
+        plan: &RunPlan,
+        give_up: Instant,
+    ) -> Self {
         let asked = Instant::now();
-        let cancelled = retrying(&tally, give_up, "cancel_graph_run", || {
+        let cancelled = retrying(tally, give_up, "cancel_graph_run", || {
             client.call_ok("cancel_graph_run", json!({"command_id": id}))
         })
         .await;
         if let Err(e) = cancelled {
-            return record.failed(&tally, error_kind("cancel_graph_run", &e));
+            return self.failed(tally, error_kind("cancel_graph_run", &e));
         }
-        match until_terminal(&client, &tally, &id, &plan, give_up).await {
+        match until_terminal(client, tally, id, plan, give_up).await {
             Ok(run) => {
-                record.cancel_latency = Some(asked.elapsed());
-                record.read(Some(&run));
+                self.cancel_latency = Some(asked.elapsed());
+                self.read(Some(&run));
             }
-            Err(kind) => return record.gave_up(&tally, kind),
+            Err(kind) => return self.gave_up(tally, kind),
         }
-        if record.status.as_deref() != Some("cancelled") {
-            return record.failed(&tally, "cancelled_run_ended_otherwise");
+        if self.status.as_deref() != Some("cancelled") {
+            return self.failed(tally, "cancelled_run_ended_otherwise");
         }
-    } else {
-        match until_terminal(&client, &tally, &id, &plan, give_up).await {
+        self
+    }
+
+    /// Waits until run `id` ends, which must be `completed`.
+    async fn wait_for_result(
+        mut self,
+        client: &McpClient,
+        tally: &Tally,
+        id: &str,
+        plan: &RunPlan,
+        give_up: Instant,
+    ) -> Self {
+        match until_terminal(client, tally, id, plan, give_up).await {
             Ok(run) => {
                 let have = Instant::now();
-                record.result_latency = tally
-                    .finished(&id)
+                self.result_latency = tally
+                    .finished(id)
                     .map(|done| have.saturating_duration_since(done));
-                record.read(Some(&run));
+                self.read(Some(&run));
             }
-            Err(kind) => return record.gave_up(&tally, kind),
+            Err(kind) => return self.gave_up(tally, kind),
         }
-        if record.status.as_deref() != Some("completed") {
-            return record.failed(&tally, "run_ended_otherwise");
+        if self.status.as_deref() != Some("completed") {
+            return self.failed(tally, "run_ended_otherwise");
         }
+        self
     }
-    record
-}
 
-impl RunRecord {
     fn failed(mut self, tally: &Tally, kind: &'static str) -> Self {
         tally.error(kind);
         self.error = Some(kind);

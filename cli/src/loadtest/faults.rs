@@ -120,6 +120,14 @@ pub fn schedule_seconds(count: usize, hold: f64, gap: f64) -> f64 {
     gap + count as f64 * (hold + gap)
 }
 
+/// An injection or a lift that failed: what was being done, and why.
+type Failed = (String, String);
+
+/// Maps an error to a [`Failed`] saying what was being done.
+fn failed<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> Failed + '_ {
+    move |e| (what.to_owned(), e.to_string())
+}
+
 /// Injects one fault, holds it and lifts it; returns what was done.
 async fn one_fault(
     cluster: &Cluster,
@@ -127,87 +135,90 @@ async fn one_fault(
     i: usize,
     server: &str,
     hold: Duration,
-) -> Result<String, (String, String)> {
-    let secs = hold.as_secs_f64();
+) -> Result<String, Failed> {
     match fault {
-        Fault::KillServer => {
-            let what = format!("SIGKILL {server}, started again after {secs} s");
-            cluster
-                .kill_server(i)
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            tokio::time::sleep(hold).await;
-            let restart = Instant::now();
-            cluster
-                .start_server(i)
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            Ok(format!(
-                "{what} (serving {:.1} s after the start)",
-                restart.elapsed().as_secs_f64()
-            ))
-        }
-        Fault::StopServer => {
-            let what = format!("SIGSTOP {server}, SIGCONT after {secs} s");
-            cluster
-                .signal_server(i, Signal::SIGSTOP)
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            tokio::time::sleep(hold).await;
-            cluster
-                .signal_server(i, Signal::SIGCONT)
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            Ok(what)
-        }
+        Fault::KillServer => kill_server(cluster, i, server, hold).await,
+        Fault::StopServer => stop_server(cluster, i, server, hold).await,
         Fault::TerminateBackends => {
-            let what = "pg_terminate_backend on every connection of the servers".to_owned();
+            let what = "pg_terminate_backend on every connection of the servers";
             let n = cluster
                 .postgres()
                 .terminate_backends()
                 .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
+                .map_err(failed(what))?;
             Ok(format!("{what} ({n} terminated)"))
         }
-        Fault::CrashPostgres => {
-            let what = format!("pg_ctl stop -m immediate, started again after {secs} s");
-            cluster
-                .postgres()
-                .crash()
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            tokio::time::sleep(hold).await;
-            cluster
-                .postgres()
-                .restart()
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            Ok(what)
-        }
-        Fault::DiskFull => {
-            let what = format!("the database's tmpfs shrunk to its use for {secs} s");
-            let pg = cluster.postgres();
-            let size = pg
-                .fill_disk()
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            tokio::time::sleep(hold).await;
-            pg.free_disk()
-                .await
-                .map_err(|e| (what.clone(), e.to_string()))?;
-            let mut what = format!(
-                "the database's tmpfs shrunk to its use ({:.0} MiB) for {secs} s",
-                size as f64 / (1024.0 * 1024.0)
-            );
-            // Postgres stops for good when it cannot write its WAL, and an
-            // operator then starts it again once there is room.
-            if pg.exited() {
-                pg.restart()
-                    .await
-                    .map_err(|e| (what.clone(), e.to_string()))?;
-                what.push_str("; Postgres had stopped and was started again");
-            }
-            Ok(what)
-        }
+        Fault::CrashPostgres => crash_postgres(cluster, hold).await,
+        Fault::DiskFull => fill_disk(cluster, hold).await,
     }
+}
+
+async fn kill_server(
+    cluster: &Cluster,
+    i: usize,
+    server: &str,
+    hold: Duration,
+) -> Result<String, Failed> {
+    let what = format!(
+        "SIGKILL {server}, started again after {} s",
+        hold.as_secs_f64()
+    );
+    cluster.kill_server(i).await.map_err(failed(&what))?;
+    tokio::time::sleep(hold).await;
+    let restart = Instant::now();
+    cluster.start_server(i).await.map_err(failed(&what))?;
+    Ok(format!(
+        "{what} (serving {:.1} s after the start)",
+        restart.elapsed().as_secs_f64()
+    ))
+}
+
+async fn stop_server(
+    cluster: &Cluster,
+    i: usize,
+    server: &str,
+    hold: Duration,
+) -> Result<String, Failed> {
+    let what = format!("SIGSTOP {server}, SIGCONT after {} s", hold.as_secs_f64());
+    cluster
+        .signal_server(i, Signal::SIGSTOP)
+        .map_err(failed(&what))?;
+    tokio::time::sleep(hold).await;
+    cluster
+        .signal_server(i, Signal::SIGCONT)
+        .map_err(failed(&what))?;
+    Ok(what)
+}
+
+async fn crash_postgres(cluster: &Cluster, hold: Duration) -> Result<String, Failed> {
+    let what = format!(
+        "pg_ctl stop -m immediate, started again after {} s",
+        hold.as_secs_f64()
+    );
+    cluster.postgres().crash().await.map_err(failed(&what))?;
+    tokio::time::sleep(hold).await;
+    cluster.postgres().restart().await.map_err(failed(&what))?;
+    Ok(what)
+}
+
+async fn fill_disk(cluster: &Cluster, hold: Duration) -> Result<String, Failed> {
+    let secs = hold.as_secs_f64();
+    let what = format!("the database's tmpfs shrunk to its use for {secs} s");
+    let pg = cluster.postgres();
+    let size = pg.fill_disk().await.map_err(failed(&what))?;
+    tokio::time::sleep(hold).await;
+    pg.free_disk().await.map_err(failed(&what))?;
+    let mut what = format!(
+        "the database's tmpfs shrunk to its use ({:.0} MiB) for {secs} s",
+        size as f64 / (1024.0 * 1024.0)
+    );
+    // Postgres stops for good when it cannot write its WAL, and an
+    // operator then starts it again once there is room.
+    if pg.exited() {
+        pg.restart().await.map_err(failed(&what))?;
+        what.push_str("; Postgres had stopped and was started again");
+    }
+    Ok(what)
 }
 
 /// What one fault (or the baseline before the first) did.
@@ -313,20 +324,7 @@ impl Timeline<'_> {
             .copied()
             .filter(|&i| self.records[i].command.is_some())
             .collect();
-        let mut ended_otherwise = BTreeMap::new();
-        let mut ended_as_asked = 0;
-        for &i in &acknowledged {
-            let r = &self.records[i];
-            let asked = if r.cancel { "cancelled" } else { "completed" };
-            match r.status.as_deref() {
-                Some(s) if s == asked => ended_as_asked += 1,
-                Some(s) => {
-                    let reason = r.reason.as_deref().unwrap_or("no reason");
-                    *ended_otherwise.entry(format!("{s}: {reason}")).or_default() += 1;
-                }
-                None => {}
-            }
-        }
+        let (ended_as_asked, ended_otherwise) = self.endings(&acknowledged);
         // Pickup goes by when the run started: a run sent just before a
         // fault and slowed by it counts with that fault.
         let pickups: Vec<(Instant, Duration)> = self
@@ -337,41 +335,8 @@ impl Timeline<'_> {
             .collect();
         let seconds = per_second(&pickups, from);
         let (worst, recovered) = recovery(&seconds, from, lifted);
-        let mut agents_saw = BTreeMap::new();
-        let mut desktops_saw = BTreeMap::new();
-        for o in self.observations.iter().filter(|o| inside(o.at)) {
-            let map = match o.party {
-                Party::Agent => &mut agents_saw,
-                Party::Desktop => &mut desktops_saw,
-            };
-            *map.entry(o.kind.clone()).or_default() += 1;
-        }
-        let since = |at: Instant| at.saturating_duration_since(from).as_secs_f64();
-        let balancer: Vec<String> = self
-            .lines
-            .iter()
-            .filter(|l| l.source == Source::Balancer && inside(l.at))
-            .filter(|l| l.text.contains(" is UP") || l.text.contains(" is DOWN"))
-            .map(|l| format!("+{:.1}s {}", since(l.at), balancer_line(&l.text)))
-            .take(LINES_SHOWN)
-            .collect();
-        let server: Vec<&super::cluster::LogLine> = self
-            .lines
-            .iter()
-            .filter(|l| l.source != Source::Balancer && inside(l.at))
-            .collect();
-        let mut server_lines: Vec<String> = server
-            .iter()
-            .filter(|l| l.source == Source::Harness)
-            .map(|l| format!("+{:.1}s {}", since(l.at), l.text))
-            .collect();
-        server_lines.extend(
-            server
-                .iter()
-                .filter(|l| l.source == Source::Server)
-                .take(LINES_SHOWN)
-                .map(|l| format!("+{:.1}s {}", since(l.at), shorten(&l.text))),
-        );
+        let (agents_saw, desktops_saw) = self.seen(inside);
+        let (server_warnings, server_lines) = self.server_lines(from, inside);
         FaultFigures {
             fault: event.map_or("baseline".to_owned(), |e| e.fault.name().to_owned()),
             what: event.map_or("steady load, no fault".to_owned(), |e| e.what.clone()),
@@ -397,12 +362,93 @@ impl Timeline<'_> {
                 .collect(),
             agents_saw,
             desktops_saw,
-            balancer,
-            server_warnings: server.iter().filter(|l| l.source == Source::Server).count(),
+            balancer: self.balancer_lines(from, inside),
+            server_warnings,
             server_lines,
             error: event.and_then(|e| e.error.clone()),
         }
     }
+
+    /// Of the acknowledged runs: how many ended as asked, and the others
+    /// by status and reason (runs not ended are in neither).
+    fn endings(&self, acknowledged: &[usize]) -> (usize, BTreeMap<String, usize>) {
+        let mut otherwise = BTreeMap::new();
+        let mut as_asked = 0;
+        for &i in acknowledged {
+            let r = &self.records[i];
+            let asked = if r.cancel { "cancelled" } else { "completed" };
+            match r.status.as_deref() {
+                Some(s) if s == asked => as_asked += 1,
+                Some(s) => {
+                    let reason = r.reason.as_deref().unwrap_or("no reason");
+                    *otherwise.entry(format!("{s}: {reason}")).or_default() += 1;
+                }
+                None => {}
+            }
+        }
+        (as_asked, otherwise)
+    }
+
+    /// What agents and desktops saw in the window, by kind.
+    fn seen(
+        &self,
+        inside: impl Fn(Instant) -> bool,
+    ) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+        let mut agents = BTreeMap::new();
+        let mut desktops = BTreeMap::new();
+        for o in self.observations.iter().filter(|o| inside(o.at)) {
+            let map = match o.party {
+                Party::Agent => &mut agents,
+                Party::Desktop => &mut desktops,
+            };
+            *map.entry(o.kind.clone()).or_default() += 1;
+        }
+        (agents, desktops)
+    }
+
+    /// The balancer's health changes in the window.
+    fn balancer_lines(&self, from: Instant, inside: impl Fn(Instant) -> bool) -> Vec<String> {
+        self.lines
+            .iter()
+            .filter(|l| l.source == Source::Balancer && inside(l.at))
+            .filter(|l| l.text.contains(" is UP") || l.text.contains(" is DOWN"))
+            .map(|l| format!("+{:.1}s {}", since(from, l.at), balancer_line(&l.text)))
+            .take(LINES_SHOWN)
+            .collect()
+    }
+
+    /// The servers' warning lines in the window, and the lines shown: the
+    /// harness's own, then the first few of the servers'.
+    fn server_lines(
+        &self,
+        from: Instant,
+        inside: impl Fn(Instant) -> bool,
+    ) -> (usize, Vec<String>) {
+        let server: Vec<&super::cluster::LogLine> = self
+            .lines
+            .iter()
+            .filter(|l| l.source != Source::Balancer && inside(l.at))
+            .collect();
+        let mut shown: Vec<String> = server
+            .iter()
+            .filter(|l| l.source == Source::Harness)
+            .map(|l| format!("+{:.1}s {}", since(from, l.at), l.text))
+            .collect();
+        shown.extend(
+            server
+                .iter()
+                .filter(|l| l.source == Source::Server)
+                .take(LINES_SHOWN)
+                .map(|l| format!("+{:.1}s {}", since(from, l.at), shorten(&l.text))),
+        );
+        let warnings = server.iter().filter(|l| l.source == Source::Server).count();
+        (warnings, shown)
+    }
+}
+
+/// Seconds from `from` to `at` (0 before it).
+fn since(from: Instant, at: Instant) -> f64 {
+    at.saturating_duration_since(from).as_secs_f64()
 }
 
 /// Pickups by the second (from `from`) they were sent in: the second's

@@ -249,33 +249,8 @@ pub(super) fn summarize(
     phases: Phases,
 ) -> Report {
     let (twice, never) = count_executions(tally, &records);
-    let executed_twice = twice.iter().filter(|t| **t).count();
-    let never_executed = never.iter().filter(|n| **n).count();
-    let executed_once = records
-        .iter()
-        .zip(twice.iter().zip(&never))
-        .filter(|(r, (t, n))| r.command.is_some() && !**t && !**n)
-        .count();
-    for _ in 0..executed_twice {
-        tally.error("executed_twice");
-    }
-    for _ in 0..never_executed {
-        tally.error("never_executed");
-    }
+    let runs = run_counts(tally, &records, &twice, &never, &phases);
     let cluster = cluster.map(|run| cluster_report(run, tally, &records, &twice, &never));
-    let queued = records.iter().filter(|r| r.command.is_some()).count();
-    let ok = |r: &&RunRecord| r.error.is_none();
-    let completed = records
-        .iter()
-        .filter(ok)
-        .filter(|r| !r.cancel && r.status.as_deref() == Some("completed"))
-        .count();
-    let cancelled = records
-        .iter()
-        .filter(ok)
-        .filter(|r| r.cancel && r.status.as_deref() == Some("cancelled"))
-        .count();
-    let latency = latencies(&records);
     let servers = server_figures(&phases);
     let errors = tally
         .errors
@@ -296,22 +271,8 @@ pub(super) fn summarize(
             desktops_connected: tally.connected.load(Ordering::Relaxed),
             seconds: phases.connect_seconds,
         },
-        runs: RunCounts {
-            issued: records.len(),
-            queued,
-            completed,
-            cancelled,
-            executed_once,
-            executed_twice,
-            never_executed,
-            issued_per_second: if phases.issued_seconds > 0.0 {
-                records.len() as f64 / phases.issued_seconds
-            } else {
-                records.len() as f64
-            },
-            load_seconds: phases.load_seconds,
-        },
-        latency_ms: latency,
+        runs,
+        latency_ms: latencies(&records),
         errors,
         server: servers.first().cloned().unwrap_or_default(),
         servers,
@@ -319,6 +280,52 @@ pub(super) fn summarize(
         cluster,
         server_cpu_ms_per_run: cpu_ms_per_run(&phases.load_cpu, phases.load_seconds, records.len()),
         baselines: Baselines::NotAsked,
+    }
+}
+
+/// What the runs came to; a run executed twice or never is also counted
+/// as an error of the tally.
+fn run_counts(
+    tally: &Tally,
+    records: &[RunRecord],
+    twice: &[bool],
+    never: &[bool],
+    phases: &Phases,
+) -> RunCounts {
+    let executed_twice = twice.iter().filter(|t| **t).count();
+    let never_executed = never.iter().filter(|n| **n).count();
+    let executed_once = records
+        .iter()
+        .zip(twice.iter().zip(never))
+        .filter(|(r, (t, n))| r.command.is_some() && !**t && !**n)
+        .count();
+    for _ in 0..executed_twice {
+        tally.error("executed_twice");
+    }
+    for _ in 0..never_executed {
+        tally.error("never_executed");
+    }
+    let ended_as = |cancel: bool, status: &str| {
+        records
+            .iter()
+            .filter(|r| r.error.is_none() && r.cancel == cancel)
+            .filter(|r| r.status.as_deref() == Some(status))
+            .count()
+    };
+    RunCounts {
+        issued: records.len(),
+        queued: records.iter().filter(|r| r.command.is_some()).count(),
+        completed: ended_as(false, "completed"),
+        cancelled: ended_as(true, "cancelled"),
+        executed_once,
+        executed_twice,
+        never_executed,
+        issued_per_second: if phases.issued_seconds > 0.0 {
+            records.len() as f64 / phases.issued_seconds
+        } else {
+            records.len() as f64
+        },
+        load_seconds: phases.load_seconds,
     }
 }
 

@@ -65,7 +65,7 @@ pub use self::config::{
     DEFAULT_TOKEN_TYPES, IntrospectionConfig, MAX_INTROSPECTION_CACHE_SECONDS, MAX_JWKS_CACHE,
     OAuthConfig, OAuthConfigError, SubjectEntry,
 };
-pub use self::jwks::FetchError;
+use self::jwks::FetchError;
 use self::jwks::{Endpoints, KeySet};
 use crate::auth::{
     AuthError, Authenticated, Authenticator, Challenge, Principal, TokenRefusal, hash_token,

@@ -17,7 +17,7 @@ use graph_relay_core::prelude::*;
 use graph_relay_store_memory::MemoryStore;
 use graph_relay_transport_http::auth::{AgentToken, DeviceToken, TokenConfig, hash_token};
 use graph_relay_transport_http::{
-    Authenticator, HttpConfig, HttpState, ServeConfig, TokioSleeper, router, serve,
+    HttpConfig, HttpState, ServeConfig, TokioSleeper, auth::Authenticator, router, serve,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
