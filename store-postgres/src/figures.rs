@@ -48,9 +48,9 @@ impl PostgresStore {
         let counts = client
             .prepare_cached(
                 "SELECT
-                    (SELECT count(*) FROM commands WHERE status = 'queued'),
-                    (SELECT count(*) FROM commands WHERE status = 'running'),
-                    (SELECT min(created_at) FROM commands WHERE status = 'queued'),
+                    (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
+                    (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'running'),
+                    (SELECT min(created_at) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
                     (SELECT count(*) FROM devices),
                     (SELECT count(*) FROM devices
                      WHERE GREATEST(last_seen_at, coalesce(last_sync_at, last_seen_at))
@@ -121,7 +121,7 @@ impl PostgresStore {
 const QUEUE_STATS: &str = r#"
 WITH running AS (
     SELECT owner, device, count(*) AS n FROM commands
-    WHERE status = 'running' GROUP BY owner, device
+    WHERE finished_at IS NULL AND status = 'running' GROUP BY owner, device
 ),
 desktops AS (
     SELECT coalesce(json_agg(json_build_array(
@@ -140,7 +140,7 @@ queue AS (
     SELECT coalesce(json_agg(json_build_array(id, owner, project, device, created_at)
            ORDER BY created_at, seq), '[]') AS list
     FROM (SELECT id, owner, project, device, created_at, seq FROM commands
-          WHERE status = 'queued' ORDER BY created_at, seq LIMIT $2) AS q
+          WHERE finished_at IS NULL AND status = 'queued' ORDER BY created_at, seq LIMIT $2) AS q
 ),
 finished AS (
     SELECT coalesce(json_agg(json_build_array(status, n)), '[]') AS list
@@ -151,10 +151,10 @@ pickups AS (
     SELECT coalesce(json_agg(json_build_array(created, started)), '[]') AS list
     FROM (SELECT (record::jsonb ->> 'created_at')::bigint AS created,
                  (record::jsonb ->> 'started_at')::bigint AS started
-          FROM commands WHERE finished_at >= $1 OR status = 'running') AS p
+          FROM commands WHERE finished_at >= $1 OR (finished_at IS NULL AND status = 'running')) AS p
     WHERE started >= $1 AND created IS NOT NULL
 )
-SELECT (SELECT count(*) FROM commands WHERE status = 'queued'),
+SELECT (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
        (SELECT coalesce(sum(n), 0)::bigint FROM running),
        desktops.list::text, shares.list::text, queue.list::text,
        finished.list::text, pickups.list::text

@@ -393,7 +393,8 @@ impl Store for PostgresStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE owner = $1 AND device = $2 AND status = 'running' LIMIT $3",
+             WHERE owner = $1 AND device = $2 AND finished_at IS NULL AND status = 'running'
+             LIMIT $3",
             &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
         )
         .await
@@ -406,7 +407,8 @@ impl Store for PostgresStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+             WHERE finished_at IS NULL AND status = 'running'
+               AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
              ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
             &[&millis(now)?, &sql_limit(limit)],
         )
