@@ -318,8 +318,8 @@ struct SyncRow<'a> {
 /// they were the same. Comparing with the stored rows, not with what this
 /// process wrote last, catches a change written meanwhile through another
 /// server. Its commit does not wait for the WAL flush
-/// (`synchronous_commit` off for this transaction only; see "Syncs commit
-/// without waiting for the disk" in the crate docs).
+/// (`synchronous_commit` off for this transaction only; see "Syncs and
+/// contacts commit without waiting for the disk" in the crate docs).
 const SYNC_IF_UNCHANGED: &str = "WITH given AS (
         SELECT s.id, s.meta FROM unnest($4::text[], $5::text[]) AS s(id, meta)
     ), stored AS (
@@ -716,16 +716,24 @@ impl Store for PostgresStore {
         };
         let client = self.client().await?;
         // GREATEST ignores NULL: times only move forward, even when two
-        // servers record contacts out of order.
+        // servers record contacts out of order. A contact is liveness, as
+        // a sync's is: its commit does not wait for the WAL flush (see
+        // "Syncs and contacts commit without waiting for the disk" in the
+        // crate docs), so the start, control or result it comes before
+        // waits for one flush, its own, not two in a row.
         let stmt = client
             .prepare_cached(
-                "INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (owner, device) DO UPDATE SET
-                    last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
-                    last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
-                    long_poll = CASE WHEN EXCLUDED.last_sync_at IS NULL THEN d.long_poll
-                                     ELSE EXCLUDED.long_poll END",
+                "WITH touched AS (
+                    INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+                    VALUES ($1, $2, $3, $4, $5)
+                    ON CONFLICT (owner, device) DO UPDATE SET
+                       last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
+                       last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
+                       long_poll = CASE WHEN EXCLUDED.last_sync_at IS NULL THEN d.long_poll
+                                        ELSE EXCLUDED.long_poll END
+                    RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true)",
             )
             .await
             .map_err(backend)?;
