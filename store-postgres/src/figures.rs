@@ -48,9 +48,9 @@ impl PostgresStore {
         let counts = client
             .prepare_cached(
                 "SELECT
-                    (SELECT count(*) FROM commands WHERE status = 'queued'),
-                    (SELECT count(*) FROM commands WHERE status = 'running'),
-                    (SELECT min(created_at) FROM commands WHERE status = 'queued'),
+                    (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
+                    (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'running'),
+                    (SELECT min(created_at) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
                     (SELECT count(*) FROM devices),
                     (SELECT count(*) FROM devices
                      WHERE GREATEST(last_seen_at, coalesce(last_sync_at, last_seen_at))
@@ -121,7 +121,7 @@ impl PostgresStore {
 const QUEUE_STATS: &str = r#"
 WITH running AS (
     SELECT owner, device, count(*) AS n FROM commands
-    WHERE status = 'running' GROUP BY owner, device
+    WHERE finished_at IS NULL AND status = 'running' GROUP BY owner, device
 ),
 desktops AS (
     SELECT coalesce(json_agg(json_build_array(
@@ -140,7 +140,7 @@ queue AS (
     SELECT coalesce(json_agg(json_build_array(id, owner, project, device, created_at)
            ORDER BY created_at, seq), '[]') AS list
     FROM (SELECT id, owner, project, device, created_at, seq FROM commands
-          WHERE status = 'queued' ORDER BY created_at, seq LIMIT $2) AS q
+          WHERE finished_at IS NULL AND status = 'queued' ORDER BY created_at, seq LIMIT $2) AS q
 ),
 finished AS (
     SELECT coalesce(json_agg(json_build_array(status, n)), '[]') AS list
@@ -151,10 +151,10 @@ pickups AS (
     SELECT coalesce(json_agg(json_build_array(created, started)), '[]') AS list
     FROM (SELECT (record::jsonb ->> 'created_at')::bigint AS created,
                  (record::jsonb ->> 'started_at')::bigint AS started
-          FROM commands WHERE finished_at >= $1 OR status = 'running') AS p
+          FROM commands WHERE finished_at >= $1 OR (finished_at IS NULL AND status = 'running')) AS p
     WHERE started >= $1 AND created IS NOT NULL
 )
-SELECT (SELECT count(*) FROM commands WHERE status = 'queued'),
+SELECT (SELECT count(*) FROM commands WHERE finished_at IS NULL AND status = 'queued'),
        (SELECT coalesce(sum(n), 0)::bigint FROM running),
        desktops.list::text, shares.list::text, queue.list::text,
        finished.list::text, pickups.list::text
@@ -186,57 +186,13 @@ impl PostgresStore {
         let queued = count(row.try_get(0).map_err(corrupt)?)?;
         let running = count(row.try_get(1).map_err(corrupt)?)?;
         let list = |i: usize| -> Result<String, StoreError> { row.try_get(i).map_err(corrupt) };
-
-        let desktops =
-            decode::<Vec<(String, String, Option<i64>, i64, bool, i64)>>("desktops", &list(2)?)?
-                .into_iter()
-                .map(
-                    |(owner, device, last_sync, last_seen, long_poll, running)| {
-                        Ok(DesktopStats {
-                            owner,
-                            device,
-                            last_seen_at: timestamp(last_seen)?,
-                            last_sync_at: last_sync.map(timestamp).transpose()?,
-                            long_poll,
-                            running: count(running)?,
-                        })
-                    },
-                )
-                .collect::<Result<Vec<_>, StoreError>>()?;
-        let shares = decode::<Vec<(String, String, i64, i64)>>("shares", &list(3)?)?
-            .into_iter()
-            .map(|(owner, project, sessions, desktops)| {
-                Ok(ProjectShares {
-                    owner,
-                    project,
-                    sessions: count(sessions)?,
-                    desktops: count(desktops)?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let queue = decode::<Vec<(String, String, String, String, i64)>>("queue", &list(4)?)?
-            .into_iter()
-            .map(|(command_id, owner, project, device, created_at)| {
-                Ok(QueuedRun {
-                    command_id,
-                    owner,
-                    project,
-                    device,
-                    created_at: timestamp(created_at)?,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let mut recent_by_status = BTreeMap::new();
-        for (status, n) in decode::<Vec<(String, i64)>>("finished runs", &list(5)?)? {
-            recent_by_status.insert(status, count(n)?);
-        }
+        let desktops = desktops(&list(2)?)?;
+        let shares = shares(&list(3)?)?;
+        let queue = queue(&list(4)?)?;
+        let mut recent_by_status = recent_by_status(&list(5)?)?;
         recent_by_status.insert("queued".to_owned(), queued);
         recent_by_status.insert("running".to_owned(), running);
-        let mut pickups = decode::<Vec<(i64, i64)>>("pickups", &list(6)?)?
-            .into_iter()
-            .map(|(created, started)| Ok(timestamp(started)?.since(timestamp(created)?)))
-            .collect::<Result<Vec<Duration>, StoreError>>()?;
-        pickups.sort();
+        let pickups = pickups(&list(6)?)?;
         Ok(QueueStats {
             now,
             desktops,
@@ -248,6 +204,76 @@ impl PostgresStore {
             pickups,
         })
     }
+}
+
+/// The status's desktops: (owner, device, last sync, last seen, long
+/// poll, running runs) each.
+fn desktops(json: &str) -> Result<Vec<DesktopStats>, StoreError> {
+    decode::<Vec<(String, String, Option<i64>, i64, bool, i64)>>("desktops", json)?
+        .into_iter()
+        .map(
+            |(owner, device, last_sync, last_seen, long_poll, running)| {
+                Ok(DesktopStats {
+                    owner,
+                    device,
+                    last_seen_at: timestamp(last_seen)?,
+                    last_sync_at: last_sync.map(timestamp).transpose()?,
+                    long_poll,
+                    running: count(running)?,
+                })
+            },
+        )
+        .collect()
+}
+
+/// The status's shares: (owner, project, sessions, desktops) each.
+fn shares(json: &str) -> Result<Vec<ProjectShares>, StoreError> {
+    decode::<Vec<(String, String, i64, i64)>>("shares", json)?
+        .into_iter()
+        .map(|(owner, project, sessions, desktops)| {
+            Ok(ProjectShares {
+                owner,
+                project,
+                sessions: count(sessions)?,
+                desktops: count(desktops)?,
+            })
+        })
+        .collect()
+}
+
+/// The status's queued runs: (id, owner, project, device, created) each.
+fn queue(json: &str) -> Result<Vec<QueuedRun>, StoreError> {
+    decode::<Vec<(String, String, String, String, i64)>>("queue", json)?
+        .into_iter()
+        .map(|(command_id, owner, project, device, created_at)| {
+            Ok(QueuedRun {
+                command_id,
+                owner,
+                project,
+                device,
+                created_at: timestamp(created_at)?,
+            })
+        })
+        .collect()
+}
+
+/// The status's finished runs in the window: (status, count) each.
+fn recent_by_status(json: &str) -> Result<BTreeMap<String, u64>, StoreError> {
+    decode::<Vec<(String, i64)>>("finished runs", json)?
+        .into_iter()
+        .map(|(status, n)| Ok((status, count(n)?)))
+        .collect()
+}
+
+/// The status's pickups: (created, started) each, as the time between
+/// them, shortest first.
+fn pickups(json: &str) -> Result<Vec<Duration>, StoreError> {
+    let mut pickups = decode::<Vec<(i64, i64)>>("pickups", json)?
+        .into_iter()
+        .map(|(created, started)| Ok(timestamp(started)?.since(timestamp(created)?)))
+        .collect::<Result<Vec<Duration>, StoreError>>()?;
+    pickups.sort();
+    Ok(pickups)
 }
 
 /// A count read from the database.

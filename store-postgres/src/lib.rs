@@ -96,22 +96,27 @@
 //! [`PostgresStore::statements_executed`] counts a batch as one statement,
 //! however many requests it answers.
 //!
-//! ## Syncs commit without waiting for the disk
-//! The writes of a sync (shared sessions and the device's contact) commit
-//! with `synchronous_commit` off for their own transaction, so they do not
-//! wait for the WAL flush. With thousands of desktops every re-sync is a
-//! commit; waiting for the flush behind every other commit kept the pool's
-//! connections busy and queued every other request behind them. The risk
-//! is bounded: if the database server itself crashes, the last fraction of
-//! a second of these commits may be lost (whole, never in part, and never
-//! one that a later synchronous commit depends on: the WAL is flushed in
-//! order, so queuing or starting a run on a share also makes the share
-//! durable). Every sync writes that state again, compared with what is
-//! stored, so the next sync of each desktop restores it. Commands,
-//! idempotency keys, results and every other write keep the database's
-//! setting, batched or not: with `synchronous_commit` on (Postgres's
-//! default), a batch answers its requests only once the WAL holding it is
-//! on disk.
+//! ## Syncs and contacts commit without waiting for the disk
+//! The writes of a sync (shared sessions and the device's contact), and
+//! the contact a desktop's other requests record (`touch_device`, at most
+//! once per touch interval, before a `start`, a control request or a
+//! result), commit with `synchronous_commit` off for their own
+//! transaction, so they do not wait for the WAL flush. With thousands of
+//! desktops every re-sync is a commit; waiting for the flush behind every
+//! other commit kept the pool's connections busy and queued every other
+//! request behind them, and a result that came with a contact waited for
+//! two flushes in a row, the contact's and its own. The risk is bounded:
+//! if the database server itself crashes, the last fraction of a second
+//! of these commits may be lost (whole, never in part, and never one that
+//! a later synchronous commit depends on: the WAL is flushed in order, so
+//! queuing or starting a run on a share also makes the share durable, and
+//! a start or result makes the contact before it durable). Every sync
+//! writes that state again, compared with what is stored, and every
+//! contact moves the device's times forward again, so the next contact of
+//! each desktop restores it. Commands, idempotency keys, results and every
+//! other write keep the database's setting, batched or not: with
+//! `synchronous_commit` on (Postgres's default), a batch answers its
+//! requests only once the WAL holding it is on disk.
 
 mod batch;
 mod errors;

@@ -132,46 +132,22 @@ impl PostgresMcpSessionStore {
     }
 }
 
-impl PostgresStore {
-    /// The initialize-era MCP session table in this store's database
-    /// ([`PostgresMcpSessionStore`]), sharing its pool.
-    pub fn mcp_session_store(&self) -> PostgresMcpSessionStore {
-        PostgresMcpSessionStore::new(self)
-    }
-}
-
-/// Deletes up to `$2` ([`SWEEP_BATCH`]) rows idle since `$1`.
-const SWEEP: &str = "DELETE FROM mcp_sessions WHERE id IN (
-        SELECT id FROM mcp_sessions WHERE used_at <= $1
-        ORDER BY used_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
-
-#[async_trait]
-impl McpSessionStore for PostgresMcpSessionStore {
-    async fn create(
+impl PostgresMcpSessionStore {
+    /// Makes room in `tx` for a new session of `agent` (owner, agent):
+    /// takes the creates' lock, sweeps one batch of expired sessions, and
+    /// evicts as many of the agent's own least recently used sessions as
+    /// both bounds of `limits` need, refusing when the agent has too few.
+    /// Counts only the eviction; the caller counts the lock, the sweep and
+    /// the count.
+    async fn make_room(
         &self,
-        id: &str,
-        owner: &McpSessionOwner,
-        session: &McpSession,
+        tx: &deadpool_postgres::Transaction<'_>,
+        (o, a): (&str, &str),
+        cutoff: i64,
         limits: &McpSessionLimits,
-        now: Timestamp,
     ) -> Result<(), McpSessionCreateError> {
-        let state = session.to_state();
-        if state.len() > MAX_MCP_SESSION_STATE_BYTES {
-            return Err(McpSessionCreateError::TooLarge {
-                bytes: state.len(),
-                limit: MAX_MCP_SESSION_STATE_BYTES,
-            });
-        }
-        let granted = granted(owner)?;
-        let client_bytes = i32::try_from(session.retained_bytes()).unwrap_or(i32::MAX);
-        let (now_ms, cutoff) = (millis(now)?, cutoff(now, limits)?);
         let max_own = i64::try_from(limits.max_sessions_per_agent.max(1)).unwrap_or(i64::MAX);
         let max_total = i64::try_from(limits.max_sessions.max(1)).unwrap_or(i64::MAX);
-        let (o, a) = (owner.owner().as_str(), owner.agent().as_str());
-        let mut client = self.store.client().await?;
-        self.store.sent(1);
-        let tx = client.transaction().await.map_err(backend)?;
-        self.store.sent(4);
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&CREATE_LOCK])
             .await
             .map_err(backend)?;
@@ -208,6 +184,50 @@ impl McpSessionStore for PostgresMcpSessionStore {
             .await
             .map_err(backend)?;
         }
+        Ok(())
+    }
+}
+
+impl PostgresStore {
+    /// The initialize-era MCP session table in this store's database
+    /// ([`PostgresMcpSessionStore`]), sharing its pool.
+    pub fn mcp_session_store(&self) -> PostgresMcpSessionStore {
+        PostgresMcpSessionStore::new(self)
+    }
+}
+
+/// Deletes up to `$2` ([`SWEEP_BATCH`]) rows idle since `$1`.
+const SWEEP: &str = "DELETE FROM mcp_sessions WHERE id IN (
+        SELECT id FROM mcp_sessions WHERE used_at <= $1
+        ORDER BY used_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+#[async_trait]
+impl McpSessionStore for PostgresMcpSessionStore {
+    async fn create(
+        &self,
+        id: &str,
+        owner: &McpSessionOwner,
+        session: &McpSession,
+        limits: &McpSessionLimits,
+        now: Timestamp,
+    ) -> Result<(), McpSessionCreateError> {
+        let state = session.to_state();
+        if state.len() > MAX_MCP_SESSION_STATE_BYTES {
+            return Err(McpSessionCreateError::TooLarge {
+                bytes: state.len(),
+                limit: MAX_MCP_SESSION_STATE_BYTES,
+            });
+        }
+        let granted = granted(owner)?;
+        let client_bytes = i32::try_from(session.retained_bytes()).unwrap_or(i32::MAX);
+        let (now_ms, cutoff) = (millis(now)?, cutoff(now, limits)?);
+        let (o, a) = (owner.owner().as_str(), owner.agent().as_str());
+        let mut client = self.store.client().await?;
+        self.store.sent(1);
+        let tx = client.transaction().await.map_err(backend)?;
+        // The lock, the sweep, the count and the insert.
+        self.store.sent(4);
+        self.make_room(&tx, (o, a), cutoff, limits).await?;
         tx.execute(
             "INSERT INTO mcp_sessions
                  (id, owner, agent, token_sha256, granted, state, client_bytes, created_at, used_at)

@@ -300,53 +300,13 @@ where
 
     /// One connection's life: returns when it ends.
     async fn session(&mut self, backoff: &mut Duration, failing: &mut bool) -> Result<(), String> {
-        let (client, mut connection) = self
-            .config
-            .connect(self.tls.clone())
-            .await
-            .map_err(|e| describe(&e))?;
-        let (notes, mut incoming) = mpsc::unbounded_channel::<Notification>();
-        let driver = tokio::spawn(async move {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-            while let Some(message) = messages.next().await {
-                match message {
-                    Ok(AsyncMessage::Notification(n)) => {
-                        if notes.send(n).is_err() {
-                            return Ok(());
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => return Err(describe(&e)),
-                }
-            }
-            Ok(())
-        });
+        let (client, driver, mut incoming) = self.connect().await?;
         let _abort = AbortOnDrop(driver.abort_handle());
-        client
-            .batch_execute(&format!("LISTEN {CHANNEL}"))
-            .await
-            .map_err(|e| describe(&e))?;
-        let pid: i32 = client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .map_err(|e| describe(&e))?
-            .get(0);
-        self.shared.count(|c| &c.connects, 1);
-        self.shared.set_listening(Some(pid));
+        let pid = self.listen(&client).await?;
         // Not listening once this session ends, also when the task running
         // it is aborted or dropped mid-way.
         let _listening = ListeningUntilDrop(self.shared.clone());
-        if self.shared.counters.connects.load(Ordering::Relaxed) > 1 {
-            // Other servers' hints sent while this listener was away are
-            // lost: every local held request looks once.
-            self.shared.count(|c| &c.wake_alls, 1);
-            self.signals.wake_all();
-        }
-        if *failing {
-            tracing::info!("postgres wake-ups: listening again");
-            *failing = false;
-        }
-        *backoff = BACKOFF_MIN;
+        self.listening_again(backoff, failing);
         let publish = client
             .prepare("SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p")
             .await
@@ -363,28 +323,106 @@ where
                     },
                 },
                 first = self.rx.recv(), if !forwarders_gone => match first {
-                    Some(first) => {
-                        let mut batch = vec![first];
-                        while batch.len() < BATCH {
-                            match self.rx.try_recv() {
-                                Ok(p) => batch.push(p),
-                                Err(_) => break,
-                            }
-                        }
-                        batch.sort_unstable();
-                        batch.dedup();
-                        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-                        if let Err(e) = client.execute(&publish, &[&CHANNEL, &batch]).await {
-                            self.shared.drop_hints(n);
-                            return Err(describe(&e));
-                        }
-                        self.shared.count(|c| &c.published, n);
-                        self.publish_wake_all_if_lost(&client).await?;
-                    }
+                    Some(first) => self.publish(&client, &publish, first).await?,
                     None => forwarders_gone = true,
                 },
             }
         }
+    }
+
+    /// A new connection, its driver (which ends with the connection's
+    /// error, if any) and the notifications the driver passes on.
+    async fn connect(
+        &self,
+    ) -> Result<
+        (
+            tokio_postgres::Client,
+            tokio::task::JoinHandle<Result<(), String>>,
+            mpsc::UnboundedReceiver<Notification>,
+        ),
+        String,
+    > {
+        let (client, mut connection) = self
+            .config
+            .connect(self.tls.clone())
+            .await
+            .map_err(|e| describe(&e))?;
+        let (notes, incoming) = mpsc::unbounded_channel::<Notification>();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(n)) => {
+                        if notes.send(n).is_err() {
+                            return Ok(());
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(describe(&e)),
+                }
+            }
+            Ok(())
+        });
+        Ok((client, driver, incoming))
+    }
+
+    /// Listens on `client` and counts it as listening: returns the
+    /// connection's backend pid (its own notifications carry it).
+    async fn listen(&self, client: &tokio_postgres::Client) -> Result<i32, String> {
+        client
+            .batch_execute(&format!("LISTEN {CHANNEL}"))
+            .await
+            .map_err(|e| describe(&e))?;
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .map_err(|e| describe(&e))?
+            .get(0);
+        self.shared.count(|c| &c.connects, 1);
+        self.shared.set_listening(Some(pid));
+        Ok(pid)
+    }
+
+    /// Once listening: after a reconnection, wakes every local held
+    /// request; ends a spell of failures and resets the backoff.
+    fn listening_again(&self, backoff: &mut Duration, failing: &mut bool) {
+        if self.shared.counters.connects.load(Ordering::Relaxed) > 1 {
+            // Other servers' hints sent while this listener was away are
+            // lost: every local held request looks once.
+            self.shared.count(|c| &c.wake_alls, 1);
+            self.signals.wake_all();
+        }
+        if *failing {
+            tracing::info!("postgres wake-ups: listening again");
+            *failing = false;
+        }
+        *backoff = BACKOFF_MIN;
+    }
+
+    /// Publishes `first` and the hints queued behind it (up to [`BATCH`],
+    /// each once) with `publish`, then [`WAKE_ALL`] if hints were lost.
+    async fn publish(
+        &mut self,
+        client: &tokio_postgres::Client,
+        publish: &tokio_postgres::Statement,
+        first: String,
+    ) -> Result<(), String> {
+        let mut batch = vec![first];
+        while batch.len() < BATCH {
+            match self.rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        batch.sort_unstable();
+        batch.dedup();
+        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        if let Err(e) = client.execute(publish, &[&CHANNEL, &batch]).await {
+            self.shared.drop_hints(n);
+            return Err(describe(&e));
+        }
+        self.shared.count(|c| &c.published, n);
+        self.publish_wake_all_if_lost(client).await
     }
 
     /// Publishes [`WAKE_ALL`] if hints were lost since the last one.

@@ -300,6 +300,86 @@ impl PostgresStore {
     }
 }
 
+/// A sync as [`SYNC_IF_UNCHANGED`] records it.
+struct SyncRow<'a> {
+    owner: &'a OwnerId,
+    project: &'a ProjectId,
+    device: &'a DeviceId,
+    sessions: &'a [SessionMeta],
+    long_poll: bool,
+    /// Its time (ms).
+    stamp: i64,
+}
+
+/// Compares a sync's sessions (`$4` ids, `$5` metadata) with the stored
+/// rows of (owner `$1`, project `$2`, device `$3`) and, when they are the
+/// same, moves their stamps to `$6`; records the device's contact (as
+/// `touch_device` does, long-polling `$7`) either way; answers whether
+/// they were the same. Comparing with the stored rows, not with what this
+/// process wrote last, catches a change written meanwhile through another
+/// server. Its commit does not wait for the WAL flush
+/// (`synchronous_commit` off for this transaction only; see "Syncs and
+/// contacts commit without waiting for the disk" in the crate docs).
+const SYNC_IF_UNCHANGED: &str = "WITH given AS (
+        SELECT s.id, s.meta FROM unnest($4::text[], $5::text[]) AS s(id, meta)
+    ), stored AS (
+        SELECT graph_session_id AS id, meta FROM shared_sessions
+        WHERE owner = $1 AND project = $2 AND device = $3
+    ), verdict AS (
+        SELECT NOT EXISTS (SELECT id, meta FROM given EXCEPT SELECT id, meta FROM stored)
+           AND NOT EXISTS (SELECT id, meta FROM stored EXCEPT SELECT id, meta FROM given)
+           AS unchanged
+    ), stamped AS (
+        UPDATE shared_sessions SET synced_at = $6
+        WHERE owner = $1 AND project = $2 AND device = $3 AND synced_at < $6
+          AND (SELECT unchanged FROM verdict)
+        RETURNING 1
+    ), touched AS (
+        INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+        VALUES ($1, $3, $6, $6, $7)
+        ON CONFLICT (owner, device) DO UPDATE SET
+           last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
+           last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
+           long_poll = EXCLUDED.long_poll
+        RETURNING 1
+    )
+    SELECT unchanged, set_config('synchronous_commit', 'off', true) FROM verdict";
+
+impl PostgresStore {
+    /// Runs [`SYNC_IF_UNCHANGED`] for `sync`: whether its sessions were
+    /// those stored (and so are recorded now).
+    async fn record_unchanged_sync(&self, sync: &SyncRow<'_>) -> Result<bool, StoreError> {
+        let ids: Vec<&str> = sync
+            .sessions
+            .iter()
+            .map(|s| s.graph_session_id.as_str())
+            .collect();
+        let metas = encode_metas(sync.sessions)?;
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(SYNC_IF_UNCHANGED)
+            .await
+            .map_err(backend)?;
+        self.sent(1);
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &sync.owner.as_str(),
+                    &sync.project.as_str(),
+                    &sync.device.as_str(),
+                    &ids,
+                    &metas,
+                    &sync.stamp,
+                    &sync.long_poll,
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        row.try_get::<_, bool>(0).map_err(corrupt)
+    }
+}
+
 #[async_trait]
 impl Store for PostgresStore {
     async fn idempotency(
@@ -393,7 +473,8 @@ impl Store for PostgresStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE owner = $1 AND device = $2 AND status = 'running' LIMIT $3",
+             WHERE owner = $1 AND device = $2 AND finished_at IS NULL AND status = 'running'
+             LIMIT $3",
             &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
         )
         .await
@@ -406,7 +487,8 @@ impl Store for PostgresStore {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
             "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+             WHERE finished_at IS NULL AND status = 'running'
+               AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
              ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
             &[&millis(now)?, &sql_limit(limit)],
         )
@@ -524,73 +606,18 @@ impl Store for PostgresStore {
         long_poll: bool,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let stamp = millis(now)?;
-        let ids: Vec<&str> = sessions
-            .iter()
-            .map(|s| s.graph_session_id.as_str())
-            .collect();
-        let metas = encode_metas(sessions)?;
         // One statement, one round trip and one commit for a sync that
-        // repeats what is stored (a long-poll re-sync): it compares the
-        // sessions with the stored ones, moves their stamps when they are
-        // the same, and records the contact as `touch_device` does. Only
-        // when they differ does the locked replacement follow. Comparing
-        // with the stored rows, not with what this process wrote last,
-        // catches a change written meanwhile through another server.
-        //
-        // Its commit does not wait for the WAL flush (`synchronous_commit`
-        // off for this transaction only; see "Syncs commit without waiting
-        // for the disk" in the crate docs).
-        let unchanged = {
-            let client = self.client().await?;
-            let stmt = client
-                .prepare_cached(
-                    "WITH given AS (
-                        SELECT s.id, s.meta FROM unnest($4::text[], $5::text[]) AS s(id, meta)
-                    ), stored AS (
-                        SELECT graph_session_id AS id, meta FROM shared_sessions
-                        WHERE owner = $1 AND project = $2 AND device = $3
-                    ), verdict AS (
-                        SELECT NOT EXISTS (SELECT id, meta FROM given EXCEPT SELECT id, meta FROM stored)
-                           AND NOT EXISTS (SELECT id, meta FROM stored EXCEPT SELECT id, meta FROM given)
-                           AS unchanged
-                    ), stamped AS (
-                        UPDATE shared_sessions SET synced_at = $6
-                        WHERE owner = $1 AND project = $2 AND device = $3 AND synced_at < $6
-                          AND (SELECT unchanged FROM verdict)
-                        RETURNING 1
-                    ), touched AS (
-                        INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
-                        VALUES ($1, $3, $6, $6, $7)
-                        ON CONFLICT (owner, device) DO UPDATE SET
-                           last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
-                           last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
-                           long_poll = EXCLUDED.long_poll
-                        RETURNING 1
-                    )
-                    SELECT unchanged, set_config('synchronous_commit', 'off', true) FROM verdict",
-                )
-                .await
-                .map_err(backend)?;
-            self.sent(1);
-            let row = client
-                .query_one(
-                    &stmt,
-                    &[
-                        &owner.as_str(),
-                        &project.as_str(),
-                        &device.as_str(),
-                        &ids,
-                        &metas,
-                        &stamp,
-                        &long_poll,
-                    ],
-                )
-                .await
-                .map_err(backend)?;
-            row.try_get::<_, bool>(0).map_err(corrupt)?
+        // repeats what is stored (a long-poll re-sync); only when the
+        // sessions differ does the locked replacement follow.
+        let sync = SyncRow {
+            owner,
+            project,
+            device,
+            sessions,
+            long_poll,
+            stamp: millis(now)?,
         };
-        if unchanged {
+        if self.record_unchanged_sync(&sync).await? {
             return Ok(());
         }
         self.replace_shared_sessions(owner, project, device, sessions, now)
@@ -689,16 +716,24 @@ impl Store for PostgresStore {
         };
         let client = self.client().await?;
         // GREATEST ignores NULL: times only move forward, even when two
-        // servers record contacts out of order.
+        // servers record contacts out of order. A contact is liveness, as
+        // a sync's is: its commit does not wait for the WAL flush (see
+        // "Syncs and contacts commit without waiting for the disk" in the
+        // crate docs), so the start, control or result it comes before
+        // waits for one flush, its own, not two in a row.
         let stmt = client
             .prepare_cached(
-                "INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
-                 VALUES ($1, $2, $3, $4, $5)
-                 ON CONFLICT (owner, device) DO UPDATE SET
-                    last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
-                    last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
-                    long_poll = CASE WHEN EXCLUDED.last_sync_at IS NULL THEN d.long_poll
-                                     ELSE EXCLUDED.long_poll END",
+                "WITH touched AS (
+                    INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+                    VALUES ($1, $2, $3, $4, $5)
+                    ON CONFLICT (owner, device) DO UPDATE SET
+                       last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at),
+                       last_sync_at = GREATEST(d.last_sync_at, EXCLUDED.last_sync_at),
+                       long_poll = CASE WHEN EXCLUDED.last_sync_at IS NULL THEN d.long_poll
+                                        ELSE EXCLUDED.long_poll END
+                    RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true)",
             )
             .await
             .map_err(backend)?;

@@ -53,7 +53,7 @@ const QUEUED: &str =
     CROSS JOIN LATERAL (
         SELECT * FROM commands
         WHERE owner = l.owner AND project = l.project AND device = l.device
-          AND status = 'queued'
+          AND finished_at IS NULL AND status = 'queued'
         ORDER BY created_at, seq LIMIT l.size) AS c
     ORDER BY l.ord, c.created_at, c.seq";
 
@@ -82,7 +82,8 @@ const COMMAND_ONE: &str = "SELECT id, agent, device, status, revision, record, o
 /// [`QUEUED`] for one look-up, `$1..$4` as scalars.
 const QUEUED_ONE: &str = "SELECT id, agent, device, status, revision, record, owner, 1::int8
     FROM commands
-    WHERE owner = $1 AND project = $2 AND device = $3 AND status = 'queued'
+    WHERE owner = $1 AND project = $2 AND device = $3
+      AND finished_at IS NULL AND status = 'queued'
     ORDER BY created_at, seq LIMIT $4";
 
 /// [`SESSIONS`] for one look-up: the owner, its projects in order, the id.
