@@ -20,7 +20,8 @@
 //!   works.
 //!   - *Writes* go to the database's one **writer thread**, which owns the
 //!     only read-write connection: a call packs its work into a closure,
-//!     sends it over a channel and awaits a `futures::channel::oneshot`.
+//!     sends it over a channel and awaits the answer (the answers of a
+//!     group commit are stored first and their callers woken together).
 //!     A write may have to wait for another process's write lock (up to
 //!     [`SqliteOptions::busy_timeout`]), and that wait must never block the
 //!     caller's executor.
