@@ -20,7 +20,8 @@
 //!   works.
 //!   - *Writes* go to the database's one **writer thread**, which owns the
 //!     only read-write connection: a call packs its work into a closure,
-//!     sends it over a channel and awaits a `futures::channel::oneshot`.
+//!     sends it over a channel and awaits the answer (the answers of a
+//!     group commit are stored first and their callers woken together).
 //!     A write may have to wait for another process's write lock (up to
 //!     [`SqliteOptions::busy_timeout`]), and that wait must never block the
 //!     caller's executor.
@@ -116,7 +117,8 @@
 //!   that crossed 1000 WAL pages, while every caller of that group and the
 //!   next waits: milliseconds, a fifth of the writer's time under load.
 //!   Instead the writer's WAL hook wakes a **checkpoint thread** with its
-//!   own connection. It first runs `PRAGMA wal_checkpoint(PASSIVE)`, which
+//!   own connection, once the WAL holds 2000 pages (twice SQLite's
+//!   threshold: half the syncs and fewer pages copied twice). It first runs `PRAGMA wal_checkpoint(PASSIVE)`, which
 //!   takes no lock that writers or readers wait for and copies the bulk of
 //!   the WAL, fsyncs included, while the writer goes on committing, and
 //!   repeats it (up to 4 rounds) while a round still copied 64 frames or
@@ -124,8 +126,8 @@
 //!   enough to copy the few frames committed meanwhile and sync (about 1 ms
 //!   under load, against 2-6 ms after a single passive round; it waits at
 //!   most 50 ms for locks, else it is retried after the next commit). The writer starts the WAL
-//!   over at its next transaction, so the WAL stays a few MB, as with
-//!   SQLite's own autocheckpoint (a test checks it stays under 20 MB over
+//!   over at its next transaction, so the WAL stays below about 10 MB, twice
+//!   what SQLite's own autocheckpoint allows (a test checks it stays under 20 MB over
 //!   5000 commits).
 //! - **Refusing foreign files.** Opening a file that is not SQLite, a SQLite
 //!   database of another application, or one written by a newer schema

@@ -251,8 +251,8 @@ trait AwaitNow: std::future::Future + Sized {
 
 impl<F: std::future::Future> AwaitNow for F {}
 
-/// Many writes one after another: the checkpoint thread keeps the WAL about
-/// as small as SQLite's own autocheckpoint would (1000 pages), and reads on
+/// Many writes one after another: the checkpoint thread keeps the WAL within
+/// a few times what SQLite's own autocheckpoint would (1000 pages), and reads on
 /// several threads at once, with fewer pooled connections than threads,
 /// all see every write.
 #[test]

