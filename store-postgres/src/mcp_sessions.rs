@@ -5,7 +5,7 @@
 //! agent), the SHA-256 of the token that made it, the projects and scopes
 //! that token granted (`granted`, for the revocation check), the
 //! [`McpSession`] as JSON (`state`, at most
-//! [`MAX_MCP_SESSION_STATE_BYTES`]), and the creation and last-use times
+//! [`MAX_MCP_SESSION_STATE_BYTES`](graph_relay_core::mcp::MAX_MCP_SESSION_STATE_BYTES)), and the creation and last-use times
 //! in milliseconds.
 //!
 //! - **Keyed by holder.** Every look-up, update and delete matches the id
@@ -42,8 +42,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use async_trait::async_trait;
 use graph_relay_core::ids::{AgentId, OwnerId, ProjectId};
 use graph_relay_core::mcp::{
-    Caller, MAX_MCP_SESSION_STATE_BYTES, McpSession, McpSessionCreateError, McpSessionFigures,
-    McpSessionLimits, McpSessionOwner, McpSessionStore, McpSessionsFull,
+    Caller, McpSession, McpSessionCreateError, McpSessionFigures, McpSessionLimits,
+    McpSessionOwner, McpSessionStore, McpSessionsFull,
 };
 use graph_relay_core::principal::Agent;
 use graph_relay_core::store::StoreError;
@@ -211,13 +211,7 @@ impl McpSessionStore for PostgresMcpSessionStore {
         limits: &McpSessionLimits,
         now: Timestamp,
     ) -> Result<(), McpSessionCreateError> {
-        let state = session.to_state();
-        if state.len() > MAX_MCP_SESSION_STATE_BYTES {
-            return Err(McpSessionCreateError::TooLarge {
-                bytes: state.len(),
-                limit: MAX_MCP_SESSION_STATE_BYTES,
-            });
-        }
+        let state = session.bounded_state()?;
         let granted = granted(owner)?;
         let client_bytes = i32::try_from(session.retained_bytes()).unwrap_or(i32::MAX);
         let (now_ms, cutoff) = (millis(now)?, cutoff(now, limits)?);
@@ -315,10 +309,9 @@ impl McpSessionStore for PostgresMcpSessionStore {
         owner: &McpSessionOwner,
         session: &McpSession,
     ) -> Result<(), StoreError> {
-        let state = session.to_state();
-        if state.len() > MAX_MCP_SESSION_STATE_BYTES {
+        let Ok(state) = session.bounded_state() else {
             return Ok(());
-        }
+        };
         let client_bytes = i32::try_from(session.retained_bytes()).unwrap_or(i32::MAX);
         let client = self.store.client().await?;
         let stmt = client

@@ -32,8 +32,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use graph_relay_core::ids::{AgentId, OwnerId};
 use graph_relay_core::mcp::{
-    MAX_MCP_SESSION_STATE_BYTES, McpSession, McpSessionCreateError, McpSessionFigures,
-    McpSessionLimits, McpSessionOwner, McpSessionStore, McpSessionsFull,
+    McpSession, McpSessionCreateError, McpSessionFigures, McpSessionLimits, McpSessionOwner,
+    McpSessionStore, McpSessionsFull,
 };
 use graph_relay_core::store::StoreError;
 use graph_relay_core::time::Timestamp;
@@ -142,13 +142,7 @@ impl McpSessionStore for MemoryMcpSessionStore {
         limits: &McpSessionLimits,
         now: Timestamp,
     ) -> Result<(), McpSessionCreateError> {
-        let bytes = session.to_state().len();
-        if bytes > MAX_MCP_SESSION_STATE_BYTES {
-            return Err(McpSessionCreateError::TooLarge {
-                bytes,
-                limit: MAX_MCP_SESSION_STATE_BYTES,
-            });
-        }
+        session.bounded_state()?;
         let mut table = self.table.lock().map_err(|_| poisoned())?;
         let max_total = limits.max_sessions.max(1);
         let max_own = limits.max_sessions_per_agent.max(1);
@@ -219,7 +213,7 @@ impl McpSessionStore for MemoryMcpSessionStore {
         owner: &McpSessionOwner,
         session: &McpSession,
     ) -> Result<(), StoreError> {
-        if session.to_state().len() > MAX_MCP_SESSION_STATE_BYTES {
+        if session.bounded_state().is_err() {
             return Ok(());
         }
         let mut table = self.table.lock().map_err(|_| poisoned())?;

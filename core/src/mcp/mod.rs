@@ -198,6 +198,20 @@ impl McpSession {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// [`to_state`](Self::to_state), refused when longer than
+    /// [`MAX_MCP_SESSION_STATE_BYTES`]: the bound every session store
+    /// keeps, checked here once for all of them.
+    pub fn bounded_state(&self) -> Result<String, McpSessionCreateError> {
+        let state = self.to_state();
+        if state.len() > MAX_MCP_SESSION_STATE_BYTES {
+            return Err(McpSessionCreateError::TooLarge {
+                bytes: state.len(),
+                limit: MAX_MCP_SESSION_STATE_BYTES,
+            });
+        }
+        Ok(state)
+    }
+
     /// A session read back from [`to_state`](Self::to_state)'s text; `None`
     /// when it is not one, or longer than [`MAX_MCP_SESSION_STATE_BYTES`].
     pub fn from_state(text: &str) -> Option<Self> {
