@@ -160,17 +160,11 @@ impl RunRecord {
         if let Err(e) = cancelled {
             return self.failed(tally, error_kind("cancel_graph_run", &e));
         }
-        match until_terminal(client, tally, id, plan, give_up).await {
-            Ok(run) => {
-                self.cancel_latency = Some(asked.elapsed());
-                self.read(Some(&run));
-            }
-            Err(kind) => return self.gave_up(tally, kind),
+        let run = until_terminal(client, tally, id, plan, give_up).await;
+        if run.is_ok() {
+            self.cancel_latency = Some(asked.elapsed());
         }
-        if self.status.as_deref() != Some("cancelled") {
-            return self.failed(tally, "cancelled_run_ended_otherwise");
-        }
-        self
+        self.ended(tally, run, "cancelled", "cancelled_run_ended_otherwise")
     }
 
     /// Waits until run `id` ends, which must be `completed`.
@@ -182,18 +176,31 @@ impl RunRecord {
         plan: &RunPlan,
         give_up: Instant,
     ) -> Self {
-        match until_terminal(client, tally, id, plan, give_up).await {
-            Ok(run) => {
-                let have = Instant::now();
-                self.result_latency = tally
-                    .finished(id)
-                    .map(|done| have.saturating_duration_since(done));
-                self.read(Some(&run));
-            }
+        let run = until_terminal(client, tally, id, plan, give_up).await;
+        if run.is_ok() {
+            let have = Instant::now();
+            self.result_latency = tally
+                .finished(id)
+                .map(|done| have.saturating_duration_since(done));
+        }
+        self.ended(tally, run, "completed", "run_ended_otherwise")
+    }
+
+    /// Keeps how run `id` ended (`run`, as the agent last read it): an end
+    /// other than `asked` is the error `otherwise`; no end is giving up.
+    fn ended(
+        mut self,
+        tally: &Tally,
+        run: Result<Value, &'static str>,
+        asked: &str,
+        otherwise: &'static str,
+    ) -> Self {
+        match run {
+            Ok(run) => self.read(Some(&run)),
             Err(kind) => return self.gave_up(tally, kind),
         }
-        if self.status.as_deref() != Some("completed") {
-            return self.failed(tally, "run_ended_otherwise");
+        if self.status.as_deref() != Some(asked) {
+            return self.failed(tally, otherwise);
         }
         self
     }
