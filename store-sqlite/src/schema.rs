@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 use crate::database::{Connections, Database, busy_handler, set_busy_budget};
-use crate::{OpenError, SqliteOptions};
+use crate::{OpenError, SqliteOptions, Synchronous};
 
 /// `PRAGMA application_id` of every graph-relay database: "GRly".
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
@@ -197,6 +197,7 @@ pub(crate) fn open(
         reader,
         open_reader: Box::new(open_reader),
         max_readers: options.readers,
+        inline_writes: options.synchronous == Synchronous::Normal,
     };
     Database::start(name, connections, options.busy_timeout).map_err(OpenError::Thread)
 }

@@ -56,7 +56,17 @@ thread_local! {
     pub(super) static CHECKPOINTS: RefCell<Option<Arc<Checkpoints>>> = const { RefCell::new(None) };
 }
 
-/// Called by SQLite on the writer thread after each commit with the number
+/// Runs `commit` on this thread with `checkpoints` as the thread that
+/// [`wal_hook`] asks (a caller that borrows the writing connection commits
+/// on its own thread, see `super::writer::try_inline`).
+pub(super) fn asking<T>(checkpoints: &Arc<Checkpoints>, commit: impl FnOnce() -> T) -> T {
+    let before = CHECKPOINTS.replace(Some(Arc::clone(checkpoints)));
+    let done = commit();
+    CHECKPOINTS.set(before);
+    done
+}
+
+/// Called by SQLite on the writing thread after each commit with the number
 /// of pages in the WAL: past [`CHECKPOINT_PAGES`] it asks the checkpoint
 /// thread for a checkpoint instead of running one inside the commit.
 ///

@@ -1,10 +1,13 @@
 //! The connections of one database file and the threads that own some.
 //!
-//! A [`Database`] is one writer thread (the only connection that writes),
-//! one checkpoint thread, and a pool of read-only connections. A write is a
+//! A [`Database`] is one writing connection with its writer thread, one
+//! checkpoint thread, and a pool of read-only connections. A write is a
 //! closure sent through a channel to the writer; the caller awaits its
-//! answer (`reply`: the answers of a group are woken together), so a write, which may wait for another
-//! process's lock, never blocks the caller's executor. A read runs on the
+//! answer (`reply`: the answers of a group are woken together), so a write
+//! that waits for another process's lock never blocks the caller's
+//! executor. When the writer has nothing to do, the caller runs its write
+//! itself instead, with the writing connection, if the file's write lock is
+//! free at once (see [`Database::write`]). A read runs on the
 //! calling thread with a connection checked out of the pool: in WAL mode a
 //! read never waits for a lock held by a writer (see the crate docs).
 //!
@@ -23,17 +26,17 @@ mod reply;
 mod writer;
 
 use std::cell::Cell;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use self::checkpoints::{CHECKPOINTS, Checkpoints, checkpoint_loop, wal_hook};
+use self::checkpoints::{CHECKPOINTS, Checkpoints, asking, checkpoint_loop, wal_hook};
 use self::read_pool::ReadPool;
-use self::writer::{Work, WriteJob, writer_loop};
+use self::writer::{Work, WriteJob, WriterState, Writing, try_inline, writer_loop};
 
 /// A failure inside the database threads, before it is mapped to the
 /// error type of the trait being implemented.
@@ -88,6 +91,14 @@ impl Statements {
 /// one database file.
 pub(crate) struct Database {
     statements: Arc<Statements>,
+    /// The one connection that writes: the writer thread's while it runs a
+    /// group, else free for a caller to run its write on (see [`Database::write`]).
+    writing: Arc<Mutex<Writing>>,
+    /// Whether callers may run their writes themselves (not when every
+    /// commit waits for an fsync, which would hold up the caller's executor).
+    inline_writes: bool,
+    /// Whether the writer thread sleeps and nothing waits for it.
+    writer_state: Arc<WriterState>,
     writer: Option<Sender<WriteJob>>,
     writer_thread: Option<JoinHandle<()>>,
     checkpoints: Arc<Checkpoints>,
@@ -107,6 +118,9 @@ pub(crate) struct Connections {
     pub(crate) open_reader: OpenReader,
     /// Most read connections open at once.
     pub(crate) max_readers: usize,
+    /// Whether a caller may commit on its own thread: only when a commit
+    /// does not wait for an fsync (see [`Database::write`]).
+    pub(crate) inline_writes: bool,
 }
 
 impl std::fmt::Debug for Database {
@@ -134,6 +148,7 @@ impl Database {
             reader,
             open_reader,
             max_readers,
+            inline_writes,
         } = connections;
         let checkpoints = Arc::new(Checkpoints::default());
         let signal = Arc::clone(&checkpoints);
@@ -144,15 +159,18 @@ impl Database {
         let signal = Arc::clone(&checkpoints);
         let statements = Arc::new(Statements::default());
         let counted = Arc::clone(&statements);
+        // Replaces SQLite's autocheckpoint, which would run the checkpoint
+        // inside the commit on the committing thread.
+        writer.wal_hook(Some(wal_hook));
+        let writing = Arc::new(Mutex::new(Writing::new(writer)));
+        let writer_state = Arc::new(WriterState::default());
+        let (lent, told) = (Arc::clone(&writing), Arc::clone(&writer_state));
         let writer_thread = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || {
                 BUSY_BUDGET.set(busy_timeout);
                 CHECKPOINTS.set(Some(signal));
-                // Replaces SQLite's autocheckpoint, which would run the
-                // checkpoint inside the commit on this thread.
-                writer.wal_hook(Some(wal_hook));
-                writer_loop(writer, write_rx, &counted);
+                writer_loop(&lent, write_rx, &told, &counted);
             });
         let writer_thread = match writer_thread {
             Ok(handle) => handle,
@@ -164,6 +182,9 @@ impl Database {
         };
         Ok(Self {
             statements,
+            writing,
+            inline_writes,
+            writer_state,
             writer: Some(write_tx),
             writer_thread: Some(writer_thread),
             checkpoints,
@@ -177,9 +198,19 @@ impl Database {
         &self.statements
     }
 
-    /// Runs `job` on the writer thread inside an immediate transaction and
-    /// returns its result once the transaction committed. If `job` fails,
-    /// its changes are rolled back and its error returned.
+    /// Runs `job` inside an immediate transaction and returns its result
+    /// once the transaction committed. If `job` fails, its changes are
+    /// rolled back and its error returned.
+    ///
+    /// When the writer thread sleeps (no write came for a while, see
+    /// `writer::next_job`), nothing waits for it and the writing connection
+    /// is free, the job runs right here, alone: that saves waking the
+    /// writer thread and then the caller, two thread switches that cost far
+    /// more than a small write on a lightly loaded server. It does so only
+    /// if the file's write lock is free at once. A lock held by another
+    /// process, or a writer that is awake (writes keep coming: they are
+    /// committed in groups, one commit for many), sends the job to the
+    /// writer thread.
     ///
     /// `job` must depend only on what it captured and on the database: it
     /// may be run a second time, in a fresh transaction, when another job of
@@ -189,14 +220,45 @@ impl Database {
         F: FnMut(&Connection) -> Result<R, DbError> + Send + 'static,
         R: Send + 'static,
     {
+        let job = match self.write_here(job) {
+            Ok(answer) => return answer,
+            Err(job) => job,
+        };
         let (reply, answer) = reply::channel();
         let work: WriteJob = Box::new(Work::new(job, reply));
-        self.writer
-            .as_ref()
-            .ok_or(DbError::Stopped)?
-            .send(work)
-            .map_err(|_| DbError::Stopped)?;
+        let writer = self.writer.as_ref().ok_or(DbError::Stopped)?;
+        let queued = &self.writer_state.queued;
+        queued.fetch_add(1, Ordering::AcqRel);
+        if writer.send(work).is_err() {
+            queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(DbError::Stopped);
+        }
         answer.await
+    }
+
+    /// Runs `job` on this thread if the writer is idle and the write lock
+    /// free (see [`Database::write`]); else gives it back.
+    fn write_here<R, F>(&self, job: F) -> Result<Result<R, DbError>, F>
+    where
+        F: FnMut(&Connection) -> Result<R, DbError>,
+    {
+        let state = &self.writer_state;
+        if !self.inline_writes
+            || !state.asleep.load(Ordering::Acquire)
+            || state.queued.load(Ordering::Acquire) > 0
+        {
+            return Err(job);
+        }
+        let mut writing = match self.writing.try_lock() {
+            Ok(writing) => writing,
+            // A job that panicked was caught inside its transaction, which
+            // was then rolled back: the connection is as it was.
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Err(job),
+        };
+        asking(&self.checkpoints, || {
+            try_inline(&mut writing, job, &self.statements)
+        })
     }
 
     /// Runs `job` right here, on the calling thread, with a read connection
@@ -261,4 +323,117 @@ pub(crate) fn busy_handler(attempt: i32) -> bool {
 /// Sets the busy budget of the calling thread (used while opening).
 pub(crate) fn set_busy_budget(budget: Duration) {
     BUSY_BUDGET.set(budget);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread::{self, ThreadId};
+
+    use futures::executor::block_on;
+
+    use super::*;
+    use crate::{SqliteOptions, Synchronous};
+
+    fn open(dir: &tempfile::TempDir, options: &SqliteOptions) -> Database {
+        let db = crate::schema::open(&dir.path().join("db.sqlite"), options, "test").unwrap();
+        block_on(db.write(|c| Ok(c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)")?)))
+            .unwrap();
+        wait_for_sleep(&db);
+        db
+    }
+
+    /// Waits until the writer thread sleeps (right after a write it stays
+    /// awake for a moment, expecting more) and the last write is no longer
+    /// recent (see `writer::try_inline`).
+    fn wait_for_sleep(db: &Database) {
+        let start = Instant::now();
+        while !db.writer_state.asleep.load(Ordering::Acquire) || db.writing.lock().unwrap().recent()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the writer never slept"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Inserts `id` and says on which thread it ran.
+    fn insert(id: i64) -> impl FnMut(&Connection) -> Result<ThreadId, DbError> + Send + 'static {
+        move |c| {
+            c.execute("INSERT INTO t (id) VALUES (?1)", [id])?;
+            Ok(thread::current().id())
+        }
+    }
+
+    fn ids(db: &Database) -> Vec<i64> {
+        db.read(|c| {
+            let mut stmt = c.prepare("SELECT id FROM t ORDER BY id")?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_idle_writer_lets_the_caller_commit_on_its_own_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let ran_on = block_on(db.write(insert(1))).unwrap();
+        assert_eq!(ran_on, thread::current().id());
+        assert_eq!(ids(&db), [1]);
+    }
+
+    #[test]
+    fn a_write_lock_held_by_another_connection_sends_the_write_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let other = Connection::open(dir.path().join("db.sqlite")).unwrap();
+        other
+            .execute_batch("BEGIN IMMEDIATE; INSERT INTO t (id) VALUES (1)")
+            .unwrap();
+        let holder = thread::spawn(move || {
+            thread::sleep(Duration::from_millis(100));
+            other.execute_batch("COMMIT").unwrap();
+        });
+        // Waits for the lock on the writer thread instead of failing here.
+        let ran_on = block_on(db.write(insert(2))).unwrap();
+        holder.join().unwrap();
+        assert_ne!(ran_on, thread::current().id());
+        assert_eq!(ids(&db), [1, 2]);
+    }
+
+    #[test]
+    fn with_an_fsync_per_commit_every_write_goes_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(
+            &dir,
+            &SqliteOptions::default().synchronous(Synchronous::Full),
+        );
+        let ran_on = block_on(db.write(insert(1))).unwrap();
+        assert_ne!(ran_on, thread::current().id());
+        assert_eq!(ids(&db), [1]);
+    }
+
+    #[test]
+    fn a_write_that_fails_or_panics_on_the_callers_thread_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let failed = block_on(db.write(|c| {
+            c.execute("INSERT INTO t (id) VALUES (1)", [])?;
+            Err::<(), _>(DbError::Corrupt("refused".into()))
+        }));
+        assert!(matches!(failed, Err(DbError::Corrupt(_))));
+        wait_for_sleep(&db);
+        let panicked = block_on(db.write(|c| -> Result<(), DbError> {
+            c.execute("INSERT INTO t (id) VALUES (2)", [])?;
+            panic!("a job that panics")
+        }));
+        assert!(matches!(panicked, Err(DbError::Panicked)));
+        wait_for_sleep(&db);
+        assert_eq!(
+            block_on(db.write(insert(3))).unwrap(),
+            thread::current().id()
+        );
+        assert_eq!(ids(&db), [3]);
+    }
 }
