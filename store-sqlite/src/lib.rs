@@ -35,8 +35,8 @@
 //!     after another also go to the writer thread, so that concurrent
 //!     writes are still committed in groups. Not with
 //!     [`Synchronous::Full`], whose commit waits for an fsync. At 10,000
-//!     held desktops and 200 runs/s this took the server's CPU per run down
-//!     by about a fifth (the writer thread's share by half).
+//!     held desktops and 200 runs/s this took the writer thread's CPU down
+//!     by about 40% and the server's CPU per run by about a tenth.
 //!   - *Reads* run **on the calling thread**, with a connection checked out
 //!     of a small pool of read-only connections (a mutex-guarded stack;
 //!     another connection is opened when all are in use, up to
