@@ -66,8 +66,7 @@ where
     R: Send,
 {
     fn run(&mut self, conn: &Connection) -> bool {
-        let job = &mut self.job;
-        let result = catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked));
+        let result = run_caught(&mut self.job, conn);
         let ok = result.is_ok();
         self.result = Some(result);
         ok
@@ -88,6 +87,15 @@ where
 }
 
 pub(super) type WriteJob = Box<dyn WriteWork>;
+
+/// Runs `job` once; a panic inside it is [`DbError::Panicked`] (the caller
+/// then rolls its transaction back).
+fn run_caught<R>(
+    job: &mut impl FnMut(&Connection) -> Result<R, DbError>,
+    conn: &Connection,
+) -> Result<R, DbError> {
+    catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked))
+}
 
 /// What the writer thread tells the callers that could run a write
 /// themselves (see `Database::write`).
@@ -180,7 +188,7 @@ where
     if begun.is_err() {
         return Err(job);
     }
-    let result = catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked));
+    let result = run_caught(&mut job, conn);
     let settled = result.and_then(|r| tx.commit().map(|()| r));
     if settled.is_err() {
         tx.rollback();
