@@ -64,6 +64,26 @@ pub enum InsertOutcome {
     KeyTaken(IdempotencyRecord),
 }
 
+/// Result of [`Store::insert_command_if_shared`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardedInsert {
+    /// The session still names the command's project, device and slug, and
+    /// the insert went as [`Store::insert_command`] says.
+    Checked(InsertOutcome),
+    /// The session no longer names them (un-shared, shared elsewhere first,
+    /// or shared again under another slug); nothing was written.
+    SessionChanged,
+}
+
+/// Whether `shared`, what [`Store::find_shared_session`] answers for a
+/// command's session, names the project, device and slug `command` was
+/// built with: the check of [`Store::insert_command_if_shared`].
+pub fn shared_as_built(shared: &SharedSession, command: &CommandRecord) -> bool {
+    shared.project == command.project
+        && shared.device == command.device
+        && shared.meta.slug == command.slug
+}
+
 /// What the server knows of a desktop's liveness.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceRecord {
@@ -197,6 +217,37 @@ pub trait Store: Send + Sync {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError>;
+
+    /// [`insert_command`](Self::insert_command), but only if
+    /// [`find_shared_session`](Self::find_shared_session)`(command.owner,
+    /// projects, command.graph_session_id)` still answers a session that
+    /// names `command`'s project, device and slug ([`shared_as_built`]);
+    /// otherwise nothing is written and [`GuardedInsert::SessionChanged`]
+    /// is returned.
+    ///
+    /// The queue calls it when it built `command` from a session it looked
+    /// up for an earlier run, to skip the look-up. The default looks the
+    /// session up and then inserts: two calls, as many as a fresh look-up
+    /// costs, and the same race with a concurrent un-share. A store that can
+    /// check and insert in one statement (the Postgres store does) saves
+    /// a round trip per run by overriding it.
+    async fn insert_command_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        let shared = self
+            .find_shared_session(&command.owner, projects, &command.graph_session_id)
+            .await?;
+        if !shared.is_some_and(|shared| shared_as_built(&shared, command)) {
+            return Ok(GuardedInsert::SessionChanged);
+        }
+        Ok(GuardedInsert::Checked(
+            self.insert_command(command, key, now).await?,
+        ))
+    }
 
     /// The command `id` if `agent` of `owner` queued it.
     async fn command_for_agent(

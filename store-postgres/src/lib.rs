@@ -61,8 +61,19 @@
 //! statement. Only a sync that changes them takes the per-device advisory
 //! lock and replaces them in a transaction.
 //!
+//! ## A run is one statement
+//! The queue keeps the share each session resolved to for its last run and
+//! builds the next run's command from it;
+//! [`insert_command_if_shared`](graph_relay_core::store::Store::insert_command_if_shared)
+//! then writes the key and the command only if the session, looked up in
+//! the same statement exactly as
+//! [`find_shared_session`](graph_relay_core::store::Store::find_shared_session)
+//! looks it up, still resolves to that project, device and slug. A share
+//! that changed writes nothing, and the run looks the session up again:
+//! one round trip per run instead of two.
+//!
 //! ## Requests in flight share statements
-//! A Graph run costs the store five statements, three of them commits that
+//! A Graph run costs the store four statements, three of them commits that
 //! wait for the disk: the insert of the command with its key, and the
 //! compare-and-swaps of `start` and `complete`. Run one by one, each
 //! request holding a pooled connection through its round trip and its

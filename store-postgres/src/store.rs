@@ -13,14 +13,14 @@ use graph_relay_core::ids::{
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::signals::Signals;
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest,
-    Store, StoreError,
+    DeviceContact, DeviceRecord, GuardedInsert, IdempotencyRecord, InsertOutcome, PruneReport,
+    PruneRequest, Store, StoreError, shared_as_built,
 };
 use graph_relay_core::time::Timestamp;
 use tokio_postgres::NoTls;
 
 use crate::batch::reads::{CommandLookup, QueuedLookup, Reader, SessionLookup};
-use crate::batch::writes::{CommandUpdate, NewCommand, Writer};
+use crate::batch::writes::{CommandUpdate, NewCommand, ShareGuard, Writer};
 use crate::errors::{ConnectError, DropSchemaError, describe, pool_error};
 use crate::rows::{
     StatementCounter, backend, corrupt, decode_command, decode_session, millis, timestamp,
@@ -262,6 +262,49 @@ impl PostgresStore {
         rows.iter().map(decode_command).collect()
     }
 
+    /// Inserts `command` with `key` ([`Store::insert_command`]); with
+    /// `guard`, only while the session resolves to the command's share
+    /// among those projects ([`Store::insert_command_if_shared`]).
+    async fn insert(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        guard: Option<&[ProjectId]>,
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        let now = millis(now)?;
+        // Committed by the writer together with the other writes waiting
+        // (see the `writes` module): key and command in one statement, so
+        // both or neither. A live key, or a share that changed, makes it
+        // write nothing.
+        //
+        // A live key that blocked the insert may expire or be pruned before
+        // it is read back; then the insert is simply tried again. A live
+        // key is the answer whatever the share: a retry is answered from
+        // its key either way. Without one, a guarded insert that wrote
+        // nothing is judged by a fresh look-up of the share.
+        for _ in 0..3 {
+            let row = new_command(command, key, guard, now)?;
+            if self.writer.insert(row).await? {
+                return Ok(GuardedInsert::Checked(InsertOutcome::Inserted));
+            }
+            if let Some(existing) = self.live_key(&key.owner, &key.agent, &key.key, now).await? {
+                return Ok(GuardedInsert::Checked(InsertOutcome::KeyTaken(existing)));
+            }
+            if let Some(projects) = guard {
+                let shared = self
+                    .find_shared_session(&command.owner, projects, &command.graph_session_id)
+                    .await?;
+                if !shared.is_some_and(|shared| shared_as_built(&shared, command)) {
+                    return Ok(GuardedInsert::SessionChanged);
+                }
+            }
+        }
+        Err(StoreError::Backend(
+            "an idempotency key kept changing while inserting a command".into(),
+        ))
+    }
+
     /// The live key for (owner, agent, key) at `now`, if any.
     async fn live_key(
         &self,
@@ -398,24 +441,24 @@ impl Store for PostgresStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        let now = millis(now)?;
-        // Committed by the writer together with the other writes waiting
-        // (see the `writer` module): key and command in one statement, so
-        // both or neither. A live key makes it write nothing.
-        //
-        // A live key that blocked the insert may expire or be pruned before
-        // it is read back; then the insert is simply tried again.
-        for _ in 0..3 {
-            if self.writer.insert(new_command(command, key, now)?).await? {
-                return Ok(InsertOutcome::Inserted);
-            }
-            if let Some(existing) = self.live_key(&key.owner, &key.agent, &key.key, now).await? {
-                return Ok(InsertOutcome::KeyTaken(existing));
-            }
+        match self.insert(command, key, None, now).await? {
+            GuardedInsert::Checked(outcome) => Ok(outcome),
+            GuardedInsert::SessionChanged => Err(StoreError::Backend(
+                "an insert without a share guard was refused for its share".into(),
+            )),
         }
-        Err(StoreError::Backend(
-            "an idempotency key kept changing while inserting a command".into(),
-        ))
+    }
+
+    async fn insert_command_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        // The look-up is in the insert's statement (see `write_sql`): one
+        // round trip and one commit for both.
+        self.insert(command, key, Some(projects), now).await
     }
 
     async fn command_for_agent(
@@ -883,9 +926,23 @@ impl CommandRow {
 fn new_command(
     command: &CommandRecord,
     key: &IdempotencyRecord,
+    guard: Option<&[ProjectId]>,
     now: i64,
 ) -> Result<NewCommand, StoreError> {
     let row = CommandRow::encode(command)?;
+    let guard = guard
+        .map(|projects| {
+            let projects: Vec<&str> = projects.iter().map(ProjectId::as_str).collect();
+            serde_json::to_string(&projects).map(|projects| {
+                Box::new(ShareGuard {
+                    session: command.graph_session_id.as_str().to_owned(),
+                    projects,
+                    slug: command.slug.to_string(),
+                })
+            })
+        })
+        .transpose()
+        .map_err(|e| StoreError::Backend(format!("encoding a share guard: {e}")))?;
     Ok(NewCommand {
         id: *command.id.as_uuid(),
         owner: row.owner,
@@ -903,6 +960,7 @@ fn new_command(
         revision: row.revision,
         record: row.record,
         lease_expires_at: row.lease_expires_at,
+        guard,
     })
 }
 

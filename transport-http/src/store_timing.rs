@@ -4,7 +4,7 @@
 //! ([`Metrics::timed_store`](crate::metrics::Metrics::timed_store)).
 //!
 //! The `operation` label is the name of the [`Store`] method
-//! ([`OPERATIONS`]): a fixed set of seventeen, whatever the requests carry.
+//! ([`OPERATIONS`]): a fixed set of eighteen, whatever the requests carry.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,9 +16,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// The `operation` label values: the [`Store`] methods.
-pub const OPERATIONS: [&str; 17] = [
+pub const OPERATIONS: [&str; 18] = [
     "idempotency",
     "insert_command",
+    "insert_command_if_shared",
     "command_for_agent",
     "command_for_device",
     "command_for_owner",

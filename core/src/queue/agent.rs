@@ -11,11 +11,11 @@ use super::{
 use crate::args::RunArgs;
 use crate::command::{CommandRecord, CommandStatus, Progress, request_fingerprint};
 use crate::hold::Look;
-use crate::ids::{CommandId, ProjectId};
+use crate::ids::{CommandId, GraphSessionId, IdempotencyKey, ProjectId};
 use crate::principal::Agent;
 use crate::session::SharedSession;
 use crate::signals::Topic;
-use crate::store::{DeviceRecord, IdempotencyRecord, InsertOutcome, StoreError};
+use crate::store::{DeviceRecord, GuardedInsert, IdempotencyRecord, InsertOutcome, StoreError};
 use crate::time::{Sleeper, Timestamp};
 use std::time::Duration;
 
@@ -78,21 +78,26 @@ impl Queue {
     ) -> Result<RunTicket, RunError> {
         let now = self.clock.now();
         let fingerprint = request_fingerprint(&args.graph_session_id, &args.arguments);
+        let RunArgs {
+            graph_session_id: session,
+            arguments,
+            idempotency_key,
+        } = args;
         let projects: Vec<ProjectId> = agent.projects.iter().cloned().collect();
-        let Some(shared) = self
-            .store
-            .find_shared_session(&agent.owner, &projects, &args.graph_session_id)
-            .await?
-        else {
-            // A retry must get its ticket even if the session was un-shared since.
-            return match self
-                .store
-                .idempotency(&agent.owner, &agent.id, &args.idempotency_key, now)
-                .await?
-            {
-                Some(existing) => self.replay(agent, existing, &fingerprint, now).await,
-                None => Err(RunError::SessionNotFound),
-            };
+        // The share this session resolved to last time, checked by the
+        // insert itself (see `session_guess`); else looked up first.
+        let guess = self.session_guesses.get(&agent.owner, &session, &projects);
+        let guessed = guess.is_some();
+        let shared = match guess {
+            Some(shared) => shared,
+            None => match self.look_up_share(agent, &projects, &session).await? {
+                Some(shared) => shared,
+                None => {
+                    return self
+                        .unshared(agent, &idempotency_key, &fingerprint, now)
+                        .await;
+                }
+            },
         };
         // A reused key is found by the insert itself (`KeyTaken`), atomically.
         let mut command = CommandRecord::queued(
@@ -101,9 +106,9 @@ impl Queue {
             agent.owner.clone(),
             shared.project.clone(),
             shared.device.clone(),
-            args.graph_session_id,
-            args.arguments,
-            args.idempotency_key,
+            session,
+            arguments,
+            idempotency_key,
             now,
         );
         command.slug = shared.meta.slug;
@@ -115,7 +120,31 @@ impl Queue {
             fingerprint: fingerprint.clone(),
             expires_at: now.plus(self.config.idempotency_ttl),
         };
-        match self.store.insert_command(&command, &key, now).await? {
+        let outcome = if guessed {
+            match self
+                .store
+                .insert_command_if_shared(&command, &key, &projects, now)
+                .await?
+            {
+                GuardedInsert::Checked(outcome) => outcome,
+                GuardedInsert::SessionChanged => {
+                    // Nothing was written: the same command, pointed at
+                    // the share as it is now.
+                    let session = &command.graph_session_id;
+                    self.session_guesses.forget(&agent.owner, session);
+                    let Some(shared) = self.look_up_share(agent, &projects, session).await? else {
+                        return self.unshared(agent, &key.key, &fingerprint, now).await;
+                    };
+                    command.project = shared.project;
+                    command.device = shared.device;
+                    command.slug = shared.meta.slug;
+                    self.store.insert_command(&command, &key, now).await?
+                }
+            }
+        } else {
+            self.store.insert_command(&command, &key, now).await?
+        };
+        match outcome {
             InsertOutcome::Inserted => {
                 self.last_seen.put(&command);
                 self.signals.notify(&Topic::DeviceWork(
@@ -132,6 +161,45 @@ impl Queue {
             InsertOutcome::KeyTaken(existing) => {
                 self.replay(agent, existing, &fingerprint, now).await
             }
+        }
+    }
+
+    /// The share of `session` among `projects` (remembered as the next
+    /// run's guess), or `None` when no project of the agent has it.
+    async fn look_up_share(
+        &self,
+        agent: &Agent,
+        projects: &[ProjectId],
+        session: &GraphSessionId,
+    ) -> Result<Option<SharedSession>, StoreError> {
+        let shared = self
+            .store
+            .find_shared_session(&agent.owner, projects, session)
+            .await?;
+        if let Some(shared) = &shared {
+            self.session_guesses
+                .put(&agent.owner, session, projects, shared);
+        }
+        Ok(shared)
+    }
+
+    /// The answer to a run of a session no project of the agent has: a
+    /// retry still gets its ticket (the session may have been un-shared
+    /// since its first request); anything else is not found.
+    async fn unshared(
+        &self,
+        agent: &Agent,
+        key: &IdempotencyKey,
+        fingerprint: &str,
+        now: Timestamp,
+    ) -> Result<RunTicket, RunError> {
+        match self
+            .store
+            .idempotency(&agent.owner, &agent.id, key, now)
+            .await?
+        {
+            Some(existing) => self.replay(agent, existing, fingerprint, now).await,
+            None => Err(RunError::SessionNotFound),
         }
     }
 

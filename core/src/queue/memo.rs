@@ -97,6 +97,15 @@ impl<K: Eq + Hash, V> Entries<'_, K, V> {
         self.map.entry(key).or_insert_with(make)
     }
 
+    /// Forgets `key`.
+    pub(super) fn remove<Q>(&mut self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Eq + Hash + ?Sized,
+    {
+        self.map.remove(key);
+    }
+
     /// Keeps only the entries `keep` accepts.
     pub(super) fn retain(&mut self, keep: impl FnMut(&K, &mut V) -> bool) {
         self.map.retain(keep);

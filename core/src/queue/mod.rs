@@ -79,6 +79,7 @@ mod maintenance;
 mod memo;
 mod progress;
 mod relay;
+mod session_guess;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -260,6 +261,9 @@ pub struct Queue {
     /// Finished commands as this queue last wrote or read them: what
     /// `get_graph_run` answers from without the store (see [`finished`]).
     finished: Arc<finished::FinishedRuns>,
+    /// The share each session last resolved to for a run: the guess a
+    /// run's insert checks instead of looking it up (see [`session_guess`]).
+    session_guesses: Arc<session_guess::SessionGuesses>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -290,6 +294,7 @@ impl Queue {
             marker: Arc::default(),
             last_seen: Arc::default(),
             finished: Arc::new(finished::FinishedRuns::new(config.terminal_retention)),
+            session_guesses: Arc::default(),
             config,
         }
     }

@@ -99,6 +99,24 @@ impl<L: StoreLayer> Store for LayeredStore<L> {
             .await
     }
 
+    async fn insert_command_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        self.layer
+            .around(
+                "insert_command_if_shared",
+                Box::pin(
+                    self.inner
+                        .insert_command_if_shared(command, key, projects, now),
+                ),
+            )
+            .await
+    }
+
     async fn command_for_agent(
         &self,
         owner: &OwnerId,

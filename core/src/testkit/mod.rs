@@ -16,6 +16,7 @@
 
 mod faulty;
 mod finished_runs;
+mod guessed_shares;
 pub mod mcp_sessions;
 pub mod model;
 mod outage;
@@ -24,6 +25,7 @@ pub mod workload;
 
 pub use faulty::FaultyTransport;
 pub use finished_runs::finished_runs;
+pub use guessed_shares::guessed_shares;
 pub use outage::Outage;
 pub use syncs::record_sync;
 
@@ -63,7 +65,7 @@ macro_rules! store_conformance_suite {
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
             restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs,
-            record_sync);
+            record_sync, guessed_shares);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*

@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::IdempotencyKey;
-use graph_relay_core::store::{IdempotencyRecord, InsertOutcome, Store, StoreError};
+use graph_relay_core::store::{GuardedInsert, IdempotencyRecord, InsertOutcome, Store, StoreError};
 use graph_relay_core::testkit::{World, exec, gs, p1};
 use graph_relay_core::time::Clock;
 
@@ -141,6 +141,75 @@ fn a_failed_swap_in_a_batch_fails_alone() {
                 _ => assert_eq!(stored, updates[n]),
             }
         }
+    });
+}
+
+/// Inserts guarded by their share (`insert_command_if_shared`) in one
+/// batch: each is judged on its own share, a changed one writes neither
+/// command nor key, and the rest of the batch commits.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn guarded_inserts_in_a_batch_are_judged_each_alone() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        // The desktop shares session 1 to p1 as `graph-1`.
+        w.sync(&w.device, p1(), &[1]).await;
+        let rows: Vec<_> = (1..=9)
+            .map(|n| {
+                let (mut command, key) = command(&w, n);
+                command.slug = "graph-1".into();
+                match n {
+                    7 => command.slug = "another-graph".into(),
+                    8 => command.device = w.other_device.id.clone(),
+                    _ => {}
+                }
+                (command, key)
+            })
+            .collect();
+        let now = w.clock.now();
+        let projects = [p1()];
+        let before = store.statements_executed();
+        let outcomes = join_all(rows.iter().map(|(c, k)| async {
+            if c.id.as_uuid().as_u128() == 9 {
+                store
+                    .insert_command(c, k, now)
+                    .await
+                    .map(GuardedInsert::Checked)
+            } else {
+                store.insert_command_if_shared(c, k, &projects, now).await
+            }
+        }))
+        .await;
+        // One insert alone, then one batch; each of the two refused ones
+        // then reads its key and the share (their look-ups may share a
+        // statement).
+        let sent = store.statements_executed() - before;
+        assert!((5..=6).contains(&sent), "{sent} statements");
+        for ((command, _), outcome) in rows.iter().zip(outcomes) {
+            let n = command.id.as_uuid().as_u128();
+            let expected = if matches!(n, 7 | 8) {
+                GuardedInsert::SessionChanged
+            } else {
+                GuardedInsert::Checked(InsertOutcome::Inserted)
+            };
+            assert_eq!(outcome.expect("no backend error"), expected, "command {n}");
+            let stored = store
+                .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                .await
+                .expect("read");
+            assert_eq!(stored.is_some(), !matches!(n, 7 | 8), "command {n}");
+        }
+        // Nor was a refused insert's key written: unguarded, it goes in.
+        let (command, key) = &rows[6];
+        assert_eq!(
+            store
+                .insert_command(command, key, now)
+                .await
+                .expect("insert"),
+            InsertOutcome::Inserted
+        );
     });
 }
 

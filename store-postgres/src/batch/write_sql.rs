@@ -2,10 +2,10 @@
 //! a batch of any mix of inserts and compare-and-swaps, and one for each
 //! kind of write alone.
 
-/// A batch of writes: `$1..$17` are the inserts' columns, `$18..$25` the
-/// compare-and-swaps', each column an array. The first column of each kind
-/// is the write's position in the batch (from 1); the statement returns
-/// the position of every write that took effect.
+/// A batch of writes: `$1..$17` and `$26..$28` are the inserts' columns,
+/// `$18..$25` the compare-and-swaps', each column an array. The first
+/// column of each kind is the write's position in the batch (from 1); the
+/// statement returns the position of every write that took effect.
 ///
 /// Inserts and swaps share the statement so that they share its commit:
 /// the writes of lifecycles at different steps (one being queued, another
@@ -23,6 +23,16 @@
 /// their text, so two batches that share keys wait for each other in one
 /// order and never deadlock. A batch holds at most one insert per key
 /// (two in one statement would make Postgres refuse it).
+///
+/// An insert with a share guard (`$26..$28`: the session, the agent's
+/// projects as a JSON array of strings, the slug) writes neither key nor
+/// command unless the session still resolves to the command's project and
+/// device under that slug: its first share in the agent's projects, in
+/// their order, then by smallest device (as the look-up of `reads` finds
+/// it), with the slug in its metadata. Nothing is locked: a sync that
+/// changes the share and commits while the insert runs is the same race
+/// as a look-up followed by an insert. An insert without one (`NULL`s)
+/// writes whatever the shares.
 ///
 /// A swap changes only what a transition can change (the status,
 /// `finished_at`, the revision, the record and the lease). It finds its row
@@ -47,13 +57,23 @@ pub(crate) const WRITES: &str = "WITH i AS (
             (SELECT $5::text[]), (SELECT $6::text[]), (SELECT $7::text[]), (SELECT $8::text[]),
             (SELECT $9::int8[]), (SELECT $10::int8[]), (SELECT $11::text[]), (SELECT $12::text[]),
             (SELECT $13::int8[]), (SELECT $14::int8[]), (SELECT $15::int8[]), (SELECT $16::text[]),
-            (SELECT $17::int8[]))
+            (SELECT $17::int8[]), (SELECT $26::text[]), (SELECT $27::text[]),
+            (SELECT $28::text[]))
             AS i(pos, id, owner, agent, key, project, device, fingerprint, expires_at, now,
                  idempotency_key, status, created_at, finished_at, revision, record,
-                 lease_expires_at)
+                 lease_expires_at, guard_session, guard_projects, guard_slug)
+    ), g AS (
+        SELECT * FROM i
+        WHERE i.guard_session IS NULL OR (SELECT s.project = i.project AND s.device = i.device
+                AND s.meta::jsonb ->> 'slug' = i.guard_slug
+            FROM jsonb_array_elements_text(i.guard_projects::jsonb)
+                WITH ORDINALITY AS p(project, position)
+            JOIN shared_sessions AS s ON s.owner = i.owner AND s.project = p.project
+                AND s.graph_session_id = i.guard_session
+            ORDER BY p.position, s.device LIMIT 1)
     ), k AS (
         INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
-        SELECT owner, agent, key, id, fingerprint, expires_at FROM i ORDER BY owner, agent, key
+        SELECT owner, agent, key, id, fingerprint, expires_at FROM g ORDER BY owner, agent, key
         ON CONFLICT (owner, agent, key) DO UPDATE SET
             command = EXCLUDED.command,
             fingerprint = EXCLUDED.fingerprint,
@@ -67,7 +87,7 @@ pub(crate) const WRITES: &str = "WITH i AS (
                               created_at, finished_at, revision, record, lease_expires_at)
         SELECT i.id, i.agent, i.owner, i.project, i.device, i.idempotency_key, i.status,
                i.created_at, i.finished_at, i.revision, i.record, i.lease_expires_at
-        FROM i JOIN k ON k.owner = i.owner AND k.agent = i.agent AND k.key = i.key
+        FROM g AS i JOIN k ON k.owner = i.owner AND k.agent = i.agent AND k.key = i.key
         ORDER BY i.pos
         RETURNING id
     ), swapped AS (
@@ -91,15 +111,22 @@ pub(crate) const WRITES: &str = "WITH i AS (
     UNION ALL
     SELECT pos FROM swapped";
 
-/// An insert alone: `$1..$16` are its columns, as scalars (those of
+/// An insert alone: `$1..$19` are its columns, as scalars (those of
 /// [`WRITES`] without the position). A batch of one write runs the
 /// statement of its kind: the batch statement's arrays, subqueries and
 /// joins cost the server about twice a plain statement's time when there
 /// is only one row to write (measured), and a lone write is the common
 /// case of a quiet server.
-pub(crate) const INSERT_ONE: &str = "WITH k AS (
+pub(crate) const INSERT_ONE: &str = "WITH g AS (
+        SELECT WHERE $17::text IS NULL OR (SELECT s.project = $5 AND s.device = $6
+                AND s.meta::jsonb ->> 'slug' = $19::text
+            FROM jsonb_array_elements_text($18::text::jsonb) WITH ORDINALITY AS p(project, position)
+            JOIN shared_sessions AS s ON s.owner = $2 AND s.project = p.project
+                AND s.graph_session_id = $17
+            ORDER BY p.position, s.device LIMIT 1)
+    ), k AS (
         INSERT INTO idempotency_keys AS k (owner, agent, key, command, fingerprint, expires_at)
-        VALUES ($2, $3, $4, $1, $7, $8)
+        SELECT $2, $3, $4, $1, $7, $8 FROM g
         ON CONFLICT (owner, agent, key) DO UPDATE SET
             command = EXCLUDED.command,
             fingerprint = EXCLUDED.fingerprint,

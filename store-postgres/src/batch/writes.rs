@@ -69,6 +69,23 @@ pub(crate) struct NewCommand {
     pub revision: i64,
     pub record: String,
     pub lease_expires_at: Option<i64>,
+    /// Written only if the session still resolves to this command's share.
+    pub guard: Option<Box<ShareGuard>>,
+}
+
+/// What [`Store::insert_command_if_shared`] checks in the insert's own
+/// statement: that the session `session` of the command's owner, looked
+/// up in `projects` as [`Store::find_shared_session`] looks it up, is
+/// shared by the command's project and device under `slug`.
+///
+/// [`Store::insert_command_if_shared`]: graph_relay_core::store::Store::insert_command_if_shared
+/// [`Store::find_shared_session`]: graph_relay_core::store::Store::find_shared_session
+#[derive(Debug)]
+pub(crate) struct ShareGuard {
+    pub session: String,
+    /// The projects in the agent's order, as a JSON array of strings.
+    pub projects: String,
+    pub slug: String,
 }
 
 /// A compare-and-swap of a command (see [`Store::update_command`]).
@@ -128,6 +145,9 @@ struct Columns<'a> {
     revision: Vec<i64>,
     record: Vec<&'a str>,
     lease: Vec<Option<i64>>,
+    guard_session: Vec<Option<&'a str>>,
+    guard_projects: Vec<Option<&'a str>>,
+    guard_slug: Vec<Option<&'a str>>,
     update_pos: Vec<i64>,
     update_id: Vec<uuid::Uuid>,
     previous: Vec<i64>,
@@ -162,6 +182,10 @@ impl<'a> Columns<'a> {
                     c.revision.push(r.revision);
                     c.record.push(&r.record);
                     c.lease.push(r.lease_expires_at);
+                    let guard = r.guard.as_ref();
+                    c.guard_session.push(guard.map(|g| g.session.as_str()));
+                    c.guard_projects.push(guard.map(|g| g.projects.as_str()));
+                    c.guard_slug.push(guard.map(|g| g.slug.as_str()));
                 }
                 Write::Update(r) => {
                     c.update_pos.push(pos);
@@ -178,8 +202,8 @@ impl<'a> Columns<'a> {
         c
     }
 
-    /// `$1..$25` of [`WRITES`].
-    fn params(&self) -> [&(dyn ToSql + Sync); 25] {
+    /// `$1..$28` of [`WRITES`].
+    fn params(&self) -> [&(dyn ToSql + Sync); 28] {
         [
             &self.insert_pos,
             &self.id,
@@ -206,6 +230,9 @@ impl<'a> Columns<'a> {
             &self.update_revision,
             &self.update_record,
             &self.update_lease,
+            &self.guard_session,
+            &self.guard_projects,
+            &self.guard_slug,
         ]
     }
 }
@@ -223,7 +250,13 @@ async fn query(
         [Write::Insert(r)] => {
             let statement = client.prepare_cached(INSERT_ONE).await?;
             statements.sent(1);
-            let params: [&(dyn ToSql + Sync); 16] = [
+            let guard = r.guard.as_ref();
+            let (session, projects, slug) = (
+                guard.map(|g| g.session.as_str()),
+                guard.map(|g| g.projects.as_str()),
+                guard.map(|g| g.slug.as_str()),
+            );
+            let params: [&(dyn ToSql + Sync); 19] = [
                 &r.id,
                 &r.owner,
                 &r.agent,
@@ -240,6 +273,9 @@ async fn query(
                 &r.revision,
                 &r.record,
                 &r.lease_expires_at,
+                &session,
+                &projects,
+                &slug,
             ];
             client.query(&statement, &params).await
         }
