@@ -5,6 +5,7 @@
 //! probably take it up, from the cadence the desktop syncs at, and since
 //! when the desktop looks offline if it does.
 
+use super::session_guess::Share;
 use super::{
     CancelError, GetError, ListError, Party, Queue, QueueConfig, RunError, TransitionError,
 };
@@ -88,10 +89,10 @@ impl Queue {
         // insert itself (see `session_guess`); else looked up first.
         let guess = self.session_guesses.get(&agent.owner, &session, &projects);
         let guessed = guess.is_some();
-        let shared = match guess {
-            Some(shared) => shared,
+        let share = match guess {
+            Some(share) => share,
             None => match self.look_up_share(agent, &projects, &session).await? {
-                Some(shared) => shared,
+                Some(share) => share,
                 None => {
                     return self
                         .unshared(agent, &idempotency_key, &fingerprint, now)
@@ -104,14 +105,14 @@ impl Queue {
             self.ids.new_command_id(),
             agent.id.clone(),
             agent.owner.clone(),
-            shared.project.clone(),
-            shared.device.clone(),
+            share.project,
+            share.device,
             session,
             arguments,
             idempotency_key,
             now,
         );
-        command.slug = shared.meta.slug;
+        command.slug = share.slug;
         let key = IdempotencyRecord {
             owner: agent.owner.clone(),
             agent: agent.id.clone(),
@@ -132,12 +133,12 @@ impl Queue {
                     // the share as it is now.
                     let session = &command.graph_session_id;
                     self.session_guesses.forget(&agent.owner, session);
-                    let Some(shared) = self.look_up_share(agent, &projects, session).await? else {
+                    let Some(share) = self.look_up_share(agent, &projects, session).await? else {
                         return self.unshared(agent, &key.key, &fingerprint, now).await;
                     };
-                    command.project = shared.project;
-                    command.device = shared.device;
-                    command.slug = shared.meta.slug;
+                    command.project = share.project;
+                    command.device = share.device;
+                    command.slug = share.slug;
                     self.store.insert_command(&command, &key, now).await?
                 }
             }
@@ -171,16 +172,17 @@ impl Queue {
         agent: &Agent,
         projects: &[ProjectId],
         session: &GraphSessionId,
-    ) -> Result<Option<SharedSession>, StoreError> {
-        let shared = self
+    ) -> Result<Option<Share>, StoreError> {
+        let share = self
             .store
             .find_shared_session(&agent.owner, projects, session)
-            .await?;
-        if let Some(shared) = &shared {
+            .await?
+            .map(Share::from);
+        if let Some(share) = &share {
             self.session_guesses
-                .put(&agent.owner, session, projects, shared);
+                .put(&agent.owner, session, projects, share);
         }
-        Ok(shared)
+        Ok(share)
     }
 
     /// The answer to a run of a session no project of the agent has: a

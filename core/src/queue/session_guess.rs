@@ -13,22 +13,43 @@
 //! The guess is never an answer: a store that finds the share changed
 //! (un-shared, shared first by another project or device, or under another
 //! slug) writes nothing, and the run looks the session up afresh, as
-//! without a guess. A [`Memo`] of [`MAX_SESSION_GUESSES`] sessions, each a
-//! few hundred bytes of ids and metadata, bounds it.
+//! without a guess. A [`Memo`] of [`MAX_SESSION_GUESSES`] sessions bounds
+//! it; each keeps only what a command takes from its share (project,
+//! device, slug) and the projects it was asked for: a few hundred bytes.
 //!
 //! [`Store::find_shared_session`]: crate::store::Store::find_shared_session
 //! [`Store::insert_command_if_shared`]: crate::store::Store::insert_command_if_shared
 
+use std::sync::Arc;
+
 use super::memo::Memo;
-use crate::ids::{GraphSessionId, OwnerId, ProjectId};
+use crate::ids::{DeviceId, GraphSessionId, OwnerId, ProjectId};
 use crate::session::SharedSession;
 
 /// Most sessions guessed at once.
 pub(crate) const MAX_SESSION_GUESSES: usize = 4096;
 
+/// What a command takes from the share its session resolved to.
+#[derive(Debug, Clone)]
+pub(crate) struct Share {
+    pub(crate) project: ProjectId,
+    pub(crate) device: DeviceId,
+    pub(crate) slug: Arc<str>,
+}
+
+impl From<SharedSession> for Share {
+    fn from(shared: SharedSession) -> Self {
+        Self {
+            project: shared.project,
+            device: shared.device,
+            slug: shared.meta.slug,
+        }
+    }
+}
+
 /// See the module docs.
 pub(crate) struct SessionGuesses {
-    memo: Memo<(OwnerId, GraphSessionId), (Vec<ProjectId>, SharedSession)>,
+    memo: Memo<(OwnerId, GraphSessionId), (Vec<ProjectId>, Share)>,
 }
 
 impl Default for SessionGuesses {
@@ -47,23 +68,23 @@ impl SessionGuesses {
         owner: &OwnerId,
         id: &GraphSessionId,
         projects: &[ProjectId],
-    ) -> Option<SharedSession> {
+    ) -> Option<Share> {
         let entries = self.memo.lock();
-        let (asked, shared) = entries.get(&(owner.clone(), id.clone()))?;
-        (asked.as_slice() == projects).then(|| shared.clone())
+        let (asked, share) = entries.get(&(owner.clone(), id.clone()))?;
+        (asked.as_slice() == projects).then(|| share.clone())
     }
 
-    /// Remembers that `id` of `owner`, asked for `projects`, was `shared`.
+    /// Remembers that `id` of `owner`, asked for `projects`, was `share`.
     pub(crate) fn put(
         &self,
         owner: &OwnerId,
         id: &GraphSessionId,
         projects: &[ProjectId],
-        shared: &SharedSession,
+        share: &Share,
     ) {
         self.memo.lock().insert(
             (owner.clone(), id.clone()),
-            (projects.to_vec(), shared.clone()),
+            (projects.to_vec(), share.clone()),
         );
     }
 
