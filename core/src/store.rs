@@ -223,7 +223,9 @@ pub trait Store: Send + Sync {
     /// projects, command.graph_session_id)` still answers a session that
     /// names `command`'s project, device and slug ([`shared_as_built`]);
     /// otherwise nothing is written and [`GuardedInsert::SessionChanged`]
-    /// is returned.
+    /// is returned. A live key may be answered
+    /// [`KeyTaken`](InsertOutcome::KeyTaken) whether or not the share
+    /// changed: the queue answers a retry from its key either way.
     ///
     /// The queue calls it when it built `command` from a session it looked
     /// up for an earlier run, to skip the look-up. The default looks the
