@@ -9,7 +9,7 @@
 //!
 //! | step | Postgres | SQLite |
 //! |---|---|---|
-//! | run: [find the session], insert key and command, (read the device) | [1] + 1 + (1) | 1 + (BEGIN, key, command, COMMIT) + (1) |
+//! | run: [find the session], insert key and command, (read the device) | [1] + 1 + (1) | 1 + (BEGIN, key, command, COMMIT) + (1), the 1 inside the write's transaction after the session's first run |
 //! | sync (written recently): queued commands | 1 | 1 |
 //! | start: (touch), compare-and-swap | (1) + 1 | (3) + 3 |
 //! | complete (touched recently): compare-and-swap | 1 | 3 |
@@ -21,8 +21,8 @@
 //! the queue queues that session, or after the share changed: then the
 //! queue builds the command from the share it found last, and on Postgres
 //! the insert checks that share in its own statement
-//! (`Store::insert_command_if_shared`; SQLite takes the default, a look-up
-//! and an insert, each cheap on a local file). The
+//! (`Store::insert_command_if_shared`; SQLite runs the same look-up inside
+//! the insert's write transaction, so its count stays the same). The
 //! device's liveness (the ticket's pickup hint, the lease of `start`) is
 //! read once per touch interval: the queue keeps what it read and what it
 //! wrote. The parenthesized statements run on a desk's first lifecycle

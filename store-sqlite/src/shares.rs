@@ -12,10 +12,13 @@
 //! not what this process wrote last: another process on the same file may
 //! have written this device's sessions since.
 
+use std::sync::Arc;
+
 use graph_relay_core::ids::{DeviceId, GraphSessionId, OwnerId, ProjectId};
 use graph_relay_core::session::SessionMeta;
 use rusqlite::{Connection, params};
 
+use crate::cache::MetaCache;
 use crate::database::{DbError, Statements};
 
 /// Records a device's contact: its last sign of life and, for a sync, when
@@ -155,4 +158,52 @@ pub(crate) fn record_sync(
         sync.long_poll
     ])?;
     Ok(())
+}
+
+/// The first project of a run's agent that shares the session, then the
+/// smallest device, as `find_shared_session` finds it. One project per
+/// execution (`?2`), in the agent's order.
+const FIRST_SHARE: &str = "SELECT project, device, meta FROM shared_sessions
+     WHERE owner = ?1 AND project = ?2 AND graph_session_id = ?3
+     ORDER BY device LIMIT 1";
+
+/// What a guarded insert (`Store::insert_command_if_shared`) checks, on
+/// the writer's connection, inside the insert's transaction.
+pub(crate) struct ShareGuard {
+    /// The store's decoded metadata, by its JSON (the slug is read from it).
+    pub(crate) metas: Arc<MetaCache>,
+    pub(crate) owner: OwnerId,
+    pub(crate) session: GraphSessionId,
+    /// The agent's projects, in its order.
+    pub(crate) projects: Vec<ProjectId>,
+    pub(crate) project: ProjectId,
+    pub(crate) device: DeviceId,
+    pub(crate) slug: Arc<str>,
+}
+
+impl ShareGuard {
+    /// Whether the session still resolves to the guard's project, device
+    /// and slug.
+    pub(crate) fn holds(
+        &self,
+        conn: &Connection,
+        statements: &Statements,
+    ) -> Result<bool, DbError> {
+        let mut stmt = conn.prepare_cached(FIRST_SHARE)?;
+        for project in &self.projects {
+            statements.add(1);
+            let mut rows = stmt.query(params![
+                self.owner.as_str(),
+                project.as_str(),
+                self.session.as_str()
+            ])?;
+            if let Some(row) = rows.next()? {
+                let text = |i: usize| row.get_ref(i).map(|v| v.as_str().unwrap_or_default());
+                return Ok(text(0)? == self.project.as_str()
+                    && text(1)? == self.device.as_str()
+                    && self.metas.get_or_decode(text(2)?)?.slug == self.slug);
+            }
+        }
+        Ok(false)
+    }
 }

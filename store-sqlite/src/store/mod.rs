@@ -10,14 +10,15 @@ use graph_relay_core::ids::{
 };
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
-    PruneRequest, Store, StoreError,
+    DeviceContact, DeviceRecord, ExternalWrites, GuardedInsert, IdempotencyRecord, InsertOutcome,
+    PruneReport, PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::cache::{MetaCache, RecordCache};
 use crate::database::{Database, DbError, Statements};
+use crate::shares::ShareGuard;
 use crate::{OpenError, SqliteOptions, schema, shares};
 
 #[cfg(test)]
@@ -62,10 +63,94 @@ pub struct SqliteStore {
     /// Records written or decoded last, by their JSON (see [`RecordCache`]).
     records: RecordCache,
     /// Session metadata decoded last, by its JSON.
-    metas: MetaCache,
+    metas: Arc<MetaCache>,
 }
 
 impl SqliteStore {
+    /// Inserts `command` with `key` ([`Store::insert_command`]); with
+    /// `guard`, only while the session resolves to the command's share
+    /// among those projects ([`Store::insert_command_if_shared`]).
+    async fn insert(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        guard: Option<&[ProjectId]>,
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        let row = CommandRow::encode(command.clone()).map_err(store_error)?;
+        let entry = Arc::clone(&row.entry);
+        let key = key.clone();
+        let key_command = id_text(&key.command);
+        let now = millis(now)?;
+        let expires_at = millis(key.expires_at)?;
+        let statements = Arc::clone(self.db.statements());
+        let guard = guard.map(|projects| ShareGuard {
+            metas: Arc::clone(&self.metas),
+            owner: command.owner.clone(),
+            session: command.graph_session_id.clone(),
+            projects: projects.to_vec(),
+            project: command.project.clone(),
+            device: command.device.clone(),
+            slug: Arc::clone(&command.slug),
+        });
+        let outcome = self
+            .db
+            .write(move |conn| {
+                // The share first, under the same write lock as the key
+                // below: a share that changed writes nothing.
+                if let Some(guard) = &guard
+                    && !guard.holds(conn, &statements)?
+                {
+                    return Ok((GuardedInsert::SessionChanged, false));
+                }
+                // Under the write lock of BEGIN IMMEDIATE: no other
+                // connection can insert the same key between this statement
+                // and the ones below. The key is written unless a live one
+                // (`expires_at > now`, as `live_key` reads it) holds it.
+                statements.add(1);
+                let written = conn
+                    .prepare_cached(
+                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?7)
+                         ON CONFLICT (owner, agent, key) DO UPDATE SET
+                            command = excluded.command,
+                            fingerprint = excluded.fingerprint,
+                            expires_at = excluded.expires_at
+                         WHERE idempotency_keys.expires_at <= ?6",
+                    )?
+                    .execute(params![
+                        key.agent.as_str(),
+                        key.key.as_str(),
+                        key_command,
+                        key.fingerprint,
+                        expires_at,
+                        now,
+                        key.owner.as_str()
+                    ])?;
+                if written == 0 {
+                    let existing =
+                        live_key(conn, &statements, &key.owner, &key.agent, &key.key, now)?
+                        .ok_or_else(|| {
+                            DbError::Sqlite(format!(
+                                "idempotency key {} was neither written nor found",
+                                key.key.as_str()
+                            ))
+                        })?;
+                    let taken = InsertOutcome::KeyTaken(existing);
+                    return Ok((GuardedInsert::Checked(taken), false));
+                }
+                row.insert(conn, &statements)?;
+                Ok((GuardedInsert::Checked(InsertOutcome::Inserted), true))
+            })
+            .await
+            .map_err(store_error)?;
+        let (outcome, inserted) = outcome;
+        if inserted {
+            self.records.put(command.id, entry);
+        }
+        Ok(outcome)
+    }
+
     /// The first command `sql` selects with `params` (the query names its
     /// owner, so "not yours" is "not found").
     fn one_command(
@@ -121,7 +206,7 @@ impl SqliteStore {
             db,
             path,
             records: RecordCache::default(),
-            metas: MetaCache::default(),
+            metas: Arc::default(),
         })
     }
 
@@ -203,61 +288,24 @@ impl Store for SqliteStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        let row = CommandRow::encode(command.clone()).map_err(store_error)?;
-        let entry = Arc::clone(&row.entry);
-        let key = key.clone();
-        let key_command = id_text(&key.command);
-        let now = millis(now)?;
-        let expires_at = millis(key.expires_at)?;
-        let statements = Arc::clone(self.db.statements());
-        let outcome = self
-            .db
-            .write(move |conn| {
-                // Under the write lock of BEGIN IMMEDIATE: no other
-                // connection can insert the same key between this statement
-                // and the ones below. The key is written unless a live one
-                // (`expires_at > now`, as `live_key` reads it) holds it.
-                statements.add(1);
-                let written = conn
-                    .prepare_cached(
-                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?7)
-                         ON CONFLICT (owner, agent, key) DO UPDATE SET
-                            command = excluded.command,
-                            fingerprint = excluded.fingerprint,
-                            expires_at = excluded.expires_at
-                         WHERE idempotency_keys.expires_at <= ?6",
-                    )?
-                    .execute(params![
-                        key.agent.as_str(),
-                        key.key.as_str(),
-                        key_command,
-                        key.fingerprint,
-                        expires_at,
-                        now,
-                        key.owner.as_str()
-                    ])?;
-                if written == 0 {
-                    let existing =
-                        live_key(conn, &statements, &key.owner, &key.agent, &key.key, now)?
-                        .ok_or_else(|| {
-                            DbError::Sqlite(format!(
-                                "idempotency key {} was neither written nor found",
-                                key.key.as_str()
-                            ))
-                        })?;
-                    return Ok((InsertOutcome::KeyTaken(existing), false));
-                }
-                row.insert(conn, &statements)?;
-                Ok((InsertOutcome::Inserted, true))
-            })
-            .await
-            .map_err(store_error)?;
-        let (outcome, inserted) = outcome;
-        if inserted {
-            self.records.put(command.id, entry);
+        match self.insert(command, key, None, now).await? {
+            GuardedInsert::Checked(outcome) => Ok(outcome),
+            GuardedInsert::SessionChanged => Err(StoreError::Backend(
+                "an insert without a share guard was refused for its share".into(),
+            )),
         }
-        Ok(outcome)
+    }
+
+    async fn insert_command_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        // The share is checked inside the insert's write transaction: no
+        // separate read transaction.
+        self.insert(command, key, Some(projects), now).await
     }
 
     async fn command_for_agent(
