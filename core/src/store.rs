@@ -75,6 +75,21 @@ pub enum GuardedInsert {
     SessionChanged,
 }
 
+impl GuardedInsert {
+    /// The outcome of an insert a store ran without the share check, for
+    /// a store that runs both kinds through one path: such an insert never
+    /// finds its share changed, and one that says so is reported as a
+    /// backend failure rather than taken as an outcome.
+    pub fn unguarded(self) -> Result<InsertOutcome, StoreError> {
+        match self {
+            Self::Checked(outcome) => Ok(outcome),
+            Self::SessionChanged => Err(StoreError::Backend(
+                "an insert without a share check was refused for its share".into(),
+            )),
+        }
+    }
+}
+
 /// Whether `shared`, what [`Store::find_shared_session`] answers for a
 /// command's session, names the project, device and slug `command` was
 /// built with: the check of [`Store::insert_command_if_shared`].
@@ -413,5 +428,22 @@ pub trait Store: Send + Sync {
     /// because of this store's own writes). Other stores answer a constant.
     async fn external_write_marker(&self) -> Result<u64, StoreError> {
         Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unguarded_insert_takes_its_outcome_and_reports_a_changed_share_as_a_failure() {
+        assert!(matches!(
+            GuardedInsert::Checked(InsertOutcome::Inserted).unguarded(),
+            Ok(InsertOutcome::Inserted)
+        ));
+        assert!(matches!(
+            GuardedInsert::SessionChanged.unguarded(),
+            Err(StoreError::Backend(_))
+        ));
     }
 }

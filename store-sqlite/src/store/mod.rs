@@ -288,12 +288,7 @@ impl Store for SqliteStore {
         key: &IdempotencyRecord,
         now: Timestamp,
     ) -> Result<InsertOutcome, StoreError> {
-        match self.insert(command, key, None, now).await? {
-            GuardedInsert::Checked(outcome) => Ok(outcome),
-            GuardedInsert::SessionChanged => Err(StoreError::Backend(
-                "an insert without a share guard was refused for its share".into(),
-            )),
-        }
+        self.insert(command, key, None, now).await?.unguarded()
     }
 
     async fn insert_command_if_shared(
