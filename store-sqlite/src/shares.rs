@@ -160,10 +160,10 @@ pub(crate) fn record_sync(
     Ok(())
 }
 
-/// The first project of a run's agent that shares the session, then the
-/// smallest device, as `find_shared_session` finds it. One project per
-/// execution (`?2`), in the agent's order.
-const FIRST_SHARE: &str = "SELECT project, device, meta FROM shared_sessions
+/// The share of session `?3` of owner `?1` in project `?2`: the smallest
+/// device's. `find_shared_session` and a guarded insert run it for each of
+/// the agent's projects in its order; the first answer is the share.
+pub(crate) const FIRST_SHARE: &str = "SELECT project, device, synced_at, meta FROM shared_sessions
      WHERE owner = ?1 AND project = ?2 AND graph_session_id = ?3
      ORDER BY device LIMIT 1";
 
@@ -201,7 +201,7 @@ impl ShareGuard {
                 let text = |i: usize| row.get_ref(i).map(|v| v.as_str().unwrap_or_default());
                 return Ok(text(0)? == self.project.as_str()
                     && text(1)? == self.device.as_str()
-                    && self.metas.get_or_decode(text(2)?)?.slug == self.slug);
+                    && self.metas.get_or_decode(text(3)?)?.slug == self.slug);
             }
         }
         Ok(false)

@@ -534,11 +534,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<SharedSession>, StoreError> {
         self.db
             .read(|conn| {
-                let mut stmt = conn.prepare_cached(
-                    "SELECT project, device, synced_at, meta FROM shared_sessions
-                     WHERE owner = ?1 AND project = ?2 AND graph_session_id = ?3
-                     ORDER BY device LIMIT 1",
-                )?;
+                let mut stmt = conn.prepare_cached(shares::FIRST_SHARE)?;
                 for project in projects {
                     self.db.statements().add(1);
                     let mut rows =
