@@ -8,6 +8,13 @@
 //! README's budgets: ≥ 1.5× rmcp's requests/s at ≤ 0.67× its CPU per
 //! request, and ≥ 0.5× the ceiling's requests/s.
 //!
+//! The run read is finished by default (`--run finished`): completed in
+//! the SQLite file before the server starts, so that after the first read
+//! the server answers from its queue's copy of finished runs, with no store
+//! read, as it does for an agent polling a run that has ended. `--run
+//! queued` reads a run queued through MCP instead, which costs a SQLite
+//! read every time (a run still waiting for its desktop).
+//!
 //! Each round also runs `--lifecycles` whole Graph runs (run → sync →
 //! start → complete → get) on a SQLite store, 64 in flight, with the
 //! `sqlite_lifecycle_loop` example of graph-relay-store-sqlite, and sets
@@ -24,7 +31,7 @@
 //! ```text
 //! cargo build --release -p graph-relay --bin graph-relay --example rmcp_echo --example fixed_reply --example vs_rmcp
 //! cargo build --release -p graph-relay-store-sqlite --example sqlite_lifecycle_loop
-//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk] [--lifecycles 20000]
+//! target/release/examples/vs_rmcp [--seconds 10] [--rounds 3] [--connections 64] [--client builtin|wrk] [--lifecycles 20000] [--run finished|queued]
 //! ```
 //!
 //! `GRAPH_RELAY_BIN`, `RMCP_ECHO_BIN`, `FIXED_REPLY_BIN` and
@@ -93,6 +100,18 @@ struct Options {
     client: Client,
     /// Lifecycles per round of the SQLite loop (0: none).
     lifecycles: u64,
+    /// The state of the run every `get_graph_run` reads.
+    run: RunState,
+}
+
+/// The run that `get_graph_run` reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RunState {
+    /// Completed before the server starts: after the first read the queue
+    /// answers from its copy of finished runs, with no store read.
+    Finished,
+    /// Queued through MCP: every read is a SQLite read.
+    Queued,
 }
 
 impl Options {
@@ -103,6 +122,7 @@ impl Options {
             connections: 64,
             client: Client::Builtin,
             lifecycles: 20_000,
+            run: RunState::Finished,
         };
         let mut args = std::env::args().skip(1);
         while let Some(flag) = args.next() {
@@ -112,6 +132,15 @@ impl Options {
                 "--rounds" => options.rounds = value.parse()?,
                 "--connections" => options.connections = value.parse()?,
                 "--lifecycles" => options.lifecycles = value.parse()?,
+                "--run" => {
+                    options.run = match value.as_str() {
+                        "finished" => RunState::Finished,
+                        "queued" => RunState::Queued,
+                        other => {
+                            return Err(format!("--run is finished or queued, not {other}").into());
+                        }
+                    }
+                }
                 "--client" => {
                     options.client = match value.as_str() {
                         "builtin" => Client::Builtin,
@@ -123,7 +152,7 @@ impl Options {
                 }
                 other => {
                     return Err(format!(
-                        "unknown flag {other}; use --seconds N, --rounds N, --connections N, --client builtin|wrk, --lifecycles N"
+                        "unknown flag {other}; use --seconds N, --rounds N, --connections N, --client builtin|wrk, --lifecycles N, --run finished|queued"
                     )
                     .into());
                 }
@@ -164,40 +193,17 @@ fn graph_relay_binary() -> Result<std::path::PathBuf, Error> {
     Ok(path)
 }
 
-/// Starts `graph-relay serve` on a SQLite file in `dir` with one queued run
-/// of the bench agent, and returns it with that run's command id.
-async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
+/// Starts `graph-relay serve` on a SQLite file in `dir` with one run of
+/// the bench agent in state `run`, and returns it with that run's command id.
+async fn start_graph_relay(dir: &Path, run: RunState) -> Result<Target, Error> {
     let db = dir.join("queue.db");
-    {
-        // One shared session, synced by the owner's desktop, straight into the file.
-        let store = Arc::new(graph_relay_store_sqlite::SqliteStore::open(&db)?);
-        let queue = Queue::new(
-            store,
-            Arc::new(SystemClock),
-            Arc::new(RandomIds),
-            QueueConfig::default(),
-        );
-        let device = Device::new(DeviceId::parse("desktop")?, OwnerId::parse("alice")?);
-        queue
-            .sync(
-                &device,
-                &SyncRequest {
-                    project: ProjectId::parse("p1")?,
-                    sessions: vec![SessionMeta {
-                        graph_session_id: GraphSessionId::parse(GS)?,
-                        name: "Bench".into(),
-                        description: "".into(),
-                        slug: "bench".into(),
-                        version: "1".into(),
-                        status: "ready".into(),
-                    }],
-                    long_poll: false,
-                    restarted: false,
-                    running: None,
-                },
-            )
-            .await?;
-    }
+    let finished = match run {
+        RunState::Finished => Some(finished_run(&db).await?),
+        RunState::Queued => {
+            share_session(&db).await?;
+            None
+        }
+    };
     let config = dir.join("graph-relay.toml");
     std::fs::write(
         &config,
@@ -227,27 +233,15 @@ async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
         );
         mcp_head(&addr, &extra)
     };
-    // Queue the run that every `get_graph_run` reads, through MCP.
-    let run = format!(
-        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"run_graph_session","arguments":{{"graph_session_id":"{GS}","idempotency_key":"vs-rmcp-run-1"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
-    );
-    let mut connection = Connection::open(&addr).await?;
-    let (status, body) = connection
-        .exchange(&request(&head("run_graph_session"), &run))
-        .await?;
-    let reply: serde_json::Value = serde_json::from_slice(body)?;
-    let command = reply["result"]["structuredContent"]["command_id"]
-        .as_str()
-        .filter(|_| status == 200)
-        .ok_or_else(|| {
-            format!(
-                "run_graph_session failed ({status}): {}",
-                String::from_utf8_lossy(body)
-            )
-        })?
-        .to_owned();
+    let (label, command) = match finished {
+        Some(command) => ("graph-relay get_graph_run (finished)", command),
+        None => (
+            "graph-relay get_graph_run (queued)",
+            queue_over_mcp(&addr, &head("run_graph_session")).await?,
+        ),
+    };
     Ok(Target {
-        label: "graph-relay get_graph_run (sqlite)",
+        label,
         pid,
         head: head("get_graph_run"),
         body: graph_relay_body,
@@ -256,6 +250,109 @@ async fn start_graph_relay(dir: &Path) -> Result<Target, Error> {
         addr,
         child,
     })
+}
+
+/// The bench's queue on the SQLite file at `db`, as the server will open it.
+fn bench_queue(db: &Path) -> Result<Queue, Error> {
+    let store = Arc::new(graph_relay_store_sqlite::SqliteStore::open(db)?);
+    Ok(Queue::new(
+        store,
+        Arc::new(SystemClock),
+        Arc::new(RandomIds),
+        QueueConfig::default(),
+    ))
+}
+
+/// The owner's desktop and its sync sharing the bench session.
+fn bench_desktop() -> Result<(Device, SyncRequest), Error> {
+    let device = Device::new(DeviceId::parse("desktop")?, OwnerId::parse("alice")?);
+    let sync = SyncRequest {
+        project: ProjectId::parse("p1")?,
+        sessions: vec![SessionMeta {
+            graph_session_id: GraphSessionId::parse(GS)?,
+            name: "Bench".into(),
+            description: "".into(),
+            slug: "bench".into(),
+            version: "1".into(),
+            status: "ready".into(),
+        }],
+        long_poll: false,
+        restarted: false,
+        running: None,
+    };
+    Ok((device, sync))
+}
+
+/// Shares the bench session from the owner's desktop, straight into the file.
+async fn share_session(db: &Path) -> Result<(), Error> {
+    let (device, sync) = bench_desktop()?;
+    bench_queue(db)?.sync(&device, &sync).await?;
+    Ok(())
+}
+
+/// Shares the bench session, then queues, hands out, starts and completes
+/// one run of the bench agent, straight into the file; returns its id.
+async fn finished_run(db: &Path) -> Result<String, Error> {
+    let queue = bench_queue(db)?;
+    let (device, sync) = bench_desktop()?;
+    queue.sync(&device, &sync).await?;
+    let agent = bench_agent()?;
+    let ticket = queue
+        .run_graph_session(
+            &agent,
+            RunArgs {
+                graph_session_id: GraphSessionId::parse(GS)?,
+                arguments: serde_json::Map::new(),
+                idempotency_key: IdempotencyKey::parse("vs-rmcp-run-1")?,
+            },
+        )
+        .await?;
+    let id = ticket.command.id;
+    queue.sync(&device, &sync).await?;
+    let execution = ExecutionId::parse("vs-rmcp-execution-1")?;
+    queue.start(&device, &id, &execution).await?;
+    let result = ResultEnvelope::build(
+        execution,
+        FinishStatus::Completed,
+        EnvelopeBody {
+            result: serde_json::json!({ "summary": "the bench graph ran", "rows": 3 }),
+            total_tokens: Some(42),
+            reported_cost: Some(0.5),
+            error: None,
+        },
+    );
+    queue.complete(&device, &id, &result).await?;
+    Ok(id.to_string())
+}
+
+/// The agent the server's configuration names (`bench` of `alice`).
+fn bench_agent() -> Result<Agent, Error> {
+    Ok(Agent::new(
+        AgentId::parse("bench")?,
+        OwnerId::parse("alice")?,
+        [ProjectId::parse("p1")?],
+    ))
+}
+
+/// Queues a run of the bench session through MCP at `addr` (`head` is
+/// `run_graph_session`'s request head); returns its command id.
+async fn queue_over_mcp(addr: &str, head: &str) -> Result<String, Error> {
+    let run = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"run_graph_session","arguments":{{"graph_session_id":"{GS}","idempotency_key":"vs-rmcp-run-1"}},"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
+    );
+    let mut connection = Connection::open(addr).await?;
+    let (status, body) = connection.exchange(&request(head, &run)).await?;
+    let reply: serde_json::Value = serde_json::from_slice(body)?;
+    Ok(reply["result"]["structuredContent"]["command_id"]
+        .as_str()
+        .filter(|_| status == 200)
+        .ok_or_else(|| {
+            format!(
+                "run_graph_session failed ({status}): {}",
+                String::from_utf8_lossy(body)
+            )
+        })?
+        .to_owned())
 }
 
 /// A wrk script that sends `target`'s request (the body of connection 1)
@@ -412,7 +509,7 @@ fn summary(label: &str, rounds: &[Round]) -> Round {
 
 async fn run(options: &Options) -> Result<(), Error> {
     let dir = tempfile::tempdir()?;
-    let ours = start_graph_relay(dir.path()).await?;
+    let ours = start_graph_relay(dir.path(), options.run).await?;
     let reply_bytes = answer_size(&ours).await?;
     let echo = baseline::start_rmcp_echo(&example_binary("RMCP_ECHO_BIN", "rmcp_echo")?).await?;
     let fixed = example_binary("FIXED_REPLY_BIN", "fixed_reply")?;
@@ -545,6 +642,28 @@ mod tests {
 Requests/sec:  78612.30
 Transfer/sec:     40.11MB
 ";
+
+    #[test]
+    fn the_finished_run_is_in_the_file_for_the_bench_agent() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let db = dir.path().join("queue.db");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let id = finished_run(&db).await.expect("a finished run");
+            // Read back by a fresh queue over the same file, as the server does.
+            let id = CommandId::parse(&id).expect("a command id");
+            let view = bench_queue(&db)
+                .expect("open")
+                .get_graph_run(&bench_agent().expect("agent"), &id)
+                .await
+                .expect("the bench agent reads its run");
+            assert_eq!(view.command.status, CommandStatus::Completed);
+            assert_eq!(view.poll_after_seconds, None, "terminal: nothing to poll");
+        });
+    }
 
     #[test]
     fn the_lifecycle_loop_is_read_back() {
