@@ -148,7 +148,7 @@ pub const MIGRATIONS: &[Migration] = &[
         // sets `finished_at`) writes entries, in the primary key and in
         // `commands_finished`. A device's queued and running commands are
         // its open ones filtered on their rows, and the lease sweep reads
-        // every open command. A fillfactor of 70 leaves room on each page
+        // every open command. A fillfactor of 50 leaves room on each page
         // for the new versions of the rows inserted there. Building the
         // index reads the table once, under the migration's lock.
         sql: r"
