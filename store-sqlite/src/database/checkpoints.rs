@@ -58,7 +58,7 @@ thread_local! {
 
 /// Runs `commit` on this thread with `checkpoints` as the thread that
 /// [`wal_hook`] asks (a caller that borrows the writing connection commits
-/// on its own thread, see `super::writer::try_inline`).
+/// on its own thread, see `super::groups`).
 pub(super) fn asking<T>(checkpoints: &Arc<Checkpoints>, commit: impl FnOnce() -> T) -> T {
     let before = CHECKPOINTS.replace(Some(Arc::clone(checkpoints)));
     let done = commit();

@@ -2,25 +2,27 @@
 //!
 //! A [`Database`] is one writing connection with its writer thread, one
 //! checkpoint thread, and a pool of read-only connections. A write is a
-//! closure sent through a channel to the writer; the caller awaits its
-//! answer (`reply`: the answers of a group are woken together), so a write
-//! that waits for another process's lock never blocks the caller's
-//! executor. When the writer has nothing to do, the caller runs its write
-//! itself instead, with the writing connection, if the file's write lock is
-//! free at once (see [`Database::write`]). A read runs on the
-//! calling thread with a connection checked out of the pool: in WAL mode a
-//! read never waits for a lock held by a writer (see the crate docs).
+//! closure committed in a group with the writes that come with it: on the
+//! caller's own thread when the file's write lock is free at once (see
+//! `groups`), else by the writer thread, which waits for the lock, so that
+//! a write held up by another process never blocks the caller's executor.
+//! When every commit waits for an fsync, every write goes to the writer
+//! thread. The caller awaits its answer (`reply`: the answers of a group
+//! are woken together). A read runs on the calling thread with a
+//! connection checked out of the pool: in WAL mode a read never waits for
+//! a lock held by a writer (see the crate docs).
 //!
-//! The writer takes every job that is waiting when it wakes up (at most
-//! `writer::MAX_GROUP`; under load it lingers for more, see `writer::linger`) and runs
-//! them in one `BEGIN IMMEDIATE` transaction (group commit); a job that fails is rolled back alone and the others commit
-//! (see `writer::run_group`). Replies are sent only after `COMMIT` returned, so
-//! "the call returned" always means "the change is committed".
+//! A group (at most `writer::MAX_GROUP` jobs) runs in one `BEGIN IMMEDIATE`
+//! transaction; a job that fails is rolled back alone and the others commit
+//! (see `writer::run_group`). Answers are stored only after `COMMIT`
+//! returned, so "the call returned" always means "the change is committed".
 //!
-//! The writer's group commit is in `writer`, the pool of read connections
-//! in `read_pool`, and the checkpoint thread in `checkpoints`.
+//! The callers' groups are in `groups`, the writer thread's in `writer`,
+//! the pool of read connections in `read_pool`, and the checkpoint thread
+//! in `checkpoints`.
 
 mod checkpoints;
+mod groups;
 mod read_pool;
 mod reply;
 mod writer;
@@ -35,8 +37,9 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 
 use self::checkpoints::{CHECKPOINTS, Checkpoints, asking, checkpoint_loop, wal_hook};
+use self::groups::{Forming, LEADER_GROUPS, YieldOnce};
 use self::read_pool::ReadPool;
-use self::writer::{Work, WriteJob, WriterState, Writing, try_inline, writer_loop};
+use self::writer::{Work, WriteJob, try_group_here, writer_loop};
 
 /// A failure inside the database threads, before it is mapped to the
 /// error type of the trait being implemented.
@@ -91,14 +94,14 @@ impl Statements {
 /// one database file.
 pub(crate) struct Database {
     statements: Arc<Statements>,
-    /// The one connection that writes: the writer thread's while it runs a
-    /// group, else free for a caller to run its write on (see [`Database::write`]).
-    writing: Arc<Mutex<Writing>>,
-    /// Whether callers may run their writes themselves (not when every
+    /// The one connection that writes: held by whoever runs a group, a
+    /// caller leading one or the writer thread.
+    writing: Arc<Mutex<Connection>>,
+    /// Whether callers may commit their groups themselves (not when every
     /// commit waits for an fsync, which would hold up the caller's executor).
     inline_writes: bool,
-    /// Whether the writer thread sleeps and nothing waits for it.
-    writer_state: Arc<WriterState>,
+    /// The callers' group being formed (see `groups`).
+    forming: Forming,
     writer: Option<Sender<WriteJob>>,
     writer_thread: Option<JoinHandle<()>>,
     checkpoints: Arc<Checkpoints>,
@@ -162,15 +165,14 @@ impl Database {
         // Replaces SQLite's autocheckpoint, which would run the checkpoint
         // inside the commit on the committing thread.
         writer.wal_hook(Some(wal_hook));
-        let writing = Arc::new(Mutex::new(Writing::new(writer)));
-        let writer_state = Arc::new(WriterState::default());
-        let (lent, told) = (Arc::clone(&writing), Arc::clone(&writer_state));
+        let writing = Arc::new(Mutex::new(writer));
+        let lent = Arc::clone(&writing);
         let writer_thread = std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || {
                 BUSY_BUDGET.set(busy_timeout);
                 CHECKPOINTS.set(Some(signal));
-                writer_loop(&lent, write_rx, &told, &counted);
+                writer_loop(&lent, write_rx, &counted);
             });
         let writer_thread = match writer_thread {
             Ok(handle) => handle,
@@ -184,7 +186,7 @@ impl Database {
             statements,
             writing,
             inline_writes,
-            writer_state,
+            forming: Forming::default(),
             writer: Some(write_tx),
             writer_thread: Some(writer_thread),
             checkpoints,
@@ -202,15 +204,11 @@ impl Database {
     /// once the transaction committed. If `job` fails, its changes are
     /// rolled back and its error returned.
     ///
-    /// When the writer thread sleeps (no write came for a while, see
-    /// `writer::next_job`), nothing waits for it and the writing connection
-    /// is free, the job runs right here, alone: that saves waking the
-    /// writer thread and then the caller, two thread switches that cost far
-    /// more than a small write on a lightly loaded server. It does so only
-    /// if the file's write lock is free at once. A lock held by another
-    /// process, or a writer that is awake (writes keep coming: they are
-    /// committed in groups, one commit for many), sends the job to the
-    /// writer thread.
+    /// The job is committed in a group with the writes made meanwhile: the
+    /// first caller of a group yields once, then commits the group on its
+    /// own thread if the file's write lock is free at once; otherwise, or
+    /// when every commit waits for an fsync, the writer thread commits it
+    /// (see `groups`).
     ///
     /// `job` must depend only on what it captured and on the database: it
     /// may be run a second time, in a fresh transaction, when another job of
@@ -220,45 +218,60 @@ impl Database {
         F: FnMut(&Connection) -> Result<R, DbError> + Send + 'static,
         R: Send + 'static,
     {
-        let job = match self.write_here(job) {
-            Ok(answer) => return answer,
-            Err(job) => job,
-        };
         let (reply, answer) = reply::channel();
         let work: WriteJob = Box::new(Work::new(job, reply));
-        let writer = self.writer.as_ref().ok_or(DbError::Stopped)?;
-        let queued = &self.writer_state.queued;
-        queued.fetch_add(1, Ordering::AcqRel);
-        if writer.send(work).is_err() {
-            queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(DbError::Stopped);
+        if !self.inline_writes {
+            self.send_to_writer(vec![work]);
+        } else if self.forming.join(work) {
+            let leader = Leader {
+                db: self,
+                ran: false,
+            };
+            YieldOnce::default().await;
+            leader.lead();
         }
         answer.await
     }
 
-    /// Runs `job` on this thread if the writer is idle and the write lock
-    /// free (see [`Database::write`]); else gives it back.
-    fn write_here<R, F>(&self, job: F) -> Result<Result<R, DbError>, F>
-    where
-        F: FnMut(&Connection) -> Result<R, DbError>,
-    {
-        let state = &self.writer_state;
-        if !self.inline_writes
-            || !state.asleep.load(Ordering::Acquire)
-            || state.queued.load(Ordering::Acquire) > 0
-        {
-            return Err(job);
+    /// Commits the groups of a leading caller (see `groups`).
+    fn lead(&self) {
+        for _ in 0..LEADER_GROUPS {
+            let Some(mut group) = self.forming.next_group() else {
+                return;
+            };
+            let ran = match self.writing.try_lock() {
+                Ok(conn) => self.commit_here(&conn, &mut group),
+                // A job that panicked was caught inside its transaction,
+                // which was then rolled back: the connection is as it was.
+                Err(TryLockError::Poisoned(poisoned)) => {
+                    self.commit_here(&poisoned.into_inner(), &mut group)
+                }
+                // The writer thread runs a group.
+                Err(TryLockError::WouldBlock) => false,
+            };
+            if !ran {
+                self.send_to_writer(group);
+            }
         }
-        let mut writing = match self.writing.try_lock() {
-            Ok(writing) => writing,
-            // A job that panicked was caught inside its transaction, which
-            // was then rolled back: the connection is as it was.
-            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-            Err(TryLockError::WouldBlock) => return Err(job),
-        };
+        self.send_to_writer(self.forming.resign());
+    }
+
+    /// Commits `group` on this thread if the write lock is free at once.
+    fn commit_here(&self, conn: &Connection, group: &mut Vec<WriteJob>) -> bool {
         asking(&self.checkpoints, || {
-            try_inline(&mut writing, job, &self.statements)
+            try_group_here(conn, group, &self.statements)
         })
+    }
+
+    /// Hands `jobs` to the writer thread; a job it cannot take (the thread
+    /// stopped) is dropped, which answers [`DbError::Stopped`].
+    fn send_to_writer(&self, jobs: Vec<WriteJob>) {
+        if let Some(writer) = &self.writer {
+            for job in jobs {
+                // A job refused comes back in the error and is dropped.
+                let _ = writer.send(job);
+            }
+        }
     }
 
     /// Runs `job` right here, on the calling thread, with a read connection
@@ -270,6 +283,31 @@ impl Database {
         job: impl FnOnce(&Connection) -> Result<R, DbError>,
     ) -> Result<R, DbError> {
         self.readers.read(job)
+    }
+}
+
+/// The caller leading the group being formed.
+struct Leader<'a> {
+    db: &'a Database,
+    /// Whether it ran its groups.
+    ran: bool,
+}
+
+impl Leader<'_> {
+    fn lead(mut self) {
+        self.ran = true;
+        self.db.lead();
+    }
+}
+
+impl Drop for Leader<'_> {
+    /// A leader dropped before it ran its group (its request was
+    /// cancelled) hands the group to the writer thread, so that nobody
+    /// waits for it; so does one whose `lead` unwound half-way.
+    fn drop(&mut self) {
+        if !self.ran || std::thread::panicking() {
+            self.db.send_to_writer(self.db.forming.resign());
+        }
     }
 }
 
@@ -338,23 +376,7 @@ mod tests {
         let db = crate::schema::open(&dir.path().join("db.sqlite"), options, "test").unwrap();
         block_on(db.write(|c| Ok(c.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)")?)))
             .unwrap();
-        wait_for_sleep(&db);
         db
-    }
-
-    /// Waits until the writer thread sleeps (right after a write it stays
-    /// awake for a moment, expecting more) and the last write is no longer
-    /// recent (see `writer::try_inline`).
-    fn wait_for_sleep(db: &Database) {
-        let start = Instant::now();
-        while !db.writer_state.asleep.load(Ordering::Acquire) || db.writing.lock().unwrap().recent()
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "the writer never slept"
-            );
-            thread::sleep(Duration::from_millis(1));
-        }
     }
 
     /// Inserts `id` and says on which thread it ran.
@@ -385,8 +407,51 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_writer_lets_the_caller_commit_on_its_own_thread() {
+    fn a_lone_write_commits_on_the_callers_thread() {
         assert!(first_write_runs_here(&SqliteOptions::default()));
+    }
+
+    #[test]
+    fn writes_made_together_commit_together_on_the_callers_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let before = db.statements().get();
+        let threads = block_on(futures::future::join_all(
+            (1..=10).map(|id| db.write(insert(id))),
+        ));
+        assert!(
+            threads
+                .into_iter()
+                .all(|ran_on| ran_on.unwrap() == thread::current().id())
+        );
+        assert_eq!(ids(&db), (1..=10).collect::<Vec<_>>());
+        // One BEGIN and one COMMIT for the ten (the jobs count nothing).
+        assert_eq!(db.statements().get() - before, 2);
+    }
+
+    #[test]
+    fn a_group_whose_leader_is_dropped_goes_to_the_writer_thread() {
+        use std::future::Future;
+        use std::task::Context;
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut leader = Box::pin(db.write(insert(1)));
+        assert!(leader.as_mut().poll(&mut cx).is_pending(), "it yields");
+        let mut follower = Box::pin(db.write(insert(2)));
+        assert!(follower.as_mut().poll(&mut cx).is_pending(), "it queues");
+        drop(leader);
+        // Both jobs were queued: the writer thread commits them.
+        let ran_on = block_on(follower).unwrap();
+        assert_ne!(ran_on, thread::current().id());
+        assert_eq!(ids(&db), [1, 2]);
+        // Nobody leads any more: the next write leads its own group.
+        assert_eq!(
+            block_on(db.write(insert(3))).unwrap(),
+            thread::current().id()
+        );
     }
 
     #[test]
@@ -423,13 +488,11 @@ mod tests {
             Err::<(), _>(DbError::Corrupt("refused".into()))
         }));
         assert!(matches!(failed, Err(DbError::Corrupt(_))));
-        wait_for_sleep(&db);
         let panicked = block_on(db.write(|c| -> Result<(), DbError> {
             c.execute("INSERT INTO t (id) VALUES (2)", [])?;
             panic!("a job that panics")
         }));
         assert!(matches!(panicked, Err(DbError::Panicked)));
-        wait_for_sleep(&db);
         assert_eq!(
             block_on(db.write(insert(3))).unwrap(),
             thread::current().id()

@@ -1,7 +1,6 @@
 //! The writer thread: every write of the file, committed in groups.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -12,17 +11,9 @@ use super::reply::{GroupWakers, Reply};
 use super::{BUSY_BUDGET, DbError, Statements};
 
 /// Most write jobs committed together in one transaction.
-const MAX_GROUP: usize = 64;
+pub(super) const MAX_GROUP: usize = 64;
 /// How long an idle writer keeps polling for the next job before it sleeps.
 const SPIN: Duration = Duration::from_micros(30);
-/// A write that a caller ran itself stays recent (see [`try_inline`]) for
-/// this many times as long as it took, and at least [`SPIN`]. A task
-/// driving many requests at once (a benchmark's `join_all`) reaches its
-/// next write in about the time the write itself took, whatever the
-/// machine or build, and so meets a recent write: its writes are grouped.
-/// On a quiet server the writes of different requests are at least an
-/// HTTP round trip apart, longer than that.
-const RECENT_FACTOR: u32 = 4;
 /// A group that follows one of at least this many jobs waits for more
 /// (see [`linger`]).
 const LINGER_AFTER: usize = 8;
@@ -97,105 +88,26 @@ fn run_caught<R>(
     catch_unwind(AssertUnwindSafe(|| job(conn))).unwrap_or(Err(DbError::Panicked))
 }
 
-/// What the writer thread tells the callers that could run a write
-/// themselves (see `Database::write`).
-#[derive(Debug, Default)]
-pub(super) struct WriterState {
-    /// Jobs sent to the writer thread and not yet taken into a group.
-    pub(super) queued: AtomicUsize,
-    /// The writer thread sleeps, waiting for a job: it has nothing to
-    /// group a caller's write with.
-    pub(super) asleep: AtomicBool,
-}
-
-/// The one connection that writes, and when a caller last wrote with it.
-pub(super) struct Writing {
-    conn: Connection,
-    /// Until when the last write a caller ran itself is recent (see
-    /// [`try_inline`]).
-    recent_until: Option<Instant>,
-}
-
-impl Writing {
-    pub(super) fn new(conn: Connection) -> Self {
-        Self {
-            conn,
-            recent_until: None,
-        }
-    }
-
-    /// Whether the last write a caller ran itself is still recent.
-    pub(super) fn recent(&self) -> bool {
-        self.recent_until
-            .is_some_and(|until| Instant::now() < until)
-    }
-}
-
 /// The writer thread's loop: takes the jobs sent to it in groups and runs
-/// each group with the writing connection (locked for the group: while the
-/// thread sleeps a caller may borrow it, see [`try_inline`]).
+/// each group with the writing connection (locked for the group; between
+/// groups the callers commit theirs with it, see `super::groups`).
 pub(super) fn writer_loop(
-    writing: &Mutex<Writing>,
+    writing: &Mutex<Connection>,
     jobs: Receiver<WriteJob>,
-    state: &WriterState,
     statements: &Statements,
 ) {
     let mut group: Vec<WriteJob> = Vec::with_capacity(MAX_GROUP);
     let mut previous = 0;
-    while let Some(first) = next_job(&jobs, &state.asleep) {
+    while let Some(first) = next_job(&jobs) {
         group.push(first);
         take_waiting(&jobs, &mut group);
         if previous >= LINGER_AFTER {
             linger(&jobs, &mut group);
         }
         previous = group.len();
-        state.queued.fetch_sub(group.len(), Ordering::AcqRel);
-        let writing = writing.lock().unwrap_or_else(PoisonError::into_inner);
-        run_group(&writing.conn, &mut group, statements);
+        let conn = writing.lock().unwrap_or_else(PoisonError::into_inner);
+        run_group(&conn, &mut group, statements);
     }
-}
-
-/// Runs `job` alone on the calling thread with the writing connection, in
-/// a transaction of its own, if its `BEGIN IMMEDIATE` gets the file's
-/// write lock at once; `Err(job)`, not run, if it does not (another
-/// process, or the checkpoint thread, holds the lock), for the writer
-/// thread to run with its patience for locks.
-///
-/// Also `Err(job)` right after another such write (see [`RECENT_FACTOR`]):
-/// writes that come one after another, e.g. from one task driving many
-/// requests, go to the writer thread, which stays awake and commits those
-/// that follow in groups instead of one commit each.
-///
-/// The answer is the one the writer thread would give a group of one: the
-/// job's error rolls it back, and a failed `COMMIT` is an error.
-pub(super) fn try_inline<R, F>(
-    writing: &mut Writing,
-    mut job: F,
-    statements: &Statements,
-) -> Result<Result<R, DbError>, F>
-where
-    F: FnMut(&Connection) -> Result<R, DbError>,
-{
-    if writing.recent() {
-        return Err(job);
-    }
-    let started = Instant::now();
-    let conn = &writing.conn;
-    let tx = Control { conn, statements };
-    let patience = BUSY_BUDGET.replace(Duration::ZERO);
-    let begun = tx.begin();
-    BUSY_BUDGET.set(patience);
-    if begun.is_err() {
-        return Err(job);
-    }
-    let result = run_caught(&mut job, conn);
-    let settled = result.and_then(|r| tx.commit().map(|()| r));
-    if settled.is_err() {
-        tx.rollback();
-    }
-    let now = Instant::now();
-    writing.recent_until = Some(now + (now - started).saturating_mul(RECENT_FACTOR).max(SPIN));
-    Ok(settled)
 }
 
 /// Moves the jobs waiting in `jobs` into `group`, up to [`MAX_GROUP`].
@@ -252,8 +164,38 @@ fn linger(jobs: &Receiver<WriteJob>, group: &mut Vec<WriteJob>) {
 /// Every transaction-control statement is counted in `statements` (the
 /// jobs count their own).
 fn run_group(conn: &Connection, group: &mut Vec<WriteJob>, statements: &Statements) {
+    let begun = Control { conn, statements }.begin();
+    settle_group(conn, group, statements, begun);
+}
+
+/// Runs `group` as [`run_group`] does, on the calling thread, if its `BEGIN
+/// IMMEDIATE` gets the file's write lock at once; `false`, with nothing run
+/// or answered, if it does not (another process, or the checkpoint thread,
+/// holds the lock).
+pub(super) fn try_group_here(
+    conn: &Connection,
+    group: &mut Vec<WriteJob>,
+    statements: &Statements,
+) -> bool {
+    let patience = BUSY_BUDGET.replace(Duration::ZERO);
+    let begun = Control { conn, statements }.begin();
+    BUSY_BUDGET.set(patience);
+    if begun.is_err() {
+        return false;
+    }
+    settle_group(conn, group, statements, begun);
+    true
+}
+
+/// The rest of [`run_group`] once `BEGIN` ran (`begun` is its result).
+fn settle_group(
+    conn: &Connection,
+    group: &mut Vec<WriteJob>,
+    statements: &Statements,
+    begun: Result<(), DbError>,
+) {
     let tx = Control { conn, statements };
-    let settled = match tx.begin() {
+    let settled = match begun {
         Err(e) => Err(e),
         Ok(()) if group.iter_mut().all(|job| job.run(conn)) => tx.commit(),
         Ok(()) if group.len() == 1 => {
@@ -330,21 +272,15 @@ impl Control<'_> {
 /// CPU between polls) before it sleeps: a caller working through a sequence
 /// of calls sends the next write within microseconds, and waking a sleeping
 /// thread costs far more than that on a busy machine (measured: a 30 µs
-/// yielding spin beats both no spin and a busy spin). `asleep` is set while
-/// it sleeps.
-fn next_job<T>(jobs: &Receiver<T>, asleep: &AtomicBool) -> Option<T> {
+/// yielding spin beats both no spin and a busy spin).
+fn next_job<T>(jobs: &Receiver<T>) -> Option<T> {
     let start = Instant::now();
     loop {
         match jobs.try_recv() {
             Ok(job) => return Some(job),
             Err(TryRecvError::Disconnected) => return None,
             Err(TryRecvError::Empty) if start.elapsed() < SPIN => std::thread::yield_now(),
-            Err(TryRecvError::Empty) => {
-                asleep.store(true, Ordering::Release);
-                let job = jobs.recv().ok();
-                asleep.store(false, Ordering::Release);
-                return job;
-            }
+            Err(TryRecvError::Empty) => return jobs.recv().ok(),
         }
     }
 }
