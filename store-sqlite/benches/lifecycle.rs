@@ -142,8 +142,8 @@ fn bench_lifecycles(c: &mut Criterion, scratch: &Path) {
         });
     }
     // Many lifecycles in flight at once on one executor thread, as on a
-    // server with many agents and desktops: reads run inline, the writer
-    // commits the writes of concurrent lifecycles together.
+    // server with many agents and desktops: reads run inline, and the
+    // writes of concurrent lifecycles are committed together.
     for (in_flight, name, label) in [
         (
             IN_FLIGHT_FEW,

@@ -19,6 +19,10 @@ use graph_relay_core::testkit::workload::{desks, lifecycle};
 use graph_relay_core::time::RandomIds;
 use graph_relay_store_sqlite::{SqliteOptions, SqliteStore, Synchronous};
 
+/// The same allocator as the `graph-relay` binary, whose store this is.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// CPU time of every thread of this process so far (Linux), by name.
 fn thread_times() -> Vec<(String, Duration)> {
     let mut times = Vec::new();

@@ -58,7 +58,7 @@ const INSERT_SHARE: &str =
     "INSERT INTO shared_sessions (owner, project, graph_session_id, device, synced_at, meta)
      VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
 
-/// One device's sync of one project, as the writer thread applies it.
+/// One device's sync of one project, as its write job applies it.
 pub(crate) struct SyncWrite {
     pub(crate) owner: OwnerId,
     pub(crate) project: ProjectId,

@@ -239,7 +239,7 @@ impl Database {
             let Some(mut group) = self.forming.next_group() else {
                 return;
             };
-            let ran = match self.writing.try_lock() {
+            let committed = match self.writing.try_lock() {
                 Ok(conn) => self.commit_here(&conn, &mut group),
                 // A job that panicked was caught inside its transaction,
                 // which was then rolled back: the connection is as it was.
@@ -247,17 +247,24 @@ impl Database {
                     self.commit_here(&poisoned.into_inner(), &mut group)
                 }
                 // The writer thread runs a group.
-                Err(TryLockError::WouldBlock) => false,
+                Err(TryLockError::WouldBlock) => None,
             };
-            if !ran {
-                self.send_to_writer(group);
+            // The callers are woken once the connection is free again.
+            match committed {
+                Some(wakers) => wakers.wake_all(),
+                None => self.send_to_writer(group),
             }
         }
         self.send_to_writer(self.forming.resign());
     }
 
-    /// Commits `group` on this thread if the write lock is free at once.
-    fn commit_here(&self, conn: &Connection, group: &mut Vec<WriteJob>) -> bool {
+    /// Commits `group` on this thread if the write lock is free at once;
+    /// the wakers of its callers, or `None` if it did not run.
+    fn commit_here(
+        &self,
+        conn: &Connection,
+        group: &mut Vec<WriteJob>,
+    ) -> Option<Arc<reply::GroupWakers>> {
         asking(&self.checkpoints, || {
             try_group_here(conn, group, &self.statements)
         })

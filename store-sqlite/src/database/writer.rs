@@ -105,8 +105,13 @@ pub(super) fn writer_loop(
             linger(&jobs, &mut group);
         }
         previous = group.len();
-        let conn = writing.lock().unwrap_or_else(PoisonError::into_inner);
-        run_group(&conn, &mut group, statements);
+        let wakers = {
+            let conn = writing.lock().unwrap_or_else(PoisonError::into_inner);
+            run_group(&conn, &mut group, statements)
+        };
+        // Woken once the connection is free again: a caller that writes
+        // at once then leads its own group instead of finding it taken.
+        wakers.wake_all();
     }
 }
 
@@ -163,28 +168,32 @@ fn linger(jobs: &Receiver<WriteJob>, group: &mut Vec<WriteJob>) {
 ///
 /// Every transaction-control statement is counted in `statements` (the
 /// jobs count their own).
-fn run_group(conn: &Connection, group: &mut Vec<WriteJob>, statements: &Statements) {
+///
+/// Returns the wakers of the group's callers, every answer stored, for
+/// the caller to wake once it let go of the connection.
+fn run_group(
+    conn: &Connection,
+    group: &mut Vec<WriteJob>,
+    statements: &Statements,
+) -> Arc<GroupWakers> {
     let begun = Control { conn, statements }.begin();
-    settle_group(conn, group, statements, begun);
+    settle_group(conn, group, statements, begun)
 }
 
 /// Runs `group` as [`run_group`] does, on the calling thread, if its `BEGIN
-/// IMMEDIATE` gets the file's write lock at once; `false`, with nothing run
+/// IMMEDIATE` gets the file's write lock at once; `None`, with nothing run
 /// or answered, if it does not (another process, or the checkpoint thread,
 /// holds the lock).
 pub(super) fn try_group_here(
     conn: &Connection,
     group: &mut Vec<WriteJob>,
     statements: &Statements,
-) -> bool {
+) -> Option<Arc<GroupWakers>> {
     let patience = BUSY_BUDGET.replace(Duration::ZERO);
     let begun = Control { conn, statements }.begin();
     BUSY_BUDGET.set(patience);
-    if begun.is_err() {
-        return false;
-    }
-    settle_group(conn, group, statements, begun);
-    true
+    begun.ok()?;
+    Some(settle_group(conn, group, statements, Ok(())))
 }
 
 /// The rest of [`run_group`] once `BEGIN` ran (`begun` is its result).
@@ -193,7 +202,7 @@ fn settle_group(
     group: &mut Vec<WriteJob>,
     statements: &Statements,
     begun: Result<(), DbError>,
-) {
+) -> Arc<GroupWakers> {
     let tx = Control { conn, statements };
     let settled = match begun {
         Err(e) => Err(e),
@@ -219,7 +228,7 @@ fn settle_group(
     for job in group.drain(..) {
         job.settle(&settled, &wakers);
     }
-    wakers.wake_all();
+    wakers
 }
 
 /// The writer's transaction-control statements, counted.
