@@ -124,14 +124,15 @@
 //!   keeps hot pages of a large file decoded between writes. The writer and
 //!   the checkpointer, whose pages stay valid across their own commits, map
 //!   up to 1 GiB.
-//! - **Waking the writer.** The writer polls its queue for 30 µs after each
-//!   group before it sleeps, so a caller issuing one write after another
-//!   does not pay for waking the thread every time.
+//! - **Waking the writer thread.** When it has committed a group, the
+//!   writer thread polls its queue for 30 µs before it sleeps, so a stream
+//!   of writes sent to it (while another process holds the lock, or with
+//!   [`Synchronous::Full`]) does not pay for waking it every time.
 //! - **Checkpoints off the commit path.** SQLite's autocheckpoint would copy
 //!   the WAL back into the database file (and fsync both) inside the commit
 //!   that crossed 1000 WAL pages, while every caller of that group and the
 //!   next waits: milliseconds, a fifth of the writer's time under load.
-//!   Instead the writer's WAL hook wakes a **checkpoint thread** with its
+//!   Instead the writing connection's WAL hook wakes a **checkpoint thread** with its
 //!   own connection, once the WAL holds 2000 pages (twice SQLite's
 //!   threshold: half the syncs and fewer pages copied twice). It first runs `PRAGMA wal_checkpoint(PASSIVE)`, which
 //!   takes no lock that writers or readers wait for and copies the bulk of
