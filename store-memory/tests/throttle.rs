@@ -140,3 +140,56 @@ fn the_same_device_id_of_another_owner_is_not_confused() {
     sync(&w, &[1], false);
     assert_eq!(last_sync(&w, &store), Some(EPOCH));
 }
+
+/// A held sync (an idle long-polling desktop's wait) that repeats what was
+/// written is written again only once a hold has passed, and its stamps
+/// never lag enough for the desktop to look offline.
+#[test]
+fn a_repeated_held_sync_is_written_once_per_hold() {
+    let (w, store) = world();
+    let hold = w.queue.config().long_poll_hold;
+    sync(&w, &[1], true);
+    assert_eq!(last_sync(&w, &store), Some(EPOCH));
+    // The next held sync, a hold less its jitter later, is not written.
+    w.clock.advance(hold - Duration::from_secs(3));
+    sync(&w, &[1], true);
+    assert_eq!(last_sync(&w, &store), Some(EPOCH), "repeat within a hold");
+    assert_eq!(synced_at(&w), vec![EPOCH]);
+    // The one after is.
+    w.clock.advance(hold - Duration::from_secs(3));
+    sync(&w, &[1], true);
+    let later = EPOCH.plus((hold - Duration::from_secs(3)) * 2);
+    assert_eq!(last_sync(&w, &store), Some(later), "written after a hold");
+    assert_eq!(synced_at(&w), vec![later]);
+    // A held sync that changes the sessions is written at once.
+    w.clock.advance(Duration::from_secs(1));
+    sync(&w, &[1, 2], true);
+    let changed = later.plus(Duration::from_secs(1));
+    assert_eq!(last_sync(&w, &store), Some(changed));
+    assert_eq!(synced_at(&w), vec![changed, changed]);
+    // An unheld sync keeps the short interval: two seconds on, it is
+    // written although a held one would not be.
+    w.clock.advance(Duration::from_secs(2));
+    sync(&w, &[1, 2], false);
+    assert_eq!(
+        last_sync(&w, &store),
+        Some(changed.plus(Duration::from_secs(2)))
+    );
+}
+
+#[test]
+fn a_desktop_held_all_day_never_looks_offline() {
+    let (w, _store) = world();
+    let hold = w.queue.config().long_poll_hold;
+    sync(&w, &[1], true);
+    let queued = block_on(w.run(&w.agent, 1, "offline-check-key"));
+    // Held syncs a full hold apart (no jitter: the longest gap between
+    // two). The run stays queued (nothing claims it), so every read of it
+    // asks whether its desktop looks offline.
+    for _ in 0..20 {
+        w.clock.advance(hold);
+        sync(&w, &[1], true);
+        let view = block_on(w.queue.get_graph_run(&w.agent, &queued.id)).expect("get");
+        assert_eq!(view.device_offline_since, None);
+    }
+}

@@ -115,6 +115,12 @@
 //!   [`SqliteStore::statements_executed`] counts the SQL statements a store
 //!   executed (13 for a lifecycle run alone, about 7 with 64 in flight,
 //!   whose writes share `BEGIN` and `COMMIT`).
+//! - **Reads borrow the writing connection when it is free.** Its pages
+//!   stay valid across its own commits and it reads them through a memory
+//!   map of up to 1 GiB, so a read on a quiet store touches no system call
+//!   for its pages. While a write holds that connection, a read takes one
+//!   of the pool's read connections instead; a write that finds it lent to
+//!   a read waits the microseconds the read takes.
 //! - **Read connections do not map the file.** After any commit SQLite
 //!   drops a read connection's pages at its next read; with a memory map it
 //!   also unmaps the whole file, and every unmap interrupts the other cores

@@ -5,17 +5,16 @@
 //! costs one store access, never a different answer.
 //!
 //! All three are fresh for [`QueueConfig::touch_interval`], the precision
-//! at which liveness is written anyway.
+//! at which liveness is written anyway; a long-polling desktop's held
+//! syncs are written about once per [`QueueConfig::long_poll_hold`] (see
+//! `sync_rewrite_after`).
 
-use super::{Queue, SyncRequest};
+use super::{Queue, QueueConfig, SyncRequest};
 use crate::ids::{DeviceId, OwnerId, ProjectId};
 use crate::principal::Device;
 use crate::session::SessionMeta;
 use crate::store::{DeviceContact, DeviceRecord, StoreError};
 use crate::time::Timestamp;
-
-#[cfg(doc)]
-use super::QueueConfig;
 
 /// Syncs remembered per device (one per project it syncs).
 const MAX_SYNCS_PER_DEVICE: usize = 32;
@@ -104,13 +103,13 @@ impl Queue {
     }
 
     /// Whether this queue wrote exactly this sync (same sessions, and a
-    /// mode this one would record again) for this device and project less
-    /// than [`QueueConfig::touch_interval`] ago. Then the store already
-    /// shows it, up to a stamp at most that old, and the writes are
-    /// skipped: a relay that syncs often (or a benchmark) costs one read
-    /// per sync instead of two writes. A long-polling relay's pass sends an
-    /// unheld sync, which keeps the recorded mode, and at once its held
-    /// one: the second finds the first's write.
+    /// mode this one would record again) for this device and project
+    /// recently enough ([`sync_rewrite_after`]). Then the store already
+    /// shows it, up to its stamps, and the writes are skipped: a relay that
+    /// syncs often (or a benchmark) costs one read per sync instead of two
+    /// writes. A long-polling relay's pass sends an unheld sync, which
+    /// keeps the recorded mode, and at once its held one: the second finds
+    /// the first's write.
     pub(super) fn sync_written_recently(
         &self,
         device: &Device,
@@ -126,7 +125,7 @@ impl Queue {
             })
             .is_some_and(|w| {
                 w.at <= now
-                    && now.since(w.at) < self.config.touch_interval
+                    && now.since(w.at) < sync_rewrite_after(&self.config, request)
                     && records_mode(request, w.long_poll)
                     && w.sessions == request.sessions
             })
@@ -155,6 +154,27 @@ impl Queue {
             long_poll,
             at: now,
         });
+    }
+}
+
+/// How long after this queue wrote a sync the same sync is written again.
+///
+/// [`QueueConfig::touch_interval`] for a sync that is not held. A held
+/// sync (a long-polling relay's wait) is what an idle desktop sends once per
+/// hold, all day: writing each one would cost the store a transaction per
+/// idle desktop per hold to move two stamps. It is written again once
+/// [`QueueConfig::long_poll_hold`] has passed instead, so an idle desktop's
+/// stored stamps (its last sync, and each share's `synced_at`) lag its
+/// latest held sync by less than a hold plus one hold's length: about every
+/// other idle hold is written. A desktop is taken for offline only after
+/// [`QueueConfig::offline_after_missed_syncs`] holds (3) without a stamp,
+/// so a live one never is. A sync that changes anything (its sessions, its
+/// recorded mode) is written at once, whatever the interval.
+fn sync_rewrite_after(config: &QueueConfig, request: &SyncRequest) -> std::time::Duration {
+    if request.long_poll {
+        config.touch_interval.max(config.long_poll_hold)
+    } else {
+        config.touch_interval
     }
 }
 

@@ -154,6 +154,10 @@ pub struct QueueConfig {
     /// often (1 s). A sync is always written unless it repeats, within this
     /// interval, the sessions and mode this queue last wrote for the same
     /// device and project; then the stored stamps may lag by up to this much.
+    /// A held sync that repeats them is written again only after
+    /// [`long_poll_hold`](Self::long_poll_hold), if that is longer: an idle
+    /// long-polling desktop's stamps are then written about every other
+    /// hold, and never lag enough for it to look offline.
     pub touch_interval: Duration,
     /// While a `wait_seconds` call waits, the store is re-read at least this
     /// often (1 s), for changes made by another process on the same store,

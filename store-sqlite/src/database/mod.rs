@@ -8,9 +8,10 @@
 //! a write held up by another process never blocks the caller's executor.
 //! When every commit waits for an fsync, every write goes to the writer
 //! thread. The caller awaits its answer (`reply`: the answers of a group
-//! are woken together). A read runs on the calling thread with a
-//! connection checked out of the pool: in WAL mode a read never waits for
-//! a lock held by a writer (see the crate docs).
+//! are woken together). A read runs on the calling thread: with the
+//! writing connection when nobody holds it, else with a connection checked
+//! out of the pool. In WAL mode a read never waits for a lock held by a
+//! writer (see the crate docs).
 //!
 //! A group (at most `writer::MAX_GROUP` jobs) runs in one `BEGIN IMMEDIATE`
 //! transaction; a job that fails is rolled back alone and the others commit
@@ -28,9 +29,9 @@ mod reply;
 mod writer;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -97,6 +98,9 @@ pub(crate) struct Database {
     /// The one connection that writes: held by whoever runs a group, a
     /// caller leading one or the writer thread.
     writing: Arc<Mutex<Connection>>,
+    /// Reads that hold `writing`, or released it a moment ago (see
+    /// [`Database::read`]).
+    lent_to_reads: AtomicUsize,
     /// Whether callers may commit their groups themselves (not when every
     /// commit waits for an fsync, which would hold up the caller's executor).
     inline_writes: bool,
@@ -185,6 +189,7 @@ impl Database {
         Ok(Self {
             statements,
             writing,
+            lent_to_reads: AtomicUsize::new(0),
             inline_writes,
             forming: Forming::default(),
             writer: Some(write_tx),
@@ -239,15 +244,10 @@ impl Database {
             let Some(mut group) = self.forming.next_group() else {
                 return;
             };
-            let committed = match self.writing.try_lock() {
-                Ok(conn) => self.commit_here(&conn, &mut group),
-                // A job that panicked was caught inside its transaction,
-                // which was then rolled back: the connection is as it was.
-                Err(TryLockError::Poisoned(poisoned)) => {
-                    self.commit_here(&poisoned.into_inner(), &mut group)
-                }
+            let committed = match self.free_writing() {
+                Some(conn) => self.commit_here(&conn, &mut group),
                 // The writer thread runs a group.
-                Err(TryLockError::WouldBlock) => None,
+                None => None,
             };
             // The callers are woken once the connection is free again.
             match committed {
@@ -256,6 +256,25 @@ impl Database {
             }
         }
         self.send_to_writer(self.forming.resign());
+    }
+
+    /// The writing connection unless the writer thread holds it. A read
+    /// that borrowed it is waited for: it takes microseconds, where
+    /// handing the group to the writer thread costs two thread switches.
+    fn free_writing(&self) -> Option<MutexGuard<'_, Connection>> {
+        loop {
+            // Looked at before the lock: a read that lets go in between is
+            // then still counted, and the lock is tried again.
+            let reads = self.lent_to_reads.load(Ordering::Acquire);
+            match self.writing.try_lock() {
+                Ok(conn) => return Some(conn),
+                // A job that panicked was caught inside its transaction,
+                // which was then rolled back: the connection is as it was.
+                Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
+                Err(TryLockError::WouldBlock) if reads > 0 => std::hint::spin_loop(),
+                Err(TryLockError::WouldBlock) => return None,
+            }
+        }
     }
 
     /// Commits `group` on this thread if the write lock is free at once;
@@ -281,16 +300,60 @@ impl Database {
         }
     }
 
-    /// Runs `job` right here, on the calling thread, with a read connection
-    /// from the pool (autocommit: each statement sees the latest committed
-    /// state). In WAL mode a read never waits for a writer, so this takes
-    /// as long as the query itself; see the crate docs.
+    /// Runs `job` right here, on the calling thread (autocommit: each
+    /// statement sees the latest committed state). In WAL mode a read never
+    /// waits for a writer, so this takes as long as the query itself; see
+    /// the crate docs.
+    ///
+    /// The job runs with the writing connection when nobody holds it, else
+    /// with a connection of the pool. The writing connection's pages stay
+    /// valid across its own commits and are read through its memory map,
+    /// where a pool connection drops its pages after every commit and reads
+    /// them again with a system call each. `job` must only read: the
+    /// writing connection is not `query_only`, so a transaction it left
+    /// open is rolled back and reported as a failure.
     pub(crate) fn read<R>(
         &self,
         job: impl FnOnce(&Connection) -> Result<R, DbError>,
     ) -> Result<R, DbError> {
-        self.readers.read(job)
+        let conn = match self.writing.try_lock() {
+            Ok(conn) => conn,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return self.readers.read(job),
+        };
+        // Counted while the read holds the connection and until just after
+        // it let go, so a leader that finds the connection taken by a read
+        // waits for it. (One that comes in the instant between the lock
+        // and the count hands its group to the writer thread: slower, and
+        // as correct.)
+        self.lent_to_reads.fetch_add(1, Ordering::AcqRel);
+        let result = read_on(&conn, self.readers.busy_timeout(), job);
+        drop(conn);
+        self.lent_to_reads.fetch_sub(1, Ordering::AcqRel);
+        result
     }
+}
+
+/// Runs the read `job` with `conn`, the writing connection; see
+/// [`Database::read`].
+fn read_on<R>(
+    conn: &Connection,
+    busy_timeout: Duration,
+    job: impl FnOnce(&Connection) -> Result<R, DbError>,
+) -> Result<R, DbError> {
+    // The busy handler runs on this thread: give it this database's budget
+    // (the thread may be shared with other databases).
+    BUSY_BUDGET.set(busy_timeout);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)))
+        .unwrap_or(Err(DbError::Panicked));
+    if conn.is_autocommit() {
+        return result;
+    }
+    // A job that began a transaction must not leave the next write inside it.
+    let _ = conn.execute_batch("ROLLBACK");
+    Err(DbError::Sqlite(
+        "a read left a transaction open; it was rolled back".into(),
+    ))
 }
 
 /// The caller leading the group being formed.
@@ -478,6 +541,71 @@ mod tests {
         holder.join().unwrap();
         assert_ne!(ran_on, thread::current().id());
         assert_eq!(ids(&db), [1, 2]);
+    }
+
+    /// Whether `read` ran on the writing connection (the pool's are
+    /// `query_only`).
+    fn read_on_writer(db: &Database) -> bool {
+        !db.read(|c| Ok(c.query_row("PRAGMA query_only", [], |r| r.get::<_, bool>(0))?))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_read_borrows_the_writing_connection_only_when_it_is_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        assert!(read_on_writer(&db));
+        let held = db.writing.lock().unwrap();
+        assert!(!read_on_writer(&db), "taken: a pool connection reads");
+        drop(held);
+        block_on(db.write(insert(1))).unwrap();
+        assert!(read_on_writer(&db));
+        assert_eq!(ids(&db), [1]);
+    }
+
+    #[test]
+    fn a_read_that_fails_panics_or_leaves_a_transaction_open_leaves_the_writer_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let opened = db.read(|c| Ok(c.execute_batch("BEGIN")?));
+        assert!(matches!(opened, Err(DbError::Sqlite(m)) if m.contains("rolled back")));
+        let panicked = db.read(|_| -> Result<(), DbError> { panic!("a read that panics") });
+        assert!(matches!(panicked, Err(DbError::Panicked)));
+        let failed = db.read(|c| Ok(c.execute_batch("SELECT * FROM no_such_table")?));
+        assert!(matches!(failed, Err(DbError::Sqlite(_))));
+        // Still the writing connection, outside any transaction: a write
+        // commits on the caller's thread and is seen.
+        assert!(read_on_writer(&db));
+        assert_eq!(
+            block_on(db.write(insert(1))).unwrap(),
+            thread::current().id()
+        );
+        assert_eq!(ids(&db), [1]);
+    }
+
+    #[test]
+    fn a_leader_waits_for_a_read_that_borrowed_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir, &SqliteOptions::default());
+        let (started, reading) = std::sync::mpsc::channel();
+        thread::scope(|scope| {
+            scope.spawn(|| {
+                db.read(|_| {
+                    started.send(()).unwrap();
+                    thread::sleep(Duration::from_millis(50));
+                    Ok(())
+                })
+                .unwrap();
+            });
+            reading.recv().unwrap();
+            // The read holds the writing connection: the write waits for it
+            // and commits here, not on the writer thread.
+            assert_eq!(
+                block_on(db.write(insert(1))).unwrap(),
+                thread::current().id()
+            );
+        });
+        assert_eq!(ids(&db), [1]);
     }
 
     #[test]

@@ -61,6 +61,11 @@ impl ReadPool {
         }
     }
 
+    /// How long a read waits for a lock.
+    pub(super) fn busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+
     /// Runs `job` on the calling thread with a connection checked out of
     /// the pool; a job that panics has its connection discarded.
     pub(super) fn read<R>(
