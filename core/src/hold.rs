@@ -37,6 +37,12 @@ pub struct Hold {
     /// When a topic fires, answer with the next look whatever it sees (a
     /// relay's held sync and control: the relay then starts afresh), or
     /// answer only once the look is ready (an agent's wait, a listen stream).
+    ///
+    /// Such a hold that reaches its deadline with no topic fired answers
+    /// with what its last look saw, without looking again: the relay's next
+    /// request looks at once anyway, and an idle desktop's hold then costs
+    /// one look instead of two. Any other hold looks once more at its
+    /// deadline, since its caller may not ask again soon.
     pub answer_on_notify: bool,
 }
 
@@ -106,7 +112,7 @@ impl Hold {
             };
             let seen = look().await?;
             let now = clock.now();
-            match seen {
+            let answer = match seen {
                 Look::Ready(answer) => return Ok(answer),
                 Look::NotYet(answer)
                     if (notified && self.answer_on_notify)
@@ -116,8 +122,8 @@ impl Hold {
                 {
                     return Ok(answer);
                 }
-                Look::NotYet(_) => {}
-            }
+                Look::NotYet(answer) => answer,
+            };
             let pause = self
                 .until
                 .since(now)
@@ -125,7 +131,13 @@ impl Hold {
                 .min(self.recheck.max(Duration::from_millis(10)));
             match futures::future::select(std::pin::pin!(changed), sleeper.sleep(pause)).await {
                 futures::future::Either::Left(_) => notified = true,
-                futures::future::Either::Right(_) => slept += pause,
+                futures::future::Either::Right(_) => {
+                    slept += pause;
+                    let deadline = clock.now() >= self.until || slept >= budget;
+                    if self.answer_on_notify && deadline {
+                        return Ok(answer);
+                    }
+                }
             }
         }
     }
@@ -217,6 +229,38 @@ mod tests {
         ));
         assert_eq!(answer, Ok("what it saw"));
         assert!(started.elapsed() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_relay_hold_answers_its_deadline_with_its_last_look_and_a_wait_looks_again() {
+        for answer_on_notify in [true, false] {
+            let (signals, clock) = (Signals::new(), ManualClock::new(Timestamp(0)));
+            let looks = AtomicUsize::new(0);
+            let answer = block_on(hold(&clock, 30, answer_on_notify).run(
+                &signals,
+                &clock,
+                &ThreadSleeper,
+                || async { Ok::<_, ()>(Look::NotYet(looks.fetch_add(1, Ordering::SeqCst))) },
+            ));
+            let (expected, looked) = if answer_on_notify { (0, 1) } else { (1, 2) };
+            assert_eq!(answer, Ok(expected), "answer_on_notify {answer_on_notify}");
+            assert_eq!(looks.into_inner(), looked);
+        }
+    }
+
+    #[test]
+    fn a_relay_hold_still_looks_at_each_recheck_before_its_deadline() {
+        let (signals, clock) = (Signals::new(), ManualClock::new(Timestamp(0)));
+        let mut rule = hold(&clock, 60, true);
+        rule.recheck = Duration::from_millis(20);
+        let looks = AtomicUsize::new(0);
+        let answer = block_on(rule.run(&signals, &clock, &ThreadSleeper, || async {
+            Ok::<_, ()>(Look::NotYet(looks.fetch_add(1, Ordering::SeqCst)))
+        }));
+        // Looks at 0, 20 and 40 ms; the deadline at 60 ms answers with the
+        // look at 40 ms.
+        assert_eq!(answer, Ok(2));
+        assert_eq!(looks.into_inner(), 3);
     }
 
     #[test]
