@@ -261,6 +261,8 @@ impl Database {
     /// The writing connection unless the writer thread holds it. A read
     /// that borrowed it is waited for: it takes microseconds, where
     /// handing the group to the writer thread costs two thread switches.
+    /// The wait yields the core, so a read whose thread was preempted on
+    /// this core gets to finish.
     fn free_writing(&self) -> Option<MutexGuard<'_, Connection>> {
         loop {
             // Looked at before the lock: a read that lets go in between is
@@ -271,7 +273,7 @@ impl Database {
                 // A job that panicked was caught inside its transaction,
                 // which was then rolled back: the connection is as it was.
                 Err(TryLockError::Poisoned(poisoned)) => return Some(poisoned.into_inner()),
-                Err(TryLockError::WouldBlock) if reads > 0 => std::hint::spin_loop(),
+                Err(TryLockError::WouldBlock) if reads > 0 => std::thread::yield_now(),
                 Err(TryLockError::WouldBlock) => return None,
             }
         }
