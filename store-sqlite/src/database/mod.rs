@@ -39,7 +39,7 @@ use rusqlite::Connection;
 
 use self::checkpoints::{CHECKPOINTS, Checkpoints, asking, checkpoint_loop, wal_hook};
 use self::groups::{Forming, LEADER_GROUPS, YieldOnce};
-use self::read_pool::ReadPool;
+use self::read_pool::{ReadPool, run_read};
 use self::writer::{Work, WriteJob, try_group_here, writer_loop};
 
 /// A failure inside the database threads, before it is mapped to the
@@ -244,11 +244,10 @@ impl Database {
             let Some(mut group) = self.forming.next_group() else {
                 return;
             };
-            let committed = match self.free_writing() {
-                Some(conn) => self.commit_here(&conn, &mut group),
-                // The writer thread runs a group.
-                None => None,
-            };
+            // `None` while the writer thread runs a group.
+            let committed = self
+                .free_writing()
+                .and_then(|conn| self.commit_here(&conn, &mut group));
             // The callers are woken once the connection is free again.
             match committed {
                 Some(wakers) => wakers.wake_all(),
@@ -343,11 +342,7 @@ fn read_on<R>(
     busy_timeout: Duration,
     job: impl FnOnce(&Connection) -> Result<R, DbError>,
 ) -> Result<R, DbError> {
-    // The busy handler runs on this thread: give it this database's budget
-    // (the thread may be shared with other databases).
-    BUSY_BUDGET.set(busy_timeout);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(conn)))
-        .unwrap_or(Err(DbError::Panicked));
+    let result = run_read(conn, busy_timeout, job).unwrap_or(Err(DbError::Panicked));
     if conn.is_autocommit() {
         return result;
     }

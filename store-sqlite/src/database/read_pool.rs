@@ -73,15 +73,12 @@ impl ReadPool {
         job: impl FnOnce(&Connection) -> Result<R, DbError>,
     ) -> Result<R, DbError> {
         let conn = self.checkout()?;
-        // The busy handler runs on this thread: give it this database's
-        // budget (the thread may be shared with other databases).
-        BUSY_BUDGET.set(self.busy_timeout);
-        match catch_unwind(AssertUnwindSafe(|| job(&conn))) {
-            Ok(result) => {
+        match run_read(&conn, self.busy_timeout, job) {
+            Some(result) => {
                 self.give_back(conn);
                 result
             }
-            Err(_) => {
+            None => {
                 self.discard(conn);
                 Err(DbError::Panicked)
             }
@@ -137,4 +134,17 @@ impl ReadPool {
             self.returned.notify_one();
         }
     }
+}
+
+/// Runs the read `job` with `conn` on the calling thread, its busy handler
+/// given `busy_timeout`; `None` if the job panicked.
+pub(super) fn run_read<R>(
+    conn: &Connection,
+    busy_timeout: Duration,
+    job: impl FnOnce(&Connection) -> Result<R, DbError>,
+) -> Option<Result<R, DbError>> {
+    // The busy handler runs on this thread: give it this database's
+    // budget (the thread may be shared with other databases).
+    BUSY_BUDGET.set(busy_timeout);
+    catch_unwind(AssertUnwindSafe(|| job(conn))).ok()
 }
