@@ -20,7 +20,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::signals::{Signals, Topic};
+use crate::signals::{Signals, Subscription, Topic};
 use crate::time::{Clock, Sleeper, Timestamp};
 
 /// What a held request waits on, and until when.
@@ -65,6 +65,15 @@ impl<T> Look<T> {
     }
 }
 
+/// A hold's topics, subscribed before its request looked at the store
+/// itself ([`Hold::watch`]): whatever is notified from then on wakes the
+/// hold that [`Hold::run_from`] starts from that look.
+#[derive(Debug)]
+#[must_use = "a watch does nothing unless a hold runs from it"]
+pub struct Watch {
+    subscriptions: Vec<Subscription>,
+}
+
 impl Hold {
     /// The same hold ending no later than `deadline` (e.g. before a
     /// transport's request timeout would cut it).
@@ -72,6 +81,21 @@ impl Hold {
     pub fn until_at_most(mut self, deadline: Timestamp) -> Self {
         self.until = self.until.min(deadline);
         self
+    }
+
+    /// Subscribes to the hold's topics now, for a request that looks at
+    /// the store itself before it knows whether it will be held: it hands
+    /// what it saw to [`Hold::run_from`] instead of the hold looking again
+    /// at once. A change made after this call and before the hold parks is
+    /// not lost.
+    pub fn watch(&self, signals: &Signals) -> Watch {
+        Watch {
+            subscriptions: self
+                .topics
+                .iter()
+                .map(|topic| signals.subscribe(topic.clone()))
+                .collect(),
+        }
     }
 
     /// Performs the hold: subscribes, looks, and answers as the fields
@@ -86,6 +110,41 @@ impl Hold {
         signals: &Signals,
         clock: &dyn Clock,
         sleeper: &dyn Sleeper,
+        look: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Look<T>, E>>,
+    {
+        self.perform(None, signals, clock, sleeper, look).await
+    }
+
+    /// [`Hold::run`] whose first look is `first`, made by the request itself
+    /// after `watch` subscribed ([`Hold::watch`]): `look` is called only
+    /// after a wake-up. A ready `first` answers at once.
+    pub async fn run_from<T, E, F, Fut>(
+        &self,
+        watch: Watch,
+        first: Look<T>,
+        signals: &Signals,
+        clock: &dyn Clock,
+        sleeper: &dyn Sleeper,
+        look: F,
+    ) -> Result<T, E>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Look<T>, E>>,
+    {
+        self.perform(Some((watch, first)), signals, clock, sleeper, look)
+            .await
+    }
+
+    async fn perform<T, E, F, Fut>(
+        &self,
+        mut start: Option<(Watch, Look<T>)>,
+        signals: &Signals,
+        clock: &dyn Clock,
+        sleeper: &dyn Sleeper,
         mut look: F,
     ) -> Result<T, E>
     where
@@ -97,11 +156,14 @@ impl Hold {
         let mut notified = false;
         loop {
             // Subscribe before looking: a change in between is not lost.
-            let subscriptions: Vec<_> = self
-                .topics
-                .iter()
-                .map(|topic| signals.subscribe(topic.clone()))
-                .collect();
+            let (watch, seen) = match start.take() {
+                Some(started) => started,
+                None => {
+                    let watch = self.watch(signals);
+                    (watch, look().await?)
+                }
+            };
+            let subscriptions = watch.subscriptions;
             let changed = async move {
                 if subscriptions.is_empty() {
                     // Nothing to wait on but time.
@@ -110,7 +172,6 @@ impl Hold {
                     futures::future::select_all(subscriptions).await;
                 }
             };
-            let seen = look().await?;
             let now = clock.now();
             let answer = match seen {
                 Look::Ready(answer) => return Ok(answer),
@@ -261,6 +322,41 @@ mod tests {
         // look at 40 ms.
         assert_eq!(answer, Ok(2));
         assert_eq!(looks.into_inner(), 3);
+    }
+
+    #[test]
+    fn a_hold_run_from_a_look_starts_with_it_and_keeps_what_was_notified_since() {
+        let (signals, clock) = (Signals::new(), ManualClock::new(Timestamp(0)));
+        let rule = hold(&clock, 60_000, true);
+        let looks = AtomicUsize::new(0);
+        let look =
+            || async { Ok::<_, ()>(Look::NotYet(10 + looks.fetch_add(1, Ordering::SeqCst))) };
+        // A ready first look answers without another.
+        let watch = rule.watch(&signals);
+        let answer = block_on(rule.run_from(
+            watch,
+            Look::Ready(1),
+            &signals,
+            &clock,
+            &ThreadSleeper,
+            look,
+        ));
+        assert_eq!((answer, looks.load(Ordering::SeqCst)), (Ok(1), 0));
+        // A notification after the watch and before the hold parks wakes
+        // it: one look, then the answer (a relay hold answers on notify).
+        let watch = rule.watch(&signals);
+        signals.notify(&topic());
+        let started = std::time::Instant::now();
+        let answer = block_on(rule.run_from(
+            watch,
+            Look::NotYet(2),
+            &signals,
+            &clock,
+            &ThreadSleeper,
+            look,
+        ));
+        assert_eq!((answer, looks.load(Ordering::SeqCst)), (Ok(10), 1));
+        assert!(started.elapsed() < Duration::from_secs(30));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use super::{
     ControlAnswer, ControlError, Queue, QueueConfig, SyncError, SyncRequest, SyncResponse,
 };
+use crate::command::CommandRecord;
 use crate::hold::{Hold, Look};
 use crate::ids::CommandId;
 use crate::principal::Device;
@@ -112,6 +113,10 @@ impl Queue {
     /// transport cuts it to its own bound), sleeping on `sleeper`. The
     /// answer is what is queued when the hold ends, possibly nothing. The
     /// HTTP relay API and the in-process transport both answer with it.
+    ///
+    /// The hold subscribes before the sync reads what is queued, and that
+    /// read is its first look ([`Hold::run_from`]): an idle held sync reads
+    /// the queue once, not twice.
     pub async fn sync_held(
         &self,
         device: &Device,
@@ -119,18 +124,36 @@ impl Queue {
         limit: impl FnOnce(Hold) -> Hold,
         sleeper: &dyn Sleeper,
     ) -> Result<SyncResponse, SyncError> {
+        if !request.long_poll {
+            return self.sync(device, request).await;
+        }
+        // Subscribed before the sync reads what is queued, so that its read
+        // is the hold's first look: work queued after it wakes the hold.
+        // (A sync itself notifies no device's work.)
+        let hold = limit(self.sync_hold(device));
+        let watch = hold.watch(&self.signals);
         let mut response = self.sync(device, request).await?;
-        if request.long_poll && response.commands.is_empty() {
-            let hold = limit(self.sync_hold(device));
+        if response.commands.is_empty() {
+            let look = |commands: Vec<CommandRecord>| {
+                if commands.is_empty() {
+                    Look::NotYet(commands)
+                } else {
+                    Look::Ready(commands)
+                }
+            };
+            let first = look(std::mem::take(&mut response.commands));
             response.commands = hold
-                .run(&self.signals, &*self.clock, sleeper, || async {
-                    let commands = self.queued_for(device, &request.project).await?;
-                    Ok::<_, StoreError>(if commands.is_empty() {
-                        Look::NotYet(commands)
-                    } else {
-                        Look::Ready(commands)
-                    })
-                })
+                .run_from(
+                    watch,
+                    first,
+                    &self.signals,
+                    &*self.clock,
+                    sleeper,
+                    || async {
+                        let commands = self.queued_for(device, &request.project).await?;
+                        Ok::<_, StoreError>(look(commands))
+                    },
+                )
                 .await?;
         }
         Ok(response)

@@ -1,0 +1,122 @@
+//! A held sync's own read of what is queued is its hold's first look: an
+//! idle hold reads the queue once, and work queued right after that read
+//! still wakes it, because the hold subscribed before the sync read.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::executor::block_on;
+use futures::future::BoxFuture;
+use graph_relay_core::queue::{QueueConfig, SyncRequest};
+use graph_relay_core::signals::{Signals, Topic};
+use graph_relay_core::store::{LayeredStore, StoreError, StoreLayer};
+use graph_relay_core::testkit::{World, meta, p1};
+use graph_relay_core::time::ThreadSleeper;
+use graph_relay_store_memory::MemoryStore;
+
+/// Counts reads of a device's queued commands; after the first one it can
+/// notify a topic, as a run queued at that moment would.
+#[derive(Default)]
+struct QueuedReads {
+    reads: AtomicUsize,
+    after_first: Mutex<Option<(Arc<Signals>, Topic)>>,
+}
+
+/// The layer: a handle on the counts the test reads.
+struct Counted(Arc<QueuedReads>);
+
+impl StoreLayer for Counted {
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        operation: &'static str,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(async move {
+            let answer = call.await;
+            if operation == "queued_commands" && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0 {
+                let armed = self.0.after_first.lock().expect("lock").take();
+                if let Some((signals, topic)) = armed {
+                    signals.notify(&topic);
+                }
+            }
+            answer
+        })
+    }
+}
+
+/// A world whose queue holds syncs for `hold`, exactly, over a counted store.
+fn world(hold: Duration) -> (World, Arc<QueuedReads>) {
+    let reads = Arc::new(QueuedReads::default());
+    let store = LayeredStore::new(Arc::new(MemoryStore::new()), Counted(reads.clone()));
+    let config = QueueConfig {
+        long_poll_hold: hold,
+        long_poll_jitter: Duration::ZERO,
+        ..QueueConfig::default()
+    };
+    (World::with_config(Arc::new(store), config), reads)
+}
+
+fn held_sync() -> SyncRequest {
+    SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    }
+}
+
+#[test]
+fn an_idle_held_sync_reads_the_queue_once() {
+    let (w, reads) = world(Duration::from_millis(300));
+    let answer = block_on(
+        w.queue
+            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+    )
+    .expect("sync");
+    assert!(answer.commands.is_empty());
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn work_queued_right_after_the_syncs_read_wakes_its_hold() {
+    let (w, reads) = world(Duration::from_secs(20));
+    let topic = Topic::DeviceWork(w.device.owner.clone(), w.device.id.clone());
+    *reads.after_first.lock().expect("lock") = Some((w.queue.signals().clone(), topic));
+    let started = Instant::now();
+    let answer = block_on(
+        w.queue
+            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+    )
+    .expect("sync");
+    // The notification answered the hold (with what the look after it
+    // saw), long before its 20 s.
+    assert!(answer.commands.is_empty());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_held_sync_that_finds_work_answers_at_once_with_one_read() {
+    let (w, reads) = world(Duration::from_secs(20));
+    block_on(w.sync(&w.device, p1(), &[1]));
+    let queued = block_on(w.run(&w.agent, 1, "held-sync-1"));
+    let before = reads.reads.load(Ordering::SeqCst);
+    let started = Instant::now();
+    let answer = block_on(
+        w.queue
+            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+    )
+    .expect("sync");
+    assert_eq!(
+        answer.commands.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![queued.id]
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(reads.reads.load(Ordering::SeqCst) - before, 1);
+}
