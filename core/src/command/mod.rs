@@ -38,6 +38,7 @@ use crate::ids::{
 use crate::time::Timestamp;
 
 mod fingerprint;
+mod json;
 mod progress;
 mod refusals;
 #[cfg(test)]
