@@ -19,12 +19,25 @@ impl CommandRecord {
     /// `serde_json::to_writer(out, self)`, written faster.
     ///
     /// ```
-    /// # use graph_relay_core::command::CommandRecord;
-    /// # fn check(record: &CommandRecord) {
+    /// use graph_relay_core::command::CommandRecord;
+    /// use graph_relay_core::ids::*;
+    /// use graph_relay_core::time::Timestamp;
+    ///
+    /// let record = CommandRecord::queued(
+    ///     CommandId::from_uuid(uuid::Uuid::from_u128(7)),
+    ///     AgentId::parse("assistant")?,
+    ///     OwnerId::parse("alice")?,
+    ///     ProjectId::parse("p1")?,
+    ///     DeviceId::parse("desk-1")?,
+    ///     GraphSessionId::parse("gs_0123456789abcdef0123456789abcdef")?,
+    ///     serde_json::Map::from_iter([("q".to_owned(), "a \"quoted\" text".into())]),
+    ///     IdempotencyKey::parse("run-key-0001")?,
+    ///     Timestamp(1_767_225_600_000),
+    /// );
     /// let mut fast = Vec::new();
-    /// record.write_json(&mut fast).expect("a record always encodes");
-    /// assert_eq!(fast, serde_json::to_vec(record).expect("encodes"));
-    /// # }
+    /// record.write_json(&mut fast)?;
+    /// assert_eq!(fast, serde_json::to_vec(&record)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn write_json(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         // Every field, so that a new one cannot be left out unnoticed.
