@@ -911,18 +911,11 @@ impl CommandRow {
             finished_at: c.finished_at.map(millis).transpose()?,
             lease_expires_at: c.lease_expires_at.map(millis).transpose()?,
             revision: revision(c.revision)?,
-            record: record_json(c)?,
+            record: c
+                .to_json()
+                .map_err(|e| StoreError::Backend(format!("encoding command {}: {e}", c.id)))?,
         })
     }
-}
-
-/// The `record` column of `c`: its JSON ([`CommandRecord::write_json`]).
-fn record_json(c: &CommandRecord) -> Result<String, StoreError> {
-    let encoding =
-        |e: &dyn std::fmt::Display| StoreError::Backend(format!("encoding command {}: {e}", c.id));
-    let mut json = Vec::with_capacity(1024);
-    c.write_json(&mut json).map_err(|e| encoding(&e))?;
-    String::from_utf8(json).map_err(|e| encoding(&e))
 }
 
 /// `command` and `key` as the writer inserts them, at `now` (ms).

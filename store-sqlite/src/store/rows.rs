@@ -35,7 +35,7 @@ impl CommandRow {
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
             entry: Arc::new(Entry {
-                json: encode_json(&c)?,
+                json: c.to_json().map_err(|e| DbError::Encode(e.to_string()))?,
                 record: c,
             }),
         })
@@ -75,24 +75,6 @@ impl CommandRow {
         Ok(())
     }
 }
-
-/// The `record` column of `c`: its JSON, written by
-/// [`CommandRecord::write_json`] (serde's bytes, for less).
-///
-/// The buffer starts at [`JSON_CAPACITY`]: grown from a small one by
-/// doubling, a typical record of 500-900 bytes took three reallocations
-/// and copies (1.3% of the instructions of a lifecycle, measured with
-/// callgrind).
-pub(super) fn encode_json(c: &CommandRecord) -> Result<String, DbError> {
-    let mut json = Vec::with_capacity(JSON_CAPACITY);
-    c.write_json(&mut json)
-        .map_err(|e| DbError::Encode(e.to_string()))?;
-    String::from_utf8(json).map_err(|e| DbError::Encode(e.to_string()))
-}
-
-/// Initial size of the buffer a record is encoded into: a typical record
-/// fits.
-const JSON_CAPACITY: usize = 1024;
 
 /// The record of one row selected with [`select_commands!`].
 ///
