@@ -86,6 +86,13 @@ pub(crate) enum Command {
         /// operator reaches it.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// Threads that serve the connections, each keeping its own
+        /// connections for their life (default: one per processor). 0
+        /// serves them on the shared worker pool instead, whose workers
+        /// wake each other to share tasks: more CPU per request when most
+        /// connections are held long-polls.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
+        connection_threads: Option<u16>,
     },
     /// The whole system in one command: a server, a worker with sample
     /// Graphs and a scripted agent, in a temporary folder; then snippets to

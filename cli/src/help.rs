@@ -38,6 +38,9 @@ Features:
   long-poll  desktops' syncs and control requests are held until work or a
              cancel arrives; agents may wait too with --max-wait-seconds
              (wait_seconds on get_graph_run)
+  threads    --connection-threads N: threads that each keep their own
+             connections (default one per processor; 0 serves them on the
+             shared workers, which costs more with many held long-polls)
   leases     a running run whose desktop goes silent ends failed after
              --lease-seconds (long-poll) or --lease-controls (interval)
   progress   what a Graph reports while it runs reaches agents through

@@ -157,17 +157,21 @@ fn run(cli: Cli) -> Result<(), CliError> {
             lease_controls,
             max_wait_seconds,
             metrics,
+            connection_threads,
         } => serve(
             listen,
             &store,
             &config,
-            insecure_anonymous_agent,
-            Leases {
-                seconds: lease_seconds,
-                controls: lease_controls,
+            ServeFlags {
+                anonymous: insecure_anonymous_agent,
+                leases: Leases {
+                    seconds: lease_seconds,
+                    controls: lease_controls,
+                },
+                max_wait_seconds,
+                metrics,
+                connection_threads: connection_threads.map_or_else(one_per_processor, usize::from),
             },
-            max_wait_seconds,
-            metrics,
         ),
         Command::Status(args) => Ok(status::run(&args)?),
         Command::Completions { shell } => {
@@ -209,23 +213,46 @@ fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
+/// One connection thread per processor the process may use.
+fn one_per_processor() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// The flags of `graph-relay serve` beyond the listener, store and file.
+struct ServeFlags {
+    anonymous: Option<String>,
+    leases: Leases,
+    max_wait_seconds: Option<u32>,
+    metrics: Option<SocketAddr>,
+    /// 0 serves the connections on the runtime's workers.
+    connection_threads: usize,
+}
+
 /// `graph-relay serve`: the flags mapped onto the configuration file's
 /// settings, then the library's server.
 fn serve(
     listen: SocketAddr,
     store: &StoreArgs,
     config_path: &Path,
-    anonymous: Option<String>,
-    leases: Leases,
-    max_wait_seconds: Option<u32>,
-    metrics: Option<SocketAddr>,
+    flags: ServeFlags,
 ) -> Result<(), CliError> {
+    let ServeFlags {
+        anonymous,
+        leases,
+        max_wait_seconds,
+        metrics,
+        connection_threads,
+    } = flags;
     if !config_path.exists() {
         bootstrap(config_path, listen)?;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if connection_threads > 0 {
+        // The connections have threads of their own: this runtime accepts
+        // them and runs the maintenance and the metrics listener.
+        runtime.worker_threads(1);
+    }
+    let runtime = runtime.enable_all().build()?;
     let stores = stores::open_for_serve(store, &runtime)?;
     let catalog = ToolCatalog::builder()
         .wait_seconds(max_wait_seconds)
@@ -233,7 +260,8 @@ fn serve(
         .map_err(|e| CliError::Usage(e.to_string()))?;
     let mut builder = Server::builder(stores.queue)
         .config_file(config_path)?
-        .catalog(catalog);
+        .catalog(catalog)
+        .connection_threads(connection_threads);
     leases.apply(builder.queue_config_mut());
     if let Some(address) = metrics {
         builder = builder.metrics(address);

@@ -96,6 +96,7 @@ const SERVE: &[(&str, &[&str])] = &[
         "long-poll",
         &["long-poll", "--max-wait-seconds", "wait_seconds"],
     ),
+    ("connection threads", &["threads", "--connection-threads"]),
     ("leases", &["leases", "--lease-seconds", "--lease-controls"]),
     ("progress", &["progress"]),
     ("approval", &["approval", "--console"]),

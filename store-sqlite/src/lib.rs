@@ -92,15 +92,21 @@
 //! - **Schema.** Command fields that are queried are real columns (`id`,
 //!   `agent`, `owner`, `project`, `device`, `idempotency_key`, `status`,
 //!   `created_at`, `finished_at`, `revision`) with indexes for every
-//!   look-up: a partial index over queued commands only (so a sync does not
-//!   slow down as finished commands pile up; ties in `created_at` keep the
-//!   insertion order through the rowid), the primary key for
-//!   `get_graph_run`, a partial index on `finished_at` for pruning. The
+//!   look-up: a partial index over open (queued or running) commands only,
+//!   keyed by owner, device and project (so a sync does not slow down as
+//!   finished commands pile up; ties in `created_at` keep the insertion
+//!   order through the rowid), a partial index of running commands by
+//!   lease for the lease sweep, the primary key for `get_graph_run`, a
+//!   partial index on `finished_at` for pruning. A start, a progress
+//!   report or a lease renewal assigns no column the open index reads, so
+//!   SQLite leaves it alone; only the step to a terminal state moves the
+//!   command from the open index to the finished one. The
 //!   record itself is stored whole as JSON in the `record` column (the
 //!   columns are copies of its fields and are checked against it on every
 //!   read), so a field the core adds with `#[serde(default)]` needs no
 //!   migration. An update writes only what a transition can change (status,
-//!   `finished_at`, revision, record). Migrations are tracked in
+//!   `finished_at`, revision, record, lease), and never reopens a finished
+//!   command. Migrations are tracked in
 //!   `PRAGMA user_version`; the file is marked with `PRAGMA application_id`
 //!   = [`APPLICATION_ID`].
 //! - **Decoding once.** Decoding the JSON costs more than the query. A store

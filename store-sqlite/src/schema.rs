@@ -26,7 +26,7 @@ use crate::{OpenError, SqliteOptions, Synchronous};
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 const MIGRATIONS: &[&str] = &[
@@ -136,6 +136,22 @@ const MIGRATIONS: &[&str] = &[
         command     TEXT    NOT NULL,
         recorded_at INTEGER NOT NULL
     ) WITHOUT ROWID;
+    ",
+    // 5: one index of the open commands. SQLite rewrites an index entry
+    // only when its columns, or the columns its predicate reads, are
+    // assigned: keyed by columns a command never changes and predicated on
+    // `finished_at`, the open index is untouched by a start, a progress
+    // report or a lease renewal, and a command writes two entries in it in
+    // its life (queued, then finished) where the queued index and the
+    // running one by device cost four. A device's queued and running
+    // commands are its open ones, filtered on the row. The lease index
+    // stays: the sweep reads running commands in lease order, and a backlog
+    // of queued ones must not make it read them all.
+    r"
+    DROP INDEX commands_queued;
+    DROP INDEX commands_running_by_device;
+    CREATE INDEX commands_open ON commands (owner, device, project, created_at)
+        WHERE finished_at IS NULL;
     ",
 ];
 

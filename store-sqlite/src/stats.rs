@@ -69,7 +69,7 @@ impl ReadQueueStats for QueueStats {
         let desktops = desktops(&conn, &running_by_device)?;
         let shares = shares(&conn)?;
         let queued: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM commands WHERE status = 'queued'",
+            "SELECT COUNT(*) FROM commands WHERE finished_at IS NULL AND status = 'queued'",
             [],
             |r| r.get(0),
         )?;
@@ -172,7 +172,7 @@ fn shares(conn: &Connection) -> Result<Vec<ProjectShares>, StatsError> {
 fn queue_head(conn: &Connection, queue_limit: usize) -> Result<Vec<QueuedRun>, StatsError> {
     let mut stmt = conn.prepare(
         "SELECT id, owner, project, device, created_at FROM commands
-         WHERE status = 'queued' ORDER BY created_at, rowid LIMIT ?1",
+         WHERE finished_at IS NULL AND status = 'queued' ORDER BY created_at, rowid LIMIT ?1",
     )?;
     let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
     let rows = stmt.query_map(params![limit], |r| {

@@ -79,8 +79,8 @@ fn process_records_survive_a_reopen_and_go_only_with_their_start_time() {
 fn a_store_file_of_the_previous_schema_gains_the_relay_tables() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("shared.db");
-    // The previous version as a store wrote it (the relay's tables come
-    // with the last migration): the upgrade adds them.
+    // Version 3 as a store wrote it (the relay's tables come with
+    // migration 4): the upgrade adds them.
     {
         let _store = SqliteStore::open(&path).expect("store");
     }
@@ -88,10 +88,23 @@ fn a_store_file_of_the_previous_schema_gains_the_relay_tables() {
         let conn = rusqlite::Connection::open(&path).expect("sqlite");
         conn.execute_batch("DROP TABLE relay_projects; DROP TABLE relay_processes;")
             .expect("back to the previous version");
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION - 1)
+        conn.execute_batch(
+            "DROP INDEX commands_open;
+             CREATE INDEX commands_queued ON commands (owner, project, device, created_at)
+                WHERE status = 'queued';
+             CREATE INDEX commands_running_by_device ON commands (owner, device)
+                WHERE status = 'running';",
+        )
+        .expect("version 3's indexes");
+        conn.pragma_update(None, "user_version", 3)
             .expect("user_version");
     }
     let outbox = SqliteOutbox::open(&path).expect("upgraded");
+    let version: i32 = rusqlite::Connection::open(&path)
+        .expect("sqlite")
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("user_version");
+    assert_eq!(version, SCHEMA_VERSION);
     block_on(outbox.remember_project(&project("p1"))).expect("remember");
     block_on(outbox.record_process(&process(1, 1, 1))).expect("record");
     assert_eq!(

@@ -144,6 +144,26 @@ fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
         .query_row("SELECT count(*) FROM idempotency_keys", [], |r| r.get(0))
         .expect("count");
     assert_eq!(keys, 4, "three migrated keys and Bob's");
+    // The commands' indexes are the open, running and finished ones (and
+    // the primary key's); the queued and running-by-device ones are gone.
+    let mut stmt = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'commands' ORDER BY name")
+        .expect("prepare");
+    let indexes: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "commands_finished",
+            "commands_open",
+            "commands_running",
+            "sqlite_autoindex_commands_1"
+        ]
+    );
+    drop(stmt);
     drop(conn);
     // A second open finds nothing left to migrate.
     let again = SqliteStore::open(&path).expect("reopen");

@@ -113,6 +113,7 @@ struct YourOwnServerGuide;
 
 pub mod auth;
 pub mod config;
+mod connection_threads;
 mod gate;
 pub mod health;
 pub mod host_origin;
@@ -154,7 +155,7 @@ use crate::relay_api::RelayApiConfig;
 pub use crate::serve::{
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
     DEFAULT_RETRY_AFTER, DEFAULT_SHUTDOWN_GRACE, MAX_REFUSING, OpenFileLimit, OpenFileLimitError,
-    RESERVED_FILES, ServeConfig, raise_open_file_limit, serve,
+    RESERVED_FILES, ServeConfig, raise_open_file_limit, serve, serve_on_threads,
 };
 pub use crate::server::{
     MCP_SESSION_SWEEP_EVERY, OAUTH_START_WAIT, Server, ServerBuilder, ServerError, maintain,

@@ -20,6 +20,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
+use crate::connection_threads::ConnectionThreads;
+
 /// Default of [`ServeConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 /// Default of [`ServeConfig::header_read_timeout`].
@@ -109,6 +111,55 @@ pub async fn serve<F>(
 where
     F: Future<Output = ()> + Send + 'static,
 {
+    serve_with(listener, router, config, None, shutdown).await
+}
+
+/// [`serve`], with the connections served by `threads` threads of their
+/// own instead of the caller's runtime (which keeps accepting them).
+///
+/// Each thread runs a single-threaded Tokio runtime, and a connection
+/// stays on one thread for its life (a new one goes to the thread with the
+/// fewest). Where most connections wait (long-polling desktops), this
+/// spares the wake-ups with which a multi-threaded runtime's workers share
+/// their tasks; `graph-relay serve` runs one thread per processor. The
+/// router's handlers then run on those threads: what they spawn runs there
+/// too, and ends when the server does. `threads` is at least one. Fails
+/// when a thread cannot be started, or as [`serve`] does.
+///
+/// ```no_run
+/// # async fn run(router: axum::Router) -> std::io::Result<()> {
+/// use graph_relay_transport_http::{ServeConfig, serve_on_threads, shutdown_signal};
+///
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8787").await?;
+/// let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+/// serve_on_threads(listener, router, ServeConfig::default(), threads, shutdown_signal()).await
+/// # }
+/// ```
+pub async fn serve_on_threads<F>(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    threads: usize,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let threads = ConnectionThreads::start(threads)?;
+    serve_with(listener, router, config, Some(threads), shutdown).await
+}
+
+/// [`serve`] on the caller's runtime or on `threads`.
+async fn serve_with<F>(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    threads: Option<ConnectionThreads>,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
     let local = listener.local_addr()?;
     let config = Arc::new(config);
     let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
@@ -157,15 +208,45 @@ where
         let router = router.clone();
         let config = config.clone();
         let stop = stop_rx.clone();
-        connections.spawn(async move {
-            let _slot = slot;
-            connection(stream, router, &config, stop).await;
-            tracing::trace!(%peer, "connection closed");
-        });
+        let Some(threads) = &threads else {
+            connections.spawn(async move {
+                let _slot = slot;
+                connection(stream, router, &config, stop).await;
+                tracing::trace!(%peer, "connection closed");
+            });
+            continue;
+        };
+        // The socket leaves this runtime's I/O driver and joins the
+        // thread's, where the connection then lives.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "a connection could not be handed to its thread");
+                continue;
+            }
+        };
+        let (thread, open) = threads.pick();
+        connections.spawn_on(
+            async move {
+                let _slot = slot;
+                let _open = open;
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => connection(stream, router, &config, stop).await,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "a connection's thread could not take it");
+                    }
+                }
+                tracing::trace!(%peer, "connection closed");
+            },
+            &thread,
+        );
     }
     drop(listener);
     let _ = stop_tx.send(true);
     drain(connections, config.shutdown_grace).await;
+    if let Some(threads) = threads {
+        threads.stop().await;
+    }
     Ok(())
 }
 

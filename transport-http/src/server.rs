@@ -81,6 +81,7 @@ pub struct ServerBuilder {
     catalog: Option<ToolCatalog>,
     http: HttpConfig,
     serve: ServeConfig,
+    connection_threads: usize,
     tokens: Option<Arc<dyn Authenticator>>,
     oauth: Option<OAuthConfig>,
     authenticators: Vec<Arc<dyn Authenticator>>,
@@ -97,6 +98,7 @@ impl std::fmt::Debug for ServerBuilder {
             .field("queue", &self.queue)
             .field("http", &self.http)
             .field("serve", &self.serve)
+            .field("connection_threads", &self.connection_threads)
             .field("oauth", &self.oauth.is_some())
             .field("authenticators", &self.authenticators.len())
             .finish_non_exhaustive()
@@ -173,6 +175,17 @@ impl ServerBuilder {
     #[must_use]
     pub fn serve_config(mut self, serve: ServeConfig) -> Self {
         self.serve = serve;
+        self
+    }
+
+    /// Serves the connections on `threads` threads of their own, each a
+    /// single-threaded runtime, instead of the runtime that runs
+    /// [`Server::serve`] (see [`serve_on_threads`](crate::serve_on_threads)
+    /// for when that pays). 0, the default, serves them on the caller's
+    /// runtime; `graph-relay serve` uses one thread per processor.
+    #[must_use]
+    pub fn connection_threads(mut self, threads: usize) -> Self {
+        self.connection_threads = threads;
         self
     }
 
@@ -339,6 +352,7 @@ impl ServerBuilder {
             app,
             listener,
             serve: self.serve,
+            connection_threads: self.connection_threads,
             metrics,
         })
     }
@@ -500,6 +514,7 @@ pub struct Server {
     app: Router,
     listener: TcpListener,
     serve: ServeConfig,
+    connection_threads: usize,
     metrics: Option<(TcpListener, Router)>,
 }
 
@@ -526,6 +541,7 @@ impl Server {
             catalog: None,
             http: HttpConfig::default(),
             serve: ServeConfig::default(),
+            connection_threads: 0,
             tokens: None,
             oauth: None,
             authenticators: Vec::new(),
@@ -601,7 +617,13 @@ impl Server {
             stopping.shut_down();
             let _ = stopped_tx.send(true);
         };
-        let served = crate::serve(self.listener, self.app, self.serve, shutdown).await;
+        let served = match self.connection_threads {
+            0 => crate::serve(self.listener, self.app, self.serve, shutdown).await,
+            threads => {
+                crate::serve_on_threads(self.listener, self.app, self.serve, threads, shutdown)
+                    .await
+            }
+        };
         let _ = maintenance.await;
         let _ = sweeping.await;
         if let Some(metrics) = metrics {

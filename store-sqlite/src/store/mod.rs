@@ -42,6 +42,61 @@ macro_rules! select_commands {
     };
 }
 
+/// A device's queued commands in one project, oldest first: its open ones
+/// (`finished_at IS NULL` literally, so the partial index applies) filtered
+/// on the row. The rowid, which ends every index entry, is the insertion
+/// order: same-millisecond runs keep their order. The limit is a literal
+/// (see [`sql_limit`]).
+fn queued_commands_sql(limit: usize) -> String {
+    format!(
+        "{} LIMIT {}",
+        select_commands!(
+            "WHERE owner = ?1 AND device = ?3 AND project = ?2 AND finished_at IS NULL"
+            " AND status = 'queued' ORDER BY created_at, rowid"
+        ),
+        sql_limit(limit)
+    )
+}
+
+/// A device's running commands: its open ones filtered on the row.
+fn running_commands_sql(limit: usize) -> String {
+    format!(
+        "{} LIMIT {}",
+        select_commands!(
+            "WHERE owner = ?1 AND device = ?2 AND finished_at IS NULL AND status = 'running'"
+        ),
+        sql_limit(limit)
+    )
+}
+
+/// The running commands whose lease lapsed at `?1`, through the index of
+/// running commands by lease. NULLs sort first: leases to grant, then the
+/// oldest lapses.
+fn lapsed_commands_sql(limit: usize) -> String {
+    format!(
+        "{} LIMIT {}",
+        select_commands!(
+            "WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)"
+            " ORDER BY lease_expires_at"
+        ),
+        sql_limit(limit)
+    )
+}
+
+/// A transition to a terminal state: the only one that sets `finished_at`
+/// (and so moves the command from the open index to the finished one).
+const FINISH_COMMAND: &str = "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4,
+        record = ?5, lease_expires_at = ?7
+    WHERE id = ?1 AND revision = ?6";
+
+/// A transition that leaves the command open (a start, a lease renewal, a
+/// progress report): `finished_at` is not assigned, so SQLite leaves the
+/// open and the finished index alone. A finished row is never reopened:
+/// such a swap changes nothing. `?3` (the NULL `finished_at`) is unused.
+const MOVE_OPEN_COMMAND: &str = "UPDATE commands SET status = ?2, revision = ?4, record = ?5,
+        lease_expires_at = ?7
+    WHERE id = ?1 AND revision = ?6 AND finished_at IS NULL AND ?3 IS NULL";
+
 /// The projects a device shares into (see [`Store::shared_projects`]).
 fn shared_projects_sql(limit: impl std::fmt::Display) -> String {
     format!(
@@ -344,12 +399,10 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        let sql = format!(
-            "{} LIMIT {}",
-            select_commands!("WHERE owner = ?1 AND device = ?2 AND status = 'running'"),
-            sql_limit(limit)
-        );
-        self.commands(&sql, params![owner.as_str(), device.as_str()])
+        self.commands(
+            &running_commands_sql(limit),
+            params![owner.as_str(), device.as_str()],
+        )
     }
 
     async fn lapsed_commands(
@@ -357,16 +410,7 @@ impl Store for SqliteStore {
         now: Timestamp,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        // NULLs sort first: leases to grant, then the oldest lapses.
-        let sql = format!(
-            "{} LIMIT {}",
-            select_commands!(
-                "WHERE status = 'running' AND (lease_expires_at IS NULL OR lease_expires_at <= ?1)"
-                " ORDER BY lease_expires_at"
-            ),
-            sql_limit(limit)
-        );
-        self.commands(&sql, params![millis(now)?])
+        self.commands(&lapsed_commands_sql(limit), params![millis(now)?])
     }
 
     async fn update_command(&self, next: &CommandRecord) -> Result<bool, StoreError> {
@@ -386,21 +430,20 @@ impl Store for SqliteStore {
                 // a command never change (and are checked against the record
                 // at every read).
                 statements.add(1);
-                let changed = conn
-                    .prepare_cached(
-                        "UPDATE commands SET status = ?2, finished_at = ?3, revision = ?4, record = ?5,
-                            lease_expires_at = ?7
-                         WHERE id = ?1 AND revision = ?6",
-                    )?
-                    .execute(params![
-                        row.id,
-                        row.entry.record.status.as_str(),
-                        row.finished_at,
-                        row.revision,
-                        row.entry.json,
-                        previous,
-                        row.lease_expires_at
-                    ])?;
+                let sql = if row.finished_at.is_some() {
+                    FINISH_COMMAND
+                } else {
+                    MOVE_OPEN_COMMAND
+                };
+                let changed = conn.prepare_cached(sql)?.execute(params![
+                    row.id,
+                    row.entry.record.status.as_str(),
+                    row.finished_at,
+                    row.revision,
+                    row.entry.json,
+                    previous,
+                    row.lease_expires_at
+                ])?;
                 Ok(changed == 1)
             })
             .await
@@ -418,19 +461,8 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
-        // `status = 'queued'` literally, so the partial index applies; the
-        // limit as a literal too (see `sql_limit`). The rowid is the
-        // insertion order: same-millisecond runs keep their order.
-        let sql = format!(
-            "{} LIMIT {}",
-            select_commands!(
-                "WHERE owner = ?1 AND project = ?2 AND device = ?3 AND status = 'queued'"
-                " ORDER BY created_at, rowid"
-            ),
-            sql_limit(limit)
-        );
         self.commands(
-            &sql,
+            &queued_commands_sql(limit),
             params![owner.as_str(), project.as_str(), device.as_str()],
         )
     }

@@ -45,6 +45,10 @@ fn per_sync_statements_search_by_every_key_column() {
             shared_projects_sql(101),
             "shared_sessions_by_device (owner=? AND device=?)",
         ),
+        (
+            queued_commands_sql(100),
+            "commands_open (owner=? AND device=? AND project=?)",
+        ),
     ] {
         let plan = plan(&conn, &sql);
         assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
@@ -60,4 +64,31 @@ fn per_sync_statements_search_by_every_key_column() {
         unnamed.contains("PRIMARY KEY (owner=? AND project=?)"),
         "{unnamed}"
     );
+}
+
+/// A device's open commands, and the running ones whose lease lapsed, are
+/// found through their indexes; a queued backlog is never walked to find
+/// running commands.
+#[test]
+fn open_and_running_commands_are_found_by_their_indexes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("plans.sqlite");
+    drop(SqliteStore::open(&path).expect("open"));
+    let conn = rusqlite::Connection::open(&path).expect("connect");
+    for (sql, wanted) in [
+        (
+            running_commands_sql(100),
+            "commands_open (owner=? AND device=?)",
+        ),
+        (lapsed_commands_sql(100), "commands_running"),
+    ] {
+        let plan = plan(&conn, &sql);
+        assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
+        // Walking the running index in lease order is fine; walking the
+        // table is not.
+        assert!(
+            plan.split(" / ").all(|step| step != "SCAN commands"),
+            "{sql}\n  -> {plan}"
+        );
+    }
 }

@@ -34,3 +34,33 @@ fn a_record_that_cannot_be_encoded_is_refused_before_any_write() {
         "nothing reached the writer"
     );
 }
+
+/// A finished command is never reopened: a swap to an open state from its
+/// revision changes nothing, as does one from a stale revision.
+#[test]
+fn a_finished_command_is_never_written_open_again() {
+    use futures::executor::block_on;
+    use graph_relay_core::command::CommandStatus;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("reopen.sqlite")).expect("open");
+    let queued = record();
+    block_on(store.import_commands(vec![queued.clone()])).expect("import");
+
+    let mut finished = queued.clone();
+    finished.revision += 1;
+    finished.status = CommandStatus::Cancelled;
+    finished.finished_at = Some(Timestamp(queued.created_at.0 + 5));
+    assert!(block_on(store.update_command(&finished)).expect("cancel"));
+
+    let mut reopened = finished.clone();
+    reopened.revision += 1;
+    reopened.status = CommandStatus::Running;
+    reopened.finished_at = None;
+    assert!(!block_on(store.update_command(&reopened)).expect("refused"));
+
+    let stored = block_on(store.command_for_owner(&queued.owner, &queued.id))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(stored, finished);
+}
