@@ -30,6 +30,9 @@
 //! app of your own, and [`serve()`] serves it (or any router) with a
 //! connection cap and timeouts; a server assembled that way must run the
 //! rest itself (the "Build your own server" guide in `docs/` lists it).
+//! [`serve_on_threads`] (and [`ServerBuilder::connection_threads`]) serve
+//! the connections on threads of their own, each keeping its connections,
+//! which costs less CPU where most connections are held long-polls.
 //!
 //! Its parts compose: [`mcp_routes`], [`relay_routes`] and
 //! [`metadata_routes`] each carry their own edge layers; handlers of an
