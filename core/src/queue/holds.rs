@@ -164,6 +164,12 @@ impl Queue {
     /// then the hold of [`Queue::control_hold`] for the run's lease shaped
     /// by `limit`, until cancellation is requested or the command ended.
     /// Each look of the hold only reads.
+    ///
+    /// The hold subscribes before the renewal, and the renewal's answer is
+    /// its first look ([`Hold::run_from`]): the renewal read the command
+    /// fresh, or wrote it (a renewal wakes no one, so it does not wake this
+    /// hold either); a cancel or end written after the subscription wakes
+    /// the hold, one written before it is in the renewal's answer.
     pub async fn control_held(
         &self,
         device: &Device,
@@ -172,19 +178,30 @@ impl Queue {
         limit: impl FnOnce(Hold) -> Hold,
         sleeper: &dyn Sleeper,
     ) -> Result<ControlAnswer, ControlError> {
+        let watch = long_poll.then(|| {
+            self.control_hold(id, self.config.lease_long_poll)
+                .watch(&self.signals)
+        });
         let (answer, lease) = self.control_renewing(device, id).await?;
-        if !long_poll || answer.is_settled() {
+        let Some(watch) = watch.filter(|_| !answer.is_settled()) else {
             return Ok(answer);
-        }
+        };
         let hold = limit(self.control_hold(id, lease));
-        hold.run(&self.signals, &*self.clock, sleeper, || async {
-            let answer = self.peek_control(device, id).await?;
-            Ok(if answer.is_settled() {
-                Look::Ready(answer)
-            } else {
-                Look::NotYet(answer)
-            })
-        })
+        hold.run_from(
+            watch,
+            Look::NotYet(answer),
+            &self.signals,
+            &*self.clock,
+            sleeper,
+            || async {
+                let answer = self.peek_control(device, id).await?;
+                Ok(if answer.is_settled() {
+                    Look::Ready(answer)
+                } else {
+                    Look::NotYet(answer)
+                })
+            },
+        )
         .await
     }
 

@@ -370,6 +370,19 @@ impl Queue {
         &self,
         party: Party<'_>,
         id: &CommandId,
+        apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
+    ) -> Result<CommandRecord, TransitionError<E>> {
+        self.transition_announced(party, id, Announce::Always, apply)
+            .await
+    }
+
+    /// [`Queue::transition`], announcing its write as `announce` says (a
+    /// lapse it closes first is always announced).
+    async fn transition_announced<E>(
+        &self,
+        party: Party<'_>,
+        id: &CommandId,
+        announce: Announce,
         mut apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
         // The first attempt starts from this queue's last copy, if it has
@@ -429,7 +442,11 @@ impl Queue {
                 }
                 Ok(true) => {}
             }
-            if self.write(&record).await.map_err(TransitionError::Store)? {
+            let written = match announce {
+                Announce::Always => self.write(&record).await,
+                Announce::Never => self.write_unannounced(&record).await,
+            };
+            if written.map_err(TransitionError::Store)? {
                 return Ok(record);
             }
         }
@@ -442,15 +459,38 @@ impl Queue {
     /// is woken and the record becomes this queue's copy, on a lost race
     /// the copy is dropped.
     async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
+        let written = self.write_unannounced(record).await?;
+        if written {
+            self.signals.notify(&Topic::Command(record.id));
+        }
+        Ok(written)
+    }
+
+    /// [`Queue::write`] without waking anyone: for a change that nobody
+    /// holding a request on the command waits for.
+    async fn write_unannounced(&self, record: &CommandRecord) -> Result<bool, StoreError> {
         let written = self.store.update_command(record).await?;
         if written {
             self.remember(record);
-            self.signals.notify(&Topic::Command(record.id));
         } else {
             self.last_seen.forget(&record.id);
         }
         Ok(written)
     }
+}
+
+/// Whether a transition's write wakes the requests held on its command
+/// ([`Topic::Command`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    /// Every write: the run changed in a way its waiters look for.
+    Always,
+    /// Never: a lease renewal, which changes nothing a waiter answers with
+    /// (an agent's wait answers once the run ends, a listen stream reports
+    /// status and progress, a control hold a cancel or the run's end). Not
+    /// announcing it spares every waiter a wake-up and a look, and lets the
+    /// renewing control request's own hold start from the renewal's answer.
+    Never,
 }
 
 impl Queue {

@@ -6,7 +6,9 @@
 //! device (at most once per [`QueueConfig::touch_interval`], see
 //! `devices`). Syncs and progress reports have files of their own.
 
-use super::{CompleteError, ControlError, DeclineError, Party, Queue, StartError, TransitionError};
+use super::{
+    Announce, CompleteError, ControlError, DeclineError, Party, Queue, StartError, TransitionError,
+};
 use crate::command::{CommandRecord, CommandStatus};
 use crate::envelope::ResultEnvelope;
 use crate::ids::{CommandId, ExecutionId};
@@ -133,7 +135,7 @@ impl Queue {
         let lease_of =
             |record: &CommandRecord| record.lease().unwrap_or(self.config.lease_long_poll);
         let command = self
-            .transition(Party::Device(device), id, |record, now| {
+            .transition_announced(Party::Device(device), id, Announce::Never, |record, now| {
                 let lease = lease_of(record);
                 Ok::<_, std::convert::Infallible>(record.renew_in_place(now, lease))
             })

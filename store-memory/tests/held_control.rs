@@ -1,0 +1,119 @@
+//! A held control request's renewal is its hold's first look: an idle hold
+//! reads the command once, and a change right after that read still wakes
+//! it, because the hold subscribed before the renewal. A renewal wakes no
+//! one: nothing a waiter answers with changes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use futures::executor::block_on;
+use futures::future::BoxFuture;
+use graph_relay_core::command::{CommandRecord, CommandStatus};
+use graph_relay_core::queue::QueueConfig;
+use graph_relay_core::signals::{Signals, Topic};
+use graph_relay_core::store::{LayeredStore, StoreError, StoreLayer};
+use graph_relay_core::testkit::{World, exec, p1};
+use graph_relay_core::time::{Clock, ThreadSleeper};
+use graph_relay_store_memory::MemoryStore;
+
+/// Counts reads of a command by its device; after the first one it can
+/// notify a topic, as a cancel written at that moment would.
+#[derive(Default)]
+struct DeviceReads {
+    reads: AtomicUsize,
+    after_first: Mutex<Option<(Arc<Signals>, Topic)>>,
+}
+
+struct Counted(Arc<DeviceReads>);
+
+impl StoreLayer for Counted {
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        operation: &'static str,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        Box::pin(async move {
+            let answer = call.await;
+            if operation == "command_for_device"
+                && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0
+            {
+                let armed = self.0.after_first.lock().expect("lock").take();
+                if let Some((signals, topic)) = armed {
+                    signals.notify(&topic);
+                }
+            }
+            answer
+        })
+    }
+}
+
+/// A world over a counted store, with one run started on its desktop.
+fn started() -> (World, Arc<DeviceReads>, CommandRecord) {
+    let reads = Arc::new(DeviceReads::default());
+    let store = LayeredStore::new(Arc::new(MemoryStore::new()), Counted(reads.clone()));
+    let w = World::with_config(Arc::new(store), QueueConfig::default());
+    block_on(w.sync(&w.device, p1(), &[1]));
+    let queued = block_on(w.run(&w.agent, 1, "held-control-1"));
+    let running = block_on(w.queue.start(&w.device, &queued.id, &exec("held-control-exec")))
+        .expect("start");
+    assert_eq!(running.status, CommandStatus::Running);
+    reads.reads.store(0, Ordering::SeqCst);
+    (w, reads, running)
+}
+
+/// A held control of `id`, cut to `hold`.
+fn control_held(w: &World, id: &graph_relay_core::ids::CommandId, hold: Duration) -> Duration {
+    let started = Instant::now();
+    let until = w.clock.now().plus(hold);
+    let answer = block_on(w.queue.control_held(
+        &w.device,
+        id,
+        true,
+        |h| h.until_at_most(until),
+        &ThreadSleeper,
+    ))
+    .expect("control");
+    assert!(!answer.is_settled());
+    started.elapsed()
+}
+
+#[test]
+fn an_idle_held_control_reads_the_command_once() {
+    let (w, reads, running) = started();
+    control_held(&w, &running.id, Duration::from_millis(300));
+    // The renewal (not due) read the command fresh; the hold started from
+    // that answer and looked no more.
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_change_right_after_the_renewals_read_wakes_its_hold() {
+    let (w, reads, running) = started();
+    *reads.after_first.lock().expect("lock") =
+        Some((w.queue.signals().clone(), Topic::Command(running.id)));
+    let held = control_held(&w, &running.id, Duration::from_secs(20));
+    // Answered at the notification, long before its 20 s, after one more look.
+    assert!(held < Duration::from_secs(10), "{held:?}");
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn a_renewal_wakes_no_one_and_its_held_control_looks_once() {
+    let (w, reads, running) = started();
+    let mut waiter = w.queue.signals().subscribe(Topic::Command(running.id));
+    // Past half the lease: the control renews it.
+    let lease = running.lease_expires_at.expect("a lease").since(w.clock.now());
+    w.advance(lease.as_secs() / 2 + 1);
+    control_held(&w, &running.id, Duration::from_millis(300));
+    let renewed = block_on(w.queue.get_graph_run(&w.agent, &running.id)).expect("read");
+    assert!(renewed.command.lease_expires_at > running.lease_expires_at);
+    assert!(
+        (&mut waiter).now_or_never().is_none(),
+        "the renewal woke a waiter"
+    );
+    // The renewal wrote from the queue's copy: no read at all, and its
+    // hold did not look again.
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 0);
+}
