@@ -36,8 +36,7 @@ impl StoreLayer for Counted {
     ) -> BoxFuture<'a, Result<T, StoreError>> {
         Box::pin(async move {
             let answer = call.await;
-            if operation == "command_for_device"
-                && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0
+            if operation == "command_for_device" && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0
             {
                 let armed = self.0.after_first.lock().expect("lock").take();
                 if let Some((signals, topic)) = armed {
@@ -56,8 +55,11 @@ fn started() -> (World, Arc<DeviceReads>, CommandRecord) {
     let w = World::with_config(Arc::new(store), QueueConfig::default());
     block_on(w.sync(&w.device, p1(), &[1]));
     let queued = block_on(w.run(&w.agent, 1, "held-control-1"));
-    let running = block_on(w.queue.start(&w.device, &queued.id, &exec("held-control-exec")))
-        .expect("start");
+    let running = block_on(
+        w.queue
+            .start(&w.device, &queued.id, &exec("held-control-exec")),
+    )
+    .expect("start");
     assert_eq!(running.status, CommandStatus::Running);
     reads.reads.store(0, Ordering::SeqCst);
     (w, reads, running)
@@ -104,7 +106,10 @@ fn a_renewal_wakes_no_one_and_its_held_control_looks_once() {
     let (w, reads, running) = started();
     let mut waiter = w.queue.signals().subscribe(Topic::Command(running.id));
     // Past half the lease: the control renews it.
-    let lease = running.lease_expires_at.expect("a lease").since(w.clock.now());
+    let lease = running
+        .lease_expires_at
+        .expect("a lease")
+        .since(w.clock.now());
     w.advance(lease.as_secs() / 2 + 1);
     control_held(&w, &running.id, Duration::from_millis(300));
     let renewed = block_on(w.queue.get_graph_run(&w.agent, &running.id)).expect("read");
