@@ -3,55 +3,33 @@
 //! it, because the hold subscribed before the renewal. A renewal wakes no
 //! one: nothing a waiter answers with changes.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::{Calls, Counted};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::executor::block_on;
-use futures::future::BoxFuture;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::queue::QueueConfig;
-use graph_relay_core::signals::{Signals, Topic};
-use graph_relay_core::store::{LayeredStore, StoreError, StoreLayer};
+use graph_relay_core::signals::Topic;
+use graph_relay_core::store::LayeredStore;
 use graph_relay_core::testkit::{World, exec, p1};
 use graph_relay_core::time::{Clock, ThreadSleeper};
 use graph_relay_store_memory::MemoryStore;
 
-/// Counts reads of a command by its device; after the first one it can
-/// notify a topic, as a cancel written at that moment would.
-#[derive(Default)]
-struct DeviceReads {
-    reads: AtomicUsize,
-    after_first: Mutex<Option<(Arc<Signals>, Topic)>>,
-}
-
-struct Counted(Arc<DeviceReads>);
-
-impl StoreLayer for Counted {
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        operation: &'static str,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
-        Box::pin(async move {
-            let answer = call.await;
-            if operation == "command_for_device" && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0
-            {
-                let armed = self.0.after_first.lock().expect("lock").take();
-                if let Some((signals, topic)) = armed {
-                    signals.notify(&topic);
-                }
-            }
-            answer
-        })
-    }
-}
-
 /// A world over a counted store, with one run started on its desktop.
-fn started() -> (World, Arc<DeviceReads>, CommandRecord) {
-    let reads = Arc::new(DeviceReads::default());
-    let store = LayeredStore::new(Arc::new(MemoryStore::new()), Counted(reads.clone()));
+fn started() -> (World, Arc<Calls>, CommandRecord) {
+    let reads = Arc::new(Calls::default());
+    let store = LayeredStore::new(
+        Arc::new(MemoryStore::new()),
+        Counted {
+            operation: "command_for_device",
+            calls: reads.clone(),
+        },
+    );
     let w = World::with_config(Arc::new(store), QueueConfig::default());
     block_on(w.sync(&w.device, p1(), &[1]));
     let queued = block_on(w.run(&w.agent, 1, "held-control-1"));

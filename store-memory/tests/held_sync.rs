@@ -2,53 +2,31 @@
 //! idle hold reads the queue once, and work queued right after that read
 //! still wakes it, because the hold subscribed before the sync read.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use common::{Calls, Counted};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use futures::future::BoxFuture;
 use graph_relay_core::queue::{QueueConfig, SyncRequest};
-use graph_relay_core::signals::{Signals, Topic};
-use graph_relay_core::store::{LayeredStore, StoreError, StoreLayer};
+use graph_relay_core::signals::Topic;
+use graph_relay_core::store::LayeredStore;
 use graph_relay_core::testkit::{World, meta, p1};
 use graph_relay_core::time::ThreadSleeper;
 use graph_relay_store_memory::MemoryStore;
 
-/// Counts reads of a device's queued commands; after the first one it can
-/// notify a topic, as a run queued at that moment would.
-#[derive(Default)]
-struct QueuedReads {
-    reads: AtomicUsize,
-    after_first: Mutex<Option<(Arc<Signals>, Topic)>>,
-}
-
-/// The layer: a handle on the counts the test reads.
-struct Counted(Arc<QueuedReads>);
-
-impl StoreLayer for Counted {
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        operation: &'static str,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
-        Box::pin(async move {
-            let answer = call.await;
-            if operation == "queued_commands" && self.0.reads.fetch_add(1, Ordering::SeqCst) == 0 {
-                let armed = self.0.after_first.lock().expect("lock").take();
-                if let Some((signals, topic)) = armed {
-                    signals.notify(&topic);
-                }
-            }
-            answer
-        })
-    }
-}
-
 /// A world whose queue holds syncs for `hold`, exactly, over a counted store.
-fn world(hold: Duration) -> (World, Arc<QueuedReads>) {
-    let reads = Arc::new(QueuedReads::default());
-    let store = LayeredStore::new(Arc::new(MemoryStore::new()), Counted(reads.clone()));
+fn world(hold: Duration) -> (World, Arc<Calls>) {
+    let reads = Arc::new(Calls::default());
+    let store = LayeredStore::new(
+        Arc::new(MemoryStore::new()),
+        Counted {
+            operation: "queued_commands",
+            calls: reads.clone(),
+        },
+    );
     let config = QueueConfig {
         long_poll_hold: hold,
         long_poll_jitter: Duration::ZERO,
