@@ -42,6 +42,26 @@ impl Sleeper for TokioSleep {
     }
 }
 
+/// Sleeps on Tokio's timer and counts the naps. A hold naps only once it
+/// has looked at the store and parked, so the count tells a test when every
+/// held request's first look is over: a subscription alone does not (a
+/// change made during that look answers it with no wake-up).
+#[derive(Clone, Default)]
+struct Parked(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Parked {
+    fn count(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Sleeper for Parked {
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        TokioSleep.sleep(duration)
+    }
+}
+
 /// One "server": a store of its own (its own pool), a queue with random
 /// command ids, and its wake-up bridge.
 struct Server {
@@ -302,8 +322,10 @@ async fn a_notification_wakes_only_the_waiter_it_concerns_across_three_servers()
 
     // 1. Every desk's long-poll sync is held; then a run is queued for each.
     let mut syncs = tokio::task::JoinSet::new();
+    let parked = Parked::default();
     for (i, desk) in all.iter().enumerate() {
         let world = on(i, 0).world.clone();
+        let parked = parked.clone();
         let device = desk.device.clone();
         let request = SyncRequest {
             long_poll: true,
@@ -312,15 +334,16 @@ async fn a_notification_wakes_only_the_waiter_it_concerns_across_three_servers()
         syncs.spawn(async move {
             world
                 .queue
-                .sync_held(&device, &request, |hold| hold, &TokioSleep)
+                .sync_held(&device, &request, |hold| hold, &parked)
                 .await
                 .expect("held sync")
         });
     }
     until("every desk's sync is held", || {
-        servers
-            .iter()
-            .all(|s| s.queue().signals().waiting() == per_server as usize)
+        parked.count() >= DESKS
+            && servers
+                .iter()
+                .all(|s| s.queue().signals().waiting() == per_server as usize)
     })
     .await;
     let mut ids = Vec::with_capacity(DESKS);
@@ -363,21 +386,24 @@ async fn a_notification_wakes_only_the_waiter_it_concerns_across_three_servers()
 
     // 3. Every run's agent waits for it; then the desks complete them.
     let mut waits = tokio::task::JoinSet::new();
+    let parked = Parked::default();
     for (i, id) in ids.iter().enumerate() {
         let world = on(i, 2).world.clone();
         let id = *id;
+        let parked = parked.clone();
         waits.spawn(async move {
             world
                 .queue
-                .wait_graph_run(&world.agent, &id, Duration::from_secs(120), &TokioSleep)
+                .wait_graph_run(&world.agent, &id, Duration::from_secs(120), &parked)
                 .await
                 .expect("wait")
         });
     }
     until("every agent's wait is held", || {
-        servers
-            .iter()
-            .all(|s| s.queue().signals().waiting() == per_server as usize)
+        parked.count() >= DESKS
+            && servers
+                .iter()
+                .all(|s| s.queue().signals().waiting() == per_server as usize)
     })
     .await;
     for (i, (desk, id)) in all.iter().zip(&ids).enumerate() {
