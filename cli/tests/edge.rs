@@ -344,3 +344,29 @@ fn an_open_file_limit_below_the_cap_is_logged() {
     let line = server.wait_line("open-file limit is below");
     assert!(line.contains("WARN"), "{line}");
 }
+
+/// `--connection-threads` outside 0 to 1024 is refused before anything
+/// starts (no database is created), naming the flag and the range.
+#[test]
+fn connection_threads_out_of_range_are_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("q.db");
+    for bad in ["1025", "-1", "many"] {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--db"])
+            .arg(&db)
+            .args(["--connection-threads", bad])
+            .output()
+            .expect("run graph-relay");
+        assert!(!out.status.success(), "--connection-threads {bad} accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("--connection-threads") && stderr.contains(bad),
+            "{bad}: {stderr}"
+        );
+        if bad == "1025" {
+            assert!(stderr.contains("0..=1024"), "{stderr}");
+        }
+        assert!(!db.exists(), "{bad}: a database was created");
+    }
+}

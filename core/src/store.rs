@@ -99,6 +99,18 @@ pub fn shared_as_built(shared: &SharedSession, command: &CommandRecord) -> bool 
         && shared.meta.slug == command.slug
 }
 
+/// A desktop's latest contact other than a sync, as
+/// [`Store::touch_devices`] records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceTouch {
+    /// Its owner.
+    pub owner: OwnerId,
+    /// The desktop.
+    pub device: DeviceId,
+    /// When it was last seen.
+    pub at: Timestamp,
+}
+
 /// What the server knows of a desktop's liveness.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceRecord {
@@ -404,6 +416,26 @@ pub trait Store: Send + Sync {
         contact: DeviceContact,
         now: Timestamp,
     ) -> Result<(), StoreError>;
+
+    /// Records several desktops' contacts other than syncs at once: for
+    /// each, what [`Store::touch_device`] with [`DeviceContact::Other`]
+    /// records. The queue gathers its desktops' contacts and writes them
+    /// this way about once a second ([`Queue::maintain`](crate::queue::Queue::maintain)),
+    /// so a durable store should write them together (one transaction, one
+    /// statement) rather than one by one, as this default does. Each
+    /// (owner, device) appears at most once.
+    async fn touch_devices(&self, contacts: &[DeviceTouch]) -> Result<(), StoreError> {
+        for contact in contacts {
+            self.touch_device(
+                &contact.owner,
+                &contact.device,
+                DeviceContact::Other,
+                contact.at,
+            )
+            .await?;
+        }
+        Ok(())
+    }
 
     /// Liveness of `device` of `owner`, if it was ever seen.
     async fn device(

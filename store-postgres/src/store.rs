@@ -13,8 +13,8 @@ use graph_relay_core::ids::{
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::signals::Signals;
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, GuardedInsert, IdempotencyRecord, InsertOutcome, PruneReport,
-    PruneRequest, Store, StoreError, shared_as_built,
+    DeviceContact, DeviceRecord, DeviceTouch, GuardedInsert, IdempotencyRecord, InsertOutcome,
+    PruneReport, PruneRequest, Store, StoreError, shared_as_built,
 };
 use graph_relay_core::time::Timestamp;
 use tokio_postgres::NoTls;
@@ -787,6 +787,44 @@ impl Store for PostgresStore {
                     &long_poll,
                 ],
             )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn touch_devices(&self, contacts: &[DeviceTouch]) -> Result<(), StoreError> {
+        if contacts.is_empty() {
+            return Ok(());
+        }
+        let owners: Vec<&str> = contacts.iter().map(|c| c.owner.as_str()).collect();
+        let devices: Vec<&str> = contacts.iter().map(|c| c.device.as_str()).collect();
+        let seen = contacts
+            .iter()
+            .map(|c| millis(c.at))
+            .collect::<Result<Vec<i64>, StoreError>>()?;
+        let client = self.client().await?;
+        // All of them in one statement, committed without waiting for the
+        // WAL flush as a single contact is. The rows are upserted in
+        // (owner, device) order, the order the queue sorts them in, so two
+        // servers' batches never wait on each other in turn.
+        let stmt = client
+            .prepare_cached(
+                "WITH touched AS (
+                    INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
+                    SELECT owner, device, NULL, seen, false
+                    FROM unnest($1::text[], $2::text[], $3::bigint[]) AS t (owner, device, seen)
+                    ORDER BY owner, device
+                    ON CONFLICT (owner, device) DO UPDATE SET
+                       last_seen_at = GREATEST(d.last_seen_at, EXCLUDED.last_seen_at)
+                    RETURNING 1
+                 )
+                 SELECT set_config('synchronous_commit', 'off', true)",
+            )
+            .await
+            .map_err(backend)?;
+        self.sent(1);
+        client
+            .execute(&stmt, &[&owners, &devices, &seen])
             .await
             .map_err(backend)?;
         Ok(())

@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, ExternalWrites, IdempotencyRecord, InsertOutcome, PruneReport,
-    PruneRequest, Store, StoreError,
+    DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, IdempotencyRecord, InsertOutcome,
+    PruneReport, PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
@@ -156,6 +156,9 @@ impl Store for OnTempFile<SqliteStore> {
         id: &GraphSessionId,
     ) -> Result<Option<SharedSession>, StoreError> {
         self.inner.find_shared_session(owner, projects, id).await
+    }
+    async fn touch_devices(&self, contacts: &[DeviceTouch]) -> Result<(), StoreError> {
+        self.inner.touch_devices(contacts).await
     }
     async fn touch_device(
         &self,

@@ -4,7 +4,7 @@
 //! ([`Metrics::timed_store`](crate::metrics::Metrics::timed_store)).
 //!
 //! The `operation` label is the name of the [`Store`] method
-//! ([`OPERATIONS`]): a fixed set of eighteen, whatever the requests carry.
+//! ([`OPERATIONS`]): a fixed set of nineteen, whatever the requests carry.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// The `operation` label values: the [`Store`] methods.
-pub const OPERATIONS: [&str; 18] = [
+pub const OPERATIONS: [&str; 19] = [
     "idempotency",
     "insert_command",
     "insert_command_if_shared",
@@ -33,6 +33,7 @@ pub const OPERATIONS: [&str; 18] = [
     "shared_sessions",
     "find_shared_session",
     "touch_device",
+    "touch_devices",
     "device",
     "prune",
 ];

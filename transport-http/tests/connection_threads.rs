@@ -2,11 +2,14 @@
 //! evenly, still bounded as `serve` bounds them, and drained and stopped
 //! on shutdown.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use common::read_head;
 use graph_relay_transport_http::{ServeConfig, serve_on_threads};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,17 +46,7 @@ async fn request(stream: &mut TcpStream, path: &str) -> (String, String) {
         .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
         .await
         .expect("write");
-    let mut text = Vec::new();
-    let mut byte = [0u8; 1];
-    while !text.ends_with(b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte))
-            .await
-            .expect("a response head in time")
-            .expect("read");
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&text));
-        text.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&text).into_owned();
+    let head = read_head(stream, Duration::from_secs(10)).await;
     let length: usize = head
         .lines()
         .find_map(|l| {

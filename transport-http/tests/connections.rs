@@ -44,26 +44,6 @@ async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String,
     }
 }
 
-/// Reads one response head (up to the blank line).
-async fn read_head(stream: &mut TcpStream, within: Duration) -> String {
-    let mut text = Vec::new();
-    let mut byte = [0u8; 1];
-    tokio::time::timeout(within, async {
-        while !text.ends_with(b"\r\n\r\n") {
-            let n = stream.read(&mut byte).await.expect("read");
-            assert!(
-                n > 0,
-                "closed before a response: {}",
-                String::from_utf8_lossy(&text)
-            );
-            text.push(byte[0]);
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("no response head within {within:?}"));
-    String::from_utf8_lossy(&text).into_owned()
-}
-
 /// Issue 13, item 5: 200 connections without a token, each announcing
 /// 1 MiB − 1 bytes, sending 64 KiB of it and stalling, held 200 MB until
 /// the request timeout. Now each is answered 401 at once and closed; the

@@ -13,11 +13,21 @@ use super::{Queue, QueueConfig, SyncRequest};
 use crate::ids::{DeviceId, OwnerId, ProjectId};
 use crate::principal::Device;
 use crate::session::SessionMeta;
-use crate::store::{DeviceContact, DeviceRecord, StoreError};
+use crate::store::{DeviceContact, DeviceRecord, DeviceTouch, StoreError};
 use crate::time::Timestamp;
 
 /// Syncs remembered per device (one per project it syncs).
 const MAX_SYNCS_PER_DEVICE: usize = 32;
+
+/// Desktops whose contacts a queue gathers before the request that finds
+/// this many writes them itself, without waiting for
+/// [`Queue::flush_contacts`]: bounds the memory they take on a server that
+/// runs no maintenance.
+pub const MAX_PENDING_CONTACTS: usize = 20_000;
+
+/// Contacts written by one [`Store::touch_devices`](crate::store::Store::touch_devices)
+/// call: bounds how long one write keeps the store busy.
+pub const CONTACTS_PER_WRITE: usize = 1_000;
 
 /// What this queue last wrote for one device's sync of one project, and when.
 pub(super) struct SyncWritten {
@@ -33,7 +43,14 @@ pub(super) struct SyncWritten {
 impl Queue {
     /// Records that `device` was seen, at most once per
     /// [`QueueConfig::touch_interval`] per device from this queue (liveness
-    /// is reported in seconds; a write per relay request would only load the store).
+    /// is reported in seconds; a write per relay request would only load the
+    /// store). The contact is kept here and written with every other
+    /// desktop's by the next [`Queue::flush_contacts`], which
+    /// [`Queue::maintain`] runs each second: one store write a second for
+    /// all of them instead of one per request. This queue's own reads of the
+    /// liveness see it at once ([`Queue::device_record`]). Only if contacts
+    /// pile up past [`MAX_PENDING_CONTACTS`] (a server that runs no
+    /// maintenance) does the request that finds them so write them itself.
     pub(super) async fn touch(&self, device: &Device) -> Result<(), StoreError> {
         let now = self.clock.now();
         {
@@ -45,11 +62,62 @@ impl Queue {
             }
             touched.insert(device.id.clone(), (device.owner.clone(), now));
         }
-        self.store
-            .touch_device(&device.owner, &device.id, DeviceContact::Other, now)
-            .await?;
+        let piled_up = {
+            let mut contacts = self.pending_contacts();
+            let at = contacts
+                .entry((device.owner.clone(), device.id.clone()))
+                .or_insert(now);
+            *at = (*at).max(now);
+            contacts.len() >= MAX_PENDING_CONTACTS
+        };
         self.device_contacted(device, DeviceContact::Other, now);
+        if piled_up {
+            self.flush_contacts().await?;
+        }
         Ok(())
+    }
+
+    /// Writes the desktops' contacts this queue has gathered since the
+    /// last flush ([`Store::touch_devices`](crate::store::Store::touch_devices),
+    /// in batches of at most [`CONTACTS_PER_WRITE`]) and returns how many
+    /// it wrote. [`Queue::maintain`] runs it each second, and
+    /// [`Queue::run_maintenance`] once more when it ends. Contacts a failed
+    /// write did not record are kept for the next flush, so a store outage
+    /// loses none.
+    pub async fn flush_contacts(&self) -> Result<usize, StoreError> {
+        let gathered = std::mem::take(&mut *self.pending_contacts());
+        if gathered.is_empty() {
+            return Ok(0);
+        }
+        let mut contacts: Vec<DeviceTouch> = gathered
+            .into_iter()
+            .map(|((owner, device), at)| DeviceTouch { owner, device, at })
+            .collect();
+        // One order for every server writing to a shared store, so that two
+        // batches over the same desktops never wait on each other in turn.
+        contacts.sort_unstable_by(|a, b| (&a.owner, &a.device).cmp(&(&b.owner, &b.device)));
+        let mut written = 0;
+        for batch in contacts.chunks(CONTACTS_PER_WRITE) {
+            if let Err(e) = self.store.touch_devices(batch).await {
+                let mut pending = self.pending_contacts();
+                for contact in &contacts[written..] {
+                    let at = pending
+                        .entry((contact.owner.clone(), contact.device.clone()))
+                        .or_insert(contact.at);
+                    *at = (*at).max(contact.at);
+                }
+                return Err(e);
+            }
+            written += batch.len();
+        }
+        Ok(written)
+    }
+
+    /// The contacts not written yet (see [`Queue::flush_contacts`]).
+    fn pending_contacts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(OwnerId, DeviceId), Timestamp>> {
+        self.contacts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The liveness of `device` of `owner`: as this queue read it less than
@@ -76,7 +144,21 @@ impl Queue {
                 return Ok(Some(record.clone()));
             }
         }
-        let record = self.store.device(owner, device).await?;
+        let mut record = self.store.device(owner, device).await?;
+        // A contact this queue has not written yet is as good as written.
+        if let Some(&at) = self
+            .pending_contacts()
+            .get(&(owner.clone(), device.clone()))
+        {
+            let seen = record.get_or_insert_with(|| DeviceRecord {
+                device: device.clone(),
+                owner: owner.clone(),
+                last_sync_at: None,
+                last_seen_at: at,
+                long_poll: false,
+            });
+            seen.record_contact(DeviceContact::Other, at);
+        }
         if let Some(record) = &record {
             self.devices
                 .lock()

@@ -2,17 +2,18 @@
 //!
 //! A server must call [`Queue::maintain`] about once a second for the life
 //! of the queue: it is what ends a run whose desktop stopped reporting
-//! (its lease lapsed), writes coalesced progress, prunes old keys and runs,
-//! and notices other processes' writes to a shared SQLite file. Forgetting
+//! (its lease lapsed), writes coalesced progress and the desktops'
+//! liveness, prunes old keys and runs, and notices other processes' writes
+//! to a shared SQLite file. Forgetting
 //! it leaves a dead desktop's runs `running` forever, so
 //! [`Queue::run_maintenance`] is the loop every server runs, whatever its
 //! runtime: it sleeps on the given [`Sleeper`] and ends when the shutdown
 //! future resolves or the queue shuts down.
 //!
-//! One step has four parts, each bounded and each callable on its own:
-//! writing coalesced progress, closing runs whose lease lapsed, pruning,
-//! and (on a store shared by several processes) waking held requests when
-//! another process wrote.
+//! One step has five parts, each bounded and each callable on its own:
+//! writing the desktops' contacts, writing coalesced progress, closing runs
+//! whose lease lapsed, pruning, and (on a store shared by several
+//! processes) waking held requests when another process wrote.
 
 use std::future::Future;
 use std::time::Duration;
@@ -49,9 +50,11 @@ pub struct MaintenanceReport {
 
 impl Queue {
     /// The server's periodic housekeeping, meant to run about once a
-    /// second: writes coalesced progress, closes lapsed runs
-    /// ([`Queue::sweep_lapsed`]) and prunes ([`Queue::prune`]).
+    /// second: writes the desktops' gathered contacts
+    /// ([`Queue::flush_contacts`]) and coalesced progress, closes lapsed
+    /// runs ([`Queue::sweep_lapsed`]) and prunes ([`Queue::prune`]).
     pub async fn maintain(&self) -> Result<MaintenanceReport, StoreError> {
+        self.flush_contacts().await?;
         Ok(MaintenanceReport {
             woken: self.watch_external_writes().await?,
             progress: self.flush_progress().await?,
@@ -63,7 +66,9 @@ impl Queue {
     /// Runs [`Queue::maintain`] every [`MAINTENANCE_INTERVAL`] until
     /// `shutdown` resolves or [`Queue::shut_down`] is called, handing each
     /// step's outcome to `observe` (to log it: a failing store is tried
-    /// again at the next step, never given up on).
+    /// again at the next step, never given up on). When it ends it writes
+    /// the desktops' gathered contacts once more
+    /// ([`Queue::flush_contacts`]).
     ///
     /// Steps do not overlap: the next sleep starts when a step ends, so a
     /// slow store delays maintenance instead of piling it up.
@@ -99,12 +104,17 @@ impl Queue {
             let mut tick = sleeper.sleep(MAINTENANCE_INTERVAL).fuse();
             futures::select! {
                 () = tick => {}
-                () = shutdown => return,
+                () = shutdown => break,
             }
             if self.is_shutting_down() {
-                return;
+                break;
             }
             observe(self.maintain().await);
+        }
+        // The desktops' last contacts, so that a stopping server leaves
+        // their liveness written (a failure is as a step's: handed on).
+        if let Err(e) = self.flush_contacts().await {
+            observe(Err(e));
         }
     }
 

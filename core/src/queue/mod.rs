@@ -66,6 +66,7 @@ use crate::principal::{Agent, Device};
 use crate::signals::{Signals, Topic};
 use crate::store::{DeviceRecord, Store, StoreError};
 use crate::time::{Clock, IdSource, Timestamp};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,6 +86,7 @@ mod sync;
 mod tests;
 
 pub use agent::{RunTicket, RunView, SessionList};
+pub use devices::{CONTACTS_PER_WRITE, MAX_PENDING_CONTACTS};
 pub use errors::{
     CancelError, CompleteError, ControlError, DeclineError, GetError, ListError, NotReady,
     PROJECT_NOT_FOUND, ProgressError, RUN_NOT_FOUND, RunError, SESSION_NOT_FOUND, StartError,
@@ -249,6 +251,9 @@ pub struct Queue {
     signals: Arc<Signals>,
     /// Per device id: its owner and when this queue last wrote its liveness.
     touched: Arc<Memo<DeviceId, (OwnerId, Timestamp)>>,
+    /// Contacts of desktops not written yet, per (owner, device): the
+    /// latest time each was seen (see [`Queue::flush_contacts`]).
+    contacts: Arc<std::sync::Mutex<HashMap<(OwnerId, DeviceId), Timestamp>>>,
     /// Per device id: its liveness as this queue last read it, and when
     /// (see [`Queue::device_record`]).
     devices: Arc<Memo<DeviceId, (DeviceRecord, Timestamp)>>,
@@ -292,6 +297,7 @@ impl Queue {
             ids,
             signals: Arc::new(Signals::new()),
             touched: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
+            contacts: Arc::default(),
             devices: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
             synced: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
             progress: Arc::new(Memo::new(MAX_PROGRESS_STATES)),

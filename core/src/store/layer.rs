@@ -302,6 +302,15 @@ impl<L: StoreLayer> Store for LayeredStore<L> {
             .await
     }
 
+    async fn touch_devices(&self, contacts: &[DeviceTouch]) -> Result<(), StoreError> {
+        self.layer
+            .around(
+                "touch_devices",
+                Box::pin(self.inner.touch_devices(contacts)),
+            )
+            .await
+    }
+
     async fn device(
         &self,
         owner: &OwnerId,

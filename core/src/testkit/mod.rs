@@ -49,7 +49,9 @@ use crate::queue::{
     RUN_NOT_FOUND, RunError, StartError, SyncRequest,
 };
 use crate::session::SessionMeta;
-use crate::store::{DeviceContact, IdempotencyRecord, InsertOutcome, PruneRequest, Store};
+use crate::store::{
+    DeviceContact, DeviceTouch, IdempotencyRecord, InsertOutcome, PruneRequest, Store,
+};
 use crate::time::{Clock, ManualClock, SeededIds, Timestamp};
 
 /// Runs every conformance function as its own `#[test]`.
@@ -1406,6 +1408,70 @@ pub async fn device_liveness(store: Arc<dyn Store>) {
             .expect("device")
             .is_none()
     );
+
+    // Several contacts at once: each as a single one of its kind, per
+    // (owner, device); a stamp older than the stored one moves nothing,
+    // and a device seen for the first time gets a record of its own.
+    let seen = later.last_seen_at;
+    let stranger = DeviceId::parse("batch-only").expect("id");
+    store
+        .touch_devices(&[
+            DeviceTouch {
+                owner: w.device.owner.clone(),
+                device: w.device.id.clone(),
+                at: seen.minus(Duration::from_secs(1)),
+            },
+            DeviceTouch {
+                owner: w.stranger_device.owner.clone(),
+                device: stranger.clone(),
+                at: seen.plus(Duration::from_secs(2)),
+            },
+        ])
+        .await
+        .expect("touch several");
+    let kept = store
+        .device(&w.device.owner, &w.device.id)
+        .await
+        .expect("device")
+        .expect("seen");
+    assert_eq!(kept, later, "an older contact moves nothing");
+    let new = store
+        .device(&w.stranger_device.owner, &stranger)
+        .await
+        .expect("device")
+        .expect("seen by the batch");
+    assert_eq!(
+        (new.last_sync_at, new.last_seen_at, new.long_poll),
+        (None, seen.plus(Duration::from_secs(2)), false)
+    );
+    assert!(
+        store
+            .device(&w.device.owner, &stranger)
+            .await
+            .expect("device")
+            .is_none(),
+        "the batch wrote its owner's device only"
+    );
+    store
+        .touch_devices(&[DeviceTouch {
+            owner: w.device.owner.clone(),
+            device: w.device.id.clone(),
+            at: seen.plus(Duration::from_secs(3)),
+        }])
+        .await
+        .expect("touch one");
+    let moved = store
+        .device(&w.device.owner, &w.device.id)
+        .await
+        .expect("device")
+        .expect("seen");
+    assert_eq!(moved.last_seen_at, seen.plus(Duration::from_secs(3)));
+    assert_eq!(
+        (moved.last_sync_at, moved.long_poll),
+        (later.last_sync_at, later.long_poll),
+        "a contact that is not a sync keeps the sync's stamp and mode"
+    );
+    store.touch_devices(&[]).await.expect("nothing to touch");
 }
 
 /// Expired keys and old terminal commands go, in bounded batches; live ones stay.

@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 };
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, ExternalWrites, GuardedInsert, IdempotencyRecord, InsertOutcome,
-    PruneReport, PruneRequest, Store, StoreError,
+    DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, GuardedInsert, IdempotencyRecord,
+    InsertOutcome, PruneReport, PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -604,6 +604,33 @@ impl Store for SqliteStore {
                     now,
                     long_poll
                 ])?;
+                Ok(())
+            })
+            .await
+            .map_err(store_error)
+    }
+
+    async fn touch_devices(&self, contacts: &[DeviceTouch]) -> Result<(), StoreError> {
+        let rows = contacts
+            .iter()
+            .map(|c| Ok((c.owner.clone(), c.device.clone(), millis(c.at)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let statements = Arc::clone(self.db.statements());
+        // One transaction for all of them: the writer's commit, not each
+        // contact's, is what costs.
+        self.db
+            .write(move |conn| {
+                let mut touch = conn.prepare_cached(shares::TOUCH_DEVICE)?;
+                for (owner, device, at) in &rows {
+                    statements.add(1);
+                    touch.execute(params![
+                        owner.as_str(),
+                        device.as_str(),
+                        None::<i64>,
+                        at,
+                        false
+                    ])?;
+                }
                 Ok(())
             })
             .await

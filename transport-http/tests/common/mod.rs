@@ -21,6 +21,8 @@ use graph_relay_transport_http::{
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 pub const GS: &str = "gs_0123456789abcdef0123456789abcdef";
@@ -298,4 +300,25 @@ pub async fn eventually(within: Duration, what: &str, mut check: impl FnMut() ->
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Reads one response head from a raw socket (up to the blank line),
+/// byte by byte so that nothing after it is consumed.
+pub async fn read_head(stream: &mut TcpStream, within: Duration) -> String {
+    let mut text = Vec::new();
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(within, async {
+        while !text.ends_with(b"\r\n\r\n") {
+            let n = stream.read(&mut byte).await.expect("read");
+            assert!(
+                n > 0,
+                "closed before a response: {}",
+                String::from_utf8_lossy(&text)
+            );
+            text.push(byte[0]);
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no response head within {within:?}"));
+    String::from_utf8_lossy(&text).into_owned()
 }
