@@ -355,7 +355,8 @@ fn connection_threads_out_of_range_are_refused_before_anything_starts() {
         let out = std::process::Command::new(BIN)
             .args(["serve", "--listen", "127.0.0.1:0", "--db"])
             .arg(&db)
-            .args(["--connection-threads", bad])
+            // One argument, so that `-1` is read as the flag's value.
+            .arg(format!("--connection-threads={bad}"))
             .output()
             .expect("run graph-relay");
         assert!(!out.status.success(), "--connection-threads {bad} accepted");
