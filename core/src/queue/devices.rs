@@ -64,10 +64,7 @@ impl Queue {
         }
         let piled_up = {
             let mut contacts = self.pending_contacts();
-            let at = contacts
-                .entry((device.owner.clone(), device.id.clone()))
-                .or_insert(now);
-            *at = (*at).max(now);
+            gather(&mut contacts, &device.owner, &device.id, now);
             contacts.len() >= MAX_PENDING_CONTACTS
         };
         self.device_contacted(device, DeviceContact::Other, now);
@@ -101,10 +98,7 @@ impl Queue {
             if let Err(e) = self.store.touch_devices(batch).await {
                 let mut pending = self.pending_contacts();
                 for contact in &contacts[written..] {
-                    let at = pending
-                        .entry((contact.owner.clone(), contact.device.clone()))
-                        .or_insert(contact.at);
-                    *at = (*at).max(contact.at);
+                    gather(&mut pending, &contact.owner, &contact.device, contact.at);
                 }
                 return Err(e);
             }
@@ -114,9 +108,7 @@ impl Queue {
     }
 
     /// The contacts not written yet (see [`Queue::flush_contacts`]).
-    fn pending_contacts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(OwnerId, DeviceId), Timestamp>> {
+    fn pending_contacts(&self) -> std::sync::MutexGuard<'_, PendingContacts> {
         self.contacts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -237,6 +229,15 @@ impl Queue {
             at: now,
         });
     }
+}
+
+/// Contacts not written yet: per (owner, device), the latest time seen.
+pub(super) type PendingContacts = std::collections::HashMap<(OwnerId, DeviceId), Timestamp>;
+
+/// Adds a contact at `at` to `pending`: a desktop's stamp only moves forward.
+fn gather(pending: &mut PendingContacts, owner: &OwnerId, device: &DeviceId, at: Timestamp) {
+    let seen = pending.entry((owner.clone(), device.clone())).or_insert(at);
+    *seen = (*seen).max(at);
 }
 
 /// How long after this queue wrote a sync the same sync is written again.

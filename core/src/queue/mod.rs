@@ -66,7 +66,6 @@ use crate::principal::{Agent, Device};
 use crate::signals::{Signals, Topic};
 use crate::store::{DeviceRecord, Store, StoreError};
 use crate::time::{Clock, IdSource, Timestamp};
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -253,7 +252,7 @@ pub struct Queue {
     touched: Arc<Memo<DeviceId, (OwnerId, Timestamp)>>,
     /// Contacts of desktops not written yet, per (owner, device): the
     /// latest time each was seen (see [`Queue::flush_contacts`]).
-    contacts: Arc<std::sync::Mutex<HashMap<(OwnerId, DeviceId), Timestamp>>>,
+    contacts: Arc<std::sync::Mutex<devices::PendingContacts>>,
     /// Per device id: its liveness as this queue last read it, and when
     /// (see [`Queue::device_record`]).
     devices: Arc<Memo<DeviceId, (DeviceRecord, Timestamp)>>,
