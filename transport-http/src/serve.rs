@@ -309,12 +309,13 @@ async fn refuse(mut stream: TcpStream, retry_after: Duration) {
 /// What the connection's watchdog knows: requests in flight and when the
 /// connection last went quiet or began a request head.
 ///
-/// Nothing here wakes the watchdog: it sleeps until the earliest moment a
-/// deadline could fall, and at most [`watch_interval`] at a time. Every
-/// change a request makes (bytes read, a head parsed, a response done) only
-/// moves the deadline past that moment, so the watchdog sees it when it
-/// wakes. A request costs a few atomic operations, not a wake-up of the
-/// connection's task and a new timer.
+/// Every change a request makes (bytes read, a head parsed, a response
+/// done) happens while the connection's task polls the connection, so the
+/// task sets the watchdog to the new deadline right after that poll. A
+/// request costs a few atomic operations and, when it ends, moving the
+/// timer later (an atomic update: the timer wheel files it again only when
+/// its first time comes). While a request is in flight there is no
+/// deadline, so a held request (a desktop's long-poll) costs no wake-up.
 #[derive(Debug)]
 struct Activity {
     start: Instant,
@@ -328,22 +329,6 @@ struct Activity {
 }
 
 const NEVER: u64 = u64::MAX;
-
-/// The longest the watchdog sleeps without looking: the shorter of the two
-/// timeouts. A deadline set after the watchdog looked is at least this far
-/// away (a request head is due [`ServeConfig::header_read_timeout`] after
-/// its first byte, an idle connection closes [`ServeConfig::idle_timeout`]
-/// after its last response), so sleeping this long never misses one. At
-/// least [`MIN_WATCH_INTERVAL`], so that zero timeouts do not spin.
-fn watch_interval(config: &ServeConfig) -> Duration {
-    config
-        .header_read_timeout
-        .min(config.idle_timeout)
-        .max(MIN_WATCH_INTERVAL)
-}
-
-/// The shortest sleep of a connection's watchdog.
-const MIN_WATCH_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Activity {
     fn new() -> Self {
@@ -400,13 +385,6 @@ impl Activity {
             idle => Some(self.at(idle) + config.idle_timeout),
         }
     }
-
-    /// When the watchdog looks next, if it looks at `now`: the deadline, or
-    /// [`watch_interval`] from now if that is sooner (or there is none).
-    fn next_look(&self, config: &ServeConfig, now: Instant) -> Instant {
-        let latest = now + watch_interval(config);
-        self.deadline(config).map_or(latest, |at| at.min(latest))
-    }
 }
 
 /// One request in flight, until its response body is done or dropped.
@@ -456,37 +434,62 @@ async fn connection(
     builder.keep_alive(true);
     let conn = builder.serve_connection(io, service);
     let mut conn = std::pin::pin!(conn);
-    let mut draining = *stop.borrow();
-    if draining {
-        conn.as_mut().graceful_shutdown();
-    }
-    let watchdog = tokio::time::sleep_until(activity.next_look(config, Instant::now()).into());
+    let mut draining = false;
+    let mut stopped = std::pin::pin!(async move {
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut deadline = activity.deadline(config);
+    // Until a deadline is set, the timer waits at its first one: the head
+    // of the first request is due then.
+    let watchdog = tokio::time::sleep_until(
+        deadline
+            .unwrap_or_else(|| activity.start + config.header_read_timeout)
+            .into(),
+    );
     let mut watchdog = std::pin::pin!(watchdog);
-    loop {
-        tokio::select! {
-            biased;
-            result = conn.as_mut() => {
+    std::future::poll_fn(|cx| {
+        if !draining && stopped.as_mut().poll(cx).is_ready() {
+            draining = true;
+            conn.as_mut().graceful_shutdown();
+        }
+        loop {
+            if let Poll::Ready(result) = conn.as_mut().poll(cx) {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "connection ended with an error");
                 }
-                return;
+                return Poll::Ready(());
             }
-            () = watchdog.as_mut() => {
-                let now = Instant::now();
-                if activity.deadline(config).is_some_and(|at| at <= now) {
-                    tracing::debug!("closing a connection: no complete request head in time, or idle too long");
-                    return;
-                }
-                watchdog.as_mut().reset(activity.next_look(config, now).into());
-            }
-            changed = stop.changed(), if !draining => {
-                if changed.is_err() || *stop.borrow() {
-                    draining = true;
-                    conn.as_mut().graceful_shutdown();
+            let now_due = activity.deadline(config);
+            if now_due != deadline {
+                deadline = now_due;
+                if let Some(at) = deadline {
+                    watchdog.as_mut().reset(at.into());
                 }
             }
+            // No deadline while a request is in flight: the timer is not
+            // looked at (if it fires, the task finds nothing due).
+            let Some(at) = deadline else {
+                return Poll::Pending;
+            };
+            if watchdog.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if at <= Instant::now() {
+                tracing::debug!(
+                    "closing a connection: no complete request head in time, or idle too long"
+                );
+                return Poll::Ready(());
+            }
+            // The timer's clock ticks in milliseconds: had it fired before
+            // the deadline, it is set again.
+            watchdog.as_mut().reset(at.into());
         }
-    }
+    })
+    .await;
 }
 
 /// The TCP stream, reporting reads to the connection's [`Activity`].

@@ -260,3 +260,63 @@ async fn over_the_cap_a_connection_gets_503_with_retry_after() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A request held longer than both timeouts is not cut by them (no
+/// deadline runs while a request is in flight), and once it is answered
+/// the connection's idle time counts from that answer: a request sent
+/// before it runs out is served, and the connection closes an idle
+/// timeout after the last answer.
+#[tokio::test]
+async fn a_held_request_outlives_the_timeouts_and_the_idle_time_counts_from_its_answer() {
+    let hold = Duration::from_millis(900);
+    let idle = Duration::from_millis(300);
+    let router = axum::Router::new()
+        .route(
+            "/held",
+            axum::routing::get(move || async move {
+                tokio::time::sleep(hold).await;
+                "held"
+            }),
+        )
+        .route("/quick", axum::routing::get(|| async { "quick" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(graph_relay_transport_http::serve(
+        listener,
+        router,
+        ServeConfig {
+            header_read_timeout: Duration::from_millis(200),
+            idle_timeout: idle,
+            ..ServeConfig::default()
+        },
+        std::future::pending(),
+    ));
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let request = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let answer = async |stream: &mut TcpStream, body: &str| {
+        let head = read_head(stream, Duration::from_secs(5)).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let mut text = vec![0u8; body.len()];
+        stream.read_exact(&mut text).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&text), body);
+    };
+    let asked = Instant::now();
+    stream.write_all(request("/held").as_bytes()).await.unwrap();
+    answer(&mut stream, "held").await;
+    assert!(asked.elapsed() >= hold);
+    // Most of the idle time, then another request on the same connection.
+    tokio::time::sleep(idle * 2 / 3).await;
+    stream
+        .write_all(request("/quick").as_bytes())
+        .await
+        .unwrap();
+    answer(&mut stream, "quick").await;
+    let quiet = Instant::now();
+    let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    assert!(closed, "the connection was never closed once idle");
+    let waited = quiet.elapsed();
+    assert!(
+        waited >= idle - Duration::from_millis(50),
+        "closed {waited:?} after the last answer, before the idle timeout"
+    );
+}
