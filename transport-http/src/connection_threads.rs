@@ -1,6 +1,6 @@
 //! Connection threads: OS threads, each running a single-threaded Tokio
-//! runtime of its own, that serve the connections [`crate::serve_on_threads`]
-//! accepts.
+//! runtime of its own, that accept and serve the connections of
+//! [`crate::serve_on_threads`]. The first thread runs the accept loop.
 //!
 //! A multi-threaded runtime lets its idle workers steal each other's tasks.
 //! With many connections that are mostly waiting (long-polling desktops
@@ -80,16 +80,30 @@ impl ConnectionThreads {
         Ok(Self { threads })
     }
 
-    /// The runtime of the thread serving the fewest connections, and the
-    /// count of the connection about to be placed on it.
-    pub(crate) fn pick(&self) -> (Handle, Open) {
-        let thread = self
+    /// The runtime of the first thread, where the accept loop runs.
+    pub(crate) fn home(&self) -> Handle {
+        self.threads
+            .first()
+            .unwrap_or_else(|| unreachable!("at least one thread is started"))
+            .handle
+            .clone()
+    }
+
+    /// Places a new connection on the thread serving the fewest, counting
+    /// it there, and gives that thread's runtime; `None` for the first
+    /// thread, where the accept loop runs and the connection stays. Ties go
+    /// to the first thread: a connection placed there costs no hand-over.
+    pub(crate) fn pick(&self) -> (Open, Option<Handle>) {
+        let (index, thread) = self
             .threads
             .iter()
-            .min_by_key(|t| t.open.load(Ordering::Acquire))
+            .enumerate()
+            .min_by_key(|(_, t)| t.open.load(Ordering::Acquire))
             .unwrap_or_else(|| unreachable!("at least one thread is started"));
         thread.open.fetch_add(1, Ordering::AcqRel);
-        (thread.handle.clone(), Open(Arc::clone(&thread.open)))
+        let open = Open(Arc::clone(&thread.open));
+        let elsewhere = (index > 0).then(|| thread.handle.clone());
+        (open, elsewhere)
     }
 
     /// Stops every thread and waits until their runtimes are gone.

@@ -114,12 +114,13 @@ where
     serve_with(listener, router, config, None, shutdown).await
 }
 
-/// [`serve`], with the connections served by `threads` threads of their
-/// own instead of the caller's runtime (which keeps accepting them).
+/// [`serve`], with the connections accepted and served by `threads`
+/// threads of their own instead of the caller's runtime (the returned
+/// future only waits for them).
 ///
 /// Each thread runs a single-threaded Tokio runtime, and a connection
 /// stays on one thread for its life (a new one goes to the thread with the
-/// fewest). Where most connections wait (long-polling desktops), this
+/// fewest). The first thread also accepts them. Where most connections wait (long-polling desktops), this
 /// spares the wake-ups with which a multi-threaded runtime's workers share
 /// their tasks; `graph-relay serve` runs one thread per processor. The
 /// router's handlers then run on those threads: what they spawn runs there
@@ -150,11 +151,52 @@ where
 }
 
 /// [`serve`] on the caller's runtime or on `threads`.
+///
+/// With threads, the accept loop itself runs on the first of them: a new
+/// connection placed there is served where it was accepted, and one placed
+/// on another thread costs one hand-over. Accepting on the caller's
+/// multi-threaded runtime instead cost a wake-up of one of its workers
+/// (which often wakes another to share the work) for every connection.
 async fn serve_with<F>(
     listener: TcpListener,
     router: Router,
     config: ServeConfig,
     threads: Option<ConnectionThreads>,
+    shutdown: F,
+) -> io::Result<()>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let Some(threads) = threads else {
+        return accept_loop(listener, router, config, None, shutdown).await;
+    };
+    let threads = Arc::new(threads);
+    let home = threads.home();
+    let listener = listener.into_std()?;
+    let accepting = {
+        let threads = Arc::clone(&threads);
+        home.spawn(async move {
+            let listener = TcpListener::from_std(listener)?;
+            accept_loop(listener, router, config, Some(threads), shutdown).await
+        })
+    };
+    let served = accepting
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(format!("the accept loop failed: {e}"))));
+    // The loop's share of the threads went with it.
+    if let Ok(threads) = Arc::try_unwrap(threads) {
+        threads.stop().await;
+    }
+    served
+}
+
+/// Accepts connections on the current runtime until `shutdown`, serving
+/// each here or on one of `threads`; then drains them.
+async fn accept_loop<F>(
+    listener: TcpListener,
+    router: Router,
+    config: ServeConfig,
+    threads: Option<Arc<ConnectionThreads>>,
     shutdown: F,
 ) -> io::Result<()>
 where
@@ -208,9 +250,18 @@ where
         let router = router.clone();
         let config = config.clone();
         let stop = stop_rx.clone();
-        let Some(threads) = &threads else {
+        let (open, elsewhere) = match &threads {
+            Some(threads) => {
+                let (open, elsewhere) = threads.pick();
+                (Some(open), elsewhere)
+            }
+            None => (None, None),
+        };
+        let Some(thread) = elsewhere else {
+            // Served where it was accepted.
             connections.spawn(async move {
                 let _slot = slot;
+                let _open = open;
                 connection(stream, router, &config, stop).await;
                 tracing::trace!(%peer, "connection closed");
             });
@@ -225,7 +276,6 @@ where
                 continue;
             }
         };
-        let (thread, open) = threads.pick();
         connections.spawn_on(
             async move {
                 let _slot = slot;
@@ -244,9 +294,6 @@ where
     drop(listener);
     let _ = stop_tx.send(true);
     drain(connections, config.shutdown_grace).await;
-    if let Some(threads) = threads {
-        threads.stop().await;
-    }
     Ok(())
 }
 

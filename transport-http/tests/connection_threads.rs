@@ -203,3 +203,34 @@ async fn the_cap_and_the_idle_timeout_still_apply() {
     let _ = stop.send(());
     served.await.expect("joined").expect("served");
 }
+
+/// The connection threads accept connections themselves: while the
+/// caller's runtime is blocked, a new connection is still accepted and
+/// served (by the first thread, the one accepting).
+#[tokio::test]
+async fn connections_are_accepted_while_the_callers_runtime_is_blocked() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let (addr, stop, served) = start(2, ServeConfig::default()).await;
+    // Let the serving task hand its accept loop to the threads.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A blocking client on a thread of its own, joined without yielding:
+    // this runtime (the test's only thread) stays blocked meanwhile.
+    let client = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        stream
+            .write_all(b"GET /thread HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    });
+    let answer = client.join().expect("the client");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("graph-relay-conn-0"), "{answer}");
+    let _ = stop.send(());
+    served.await.expect("joined").expect("served");
+}
