@@ -120,11 +120,11 @@ where
 ///
 /// Each thread runs a single-threaded Tokio runtime, and a connection
 /// stays on one thread for its life (a new one goes to the thread with the
-/// fewest). The first thread also accepts them. Where most connections wait (long-polling desktops), this
-/// spares the wake-ups with which a multi-threaded runtime's workers share
-/// their tasks; `graph-relay serve` runs one thread per processor. The
-/// router's handlers then run on those threads: what they spawn runs there
-/// too, and ends when the server does. `threads` is at least one. Fails
+/// fewest); the first thread also accepts them. Where most connections
+/// wait (long-polling desktops), this spares the wake-ups with which a
+/// multi-threaded runtime's workers share their tasks; `graph-relay serve`
+/// runs one thread per processor. The router's handlers then run on those
+/// threads: what they spawn runs there too, and ends when the server does. `threads` is at least one. Fails
 /// when a thread cannot be started, or as [`serve`] does.
 ///
 /// ```no_run
@@ -183,7 +183,8 @@ where
     let served = accepting
         .await
         .unwrap_or_else(|e| Err(io::Error::other(format!("the accept loop failed: {e}"))));
-    // The loop's share of the threads went with it.
+    // The loop's share of the threads went with its task. (Were it still
+    // held, its drop would stop the threads without waiting for them.)
     if let Ok(threads) = Arc::try_unwrap(threads) {
         threads.stop().await;
     }
