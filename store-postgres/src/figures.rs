@@ -177,8 +177,7 @@ impl PostgresStore {
         // As the SQLite store: a limit past i64 lists everything.
         let limit = i64::try_from(queue_limit).unwrap_or(i64::MAX);
         let client = self.client().await?;
-        let statement = client.prepare_cached(QUEUE_STATS).await.map_err(backend)?;
-        self.sent(1);
+        let statement = self.statement(&client, QUEUE_STATS).await?;
         let row = client
             .query_one(&statement, &[&since, &limit])
             .await

@@ -242,6 +242,19 @@ impl PostgresStore {
         outcome
     }
 
+    /// `sql` prepared on `client` (cached per connection) and counted as
+    /// one statement sent ([`Self::sent`]): the step before every single
+    /// statement this store runs.
+    pub(crate) async fn statement(
+        &self,
+        client: &deadpool_postgres::Object,
+        sql: &str,
+    ) -> Result<tokio_postgres::Statement, StoreError> {
+        let stmt = client.prepare_cached(sql).await.map_err(backend)?;
+        self.sent(1);
+        Ok(stmt)
+    }
+
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
         self.pool
             .get()
@@ -256,8 +269,7 @@ impl PostgresStore {
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await.map_err(backend)?;
-        self.sent(1);
+        let stmt = self.statement(&client, sql).await?;
         let rows = client.query(&stmt, params).await.map_err(backend)?;
         rows.iter().map(decode_command).collect()
     }
@@ -314,14 +326,13 @@ impl PostgresStore {
         now: i64,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "SELECT command, fingerprint, expires_at FROM idempotency_keys
                  WHERE owner = $1 AND agent = $2 AND key = $3 AND expires_at > $4",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         let Some(row) = client
             .query_opt(
                 &stmt,
@@ -399,11 +410,7 @@ impl PostgresStore {
             .collect();
         let metas = encode_metas(sync.sessions)?;
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(SYNC_IF_UNCHANGED)
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+        let stmt = self.statement(&client, SYNC_IF_UNCHANGED).await?;
         let row = client
             .query_one(
                 &stmt,
@@ -669,15 +676,14 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<ProjectId>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "SELECT DISTINCT project FROM shared_sessions
                  WHERE owner = $1 AND device = $2
                  ORDER BY project LIMIT $3",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         let rows = client
             .query(
                 &stmt,
@@ -701,15 +707,14 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<SharedSession>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "SELECT project, device, synced_at, meta FROM shared_sessions
                  WHERE owner = $1 AND project = $2
                  ORDER BY graph_session_id, device LIMIT $3",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         let rows = client
             .query(
                 &stmt,
@@ -759,8 +764,9 @@ impl Store for PostgresStore {
         // "Syncs and contacts commit without waiting for the disk" in the
         // crate docs), so the start, control or result it comes before
         // waits for one flush, its own, not two in a row.
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "WITH touched AS (
                     INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
                     VALUES ($1, $2, $3, $4, $5)
@@ -773,9 +779,7 @@ impl Store for PostgresStore {
                  )
                  SELECT set_config('synchronous_commit', 'off', true)",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         client
             .execute(
                 &stmt,
@@ -807,8 +811,9 @@ impl Store for PostgresStore {
         // WAL flush as a single contact is. The rows are upserted in
         // (owner, device) order, the order the queue sorts them in, so two
         // servers' batches never wait on each other in turn.
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "WITH touched AS (
                     INSERT INTO devices AS d (owner, device, last_sync_at, last_seen_at, long_poll)
                     SELECT owner, device, NULL, seen, false
@@ -820,9 +825,7 @@ impl Store for PostgresStore {
                  )
                  SELECT set_config('synchronous_commit', 'off', true)",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         client
             .execute(&stmt, &[&owners, &devices, &seen])
             .await
@@ -836,14 +839,13 @@ impl Store for PostgresStore {
         device: &DeviceId,
     ) -> Result<Option<DeviceRecord>, StoreError> {
         let client = self.client().await?;
-        let stmt = client
-            .prepare_cached(
+        let stmt = self
+            .statement(
+                &client,
                 "SELECT last_sync_at, last_seen_at, long_poll FROM devices
                  WHERE owner = $1 AND device = $2",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         let Some(row) = client
             .query_opt(&stmt, &[&owner.as_str(), &device.as_str()])
             .await
@@ -867,8 +869,9 @@ impl Store for PostgresStore {
         let client = self.client().await?;
         // Each batch is claimed with FOR UPDATE SKIP LOCKED: servers pruning
         // at once delete different rows and never wait for each other.
-        let keys_stmt = client
-            .prepare_cached(
+        let keys_stmt = self
+            .statement(
+                &client,
                 "WITH doomed AS (
                     SELECT owner, agent, key FROM idempotency_keys
                     WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2
@@ -876,9 +879,7 @@ impl Store for PostgresStore {
                  DELETE FROM idempotency_keys AS k USING doomed AS d
                  WHERE k.owner = d.owner AND k.agent = d.agent AND k.key = d.key",
             )
-            .await
-            .map_err(backend)?;
-        self.sent(1);
+            .await?;
         let keys = client
             .execute(&keys_stmt, &[&now, &batch])
             .await
@@ -890,8 +891,9 @@ impl Store for PostgresStore {
                 // A live key pointing at a command keeps it: a replay must
                 // still find it. (No new key can come to point at an old
                 // command: keys are only written together with a new one.)
-                let stmt = client
-                    .prepare_cached(
+                let stmt = self
+                    .statement(
+                        &client,
                         "WITH doomed AS (
                             SELECT c.id FROM commands AS c
                             WHERE c.finished_at IS NOT NULL AND c.finished_at <= $1
@@ -905,9 +907,7 @@ impl Store for PostgresStore {
                             FOR UPDATE SKIP LOCKED)
                          DELETE FROM commands WHERE id IN (SELECT id FROM doomed)",
                     )
-                    .await
-                    .map_err(backend)?;
-                self.sent(1);
+                    .await?;
                 client
                     .execute(&stmt, &[&cutoff, &now, &batch])
                     .await
