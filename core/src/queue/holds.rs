@@ -53,7 +53,7 @@ fn sync_hold_length(config: &QueueConfig, device: &Device, now: Timestamp) -> Du
     let end = now.plus(length).0;
     let grid = SYNC_HOLD_GRID.as_millis() as u64;
     let earlier = end - end % grid;
-    [earlier, earlier + grid]
+    [earlier, earlier.saturating_add(grid)]
         .into_iter()
         .map(|point| Timestamp(point).since(now))
         .find(allowed)
