@@ -124,8 +124,9 @@ where
 /// wait (long-polling desktops), this spares the wake-ups with which a
 /// multi-threaded runtime's workers share their tasks; `graph-relay serve`
 /// runs one thread per processor. The router's handlers then run on those
-/// threads: what they spawn runs there too, and ends when the server does. `threads` is at least one. Fails
-/// when a thread cannot be started, or as [`serve`] does.
+/// threads: what they spawn runs there too, and ends when the server does.
+/// `threads` is at least one. Fails when a thread cannot be started, or as
+/// [`serve`] does.
 ///
 /// ```no_run
 /// # async fn run(router: axum::Router) -> std::io::Result<()> {
