@@ -242,7 +242,7 @@ impl Queue {
     /// Reads a run of this agent.
     pub async fn get_graph_run(&self, agent: &Agent, id: &CommandId) -> Result<RunView, GetError> {
         let now = self.clock.now();
-        if let Some(finished) = self.finished.get(agent, id, now) {
+        if let Some(finished) = self.finished.get(&Party::Agent(agent), id, now) {
             return Ok(self.view(finished, now).await?);
         }
         let command = self

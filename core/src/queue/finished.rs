@@ -19,9 +19,11 @@
 //!   leaves the cache no later than the first instant this queue's own
 //!   pruning could delete its row, and no later than an hour after it
 //!   finished whatever the configuration says.
-//! - A record is served only to its own party: the agent that queued it,
-//!   under its owner, exactly as [`Store::command_for_agent`] would find
-//!   it. Anyone else's read (and "not found") goes to the store.
+//! - A record is served only to its own party, under its owner: the agent
+//!   that queued it, exactly as [`Store::command_for_agent`] would find
+//!   it, or the desktop it ran on, as [`Store::command_for_device`] would
+//!   (a held control request that its run's end woke). Anyone else's read
+//!   (and "not found") goes to the store.
 //!
 //! The assumption, for stores shared by several processes (a SQLite file,
 //! a Postgres database): every process that prunes keeps finished runs for
@@ -43,6 +45,7 @@
 //!
 //! [`terminal_retention`]: crate::queue::QueueConfig::terminal_retention
 //! [`Store::command_for_agent`]: crate::store::Store::command_for_agent
+//! [`Store::command_for_device`]: crate::store::Store::command_for_device
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -50,9 +53,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::Party;
 use crate::command::CommandRecord;
 use crate::ids::CommandId;
-use crate::principal::Agent;
 use crate::time::Timestamp;
 
 /// The longest a finished record is served after it finished, whatever the
@@ -108,11 +111,11 @@ impl FinishedRuns {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The finished record of command `id` if `agent` queued it and it may
+    /// The finished record of command `id` if it is `party`'s and may
     /// still be served at `now`.
-    pub(crate) fn get(
+    pub(super) fn get(
         &self,
-        agent: &Agent,
+        party: &Party<'_>,
         id: &CommandId,
         now: Timestamp,
     ) -> Option<CommandRecord> {
@@ -131,7 +134,7 @@ impl FinishedRuns {
             return None;
         }
         let record = &entry.record;
-        (record.owner == agent.owner && record.agent == agent.id).then(|| record.clone())
+        party.owns(record).then(|| record.clone())
     }
 
     /// Keeps `record` if it is finished and may be served at `now`; open
@@ -234,7 +237,8 @@ mod tests {
     use super::*;
     use crate::command::CommandStatus;
     use crate::envelope::{EnvelopeBody, FinishStatus, ResultEnvelope};
-    use crate::ids::{AgentId, ExecutionId, OwnerId, ProjectId};
+    use crate::ids::{AgentId, DeviceId, ExecutionId, OwnerId, ProjectId};
+    use crate::principal::{Agent, Device};
     use crate::time::{IdSource, SeededIds};
 
     const FINISHED: Timestamp = Timestamp(10_000);
@@ -273,26 +277,64 @@ mod tests {
         let owner = agent("owner", "agent");
         cache.put(&record, FINISHED);
         assert_eq!(
-            cache.get(&owner, &record.id, FINISHED),
+            cache.get(&Party::Agent(&owner), &record.id, FINISHED),
             Some(record.clone())
         );
         // The same agent name under another owner, another agent of the owner.
         assert_eq!(
-            cache.get(&agent("other", "agent"), &record.id, FINISHED),
+            cache.get(
+                &Party::Agent(&agent("other", "agent")),
+                &record.id,
+                FINISHED
+            ),
             None
         );
         assert_eq!(
-            cache.get(&agent("owner", "helper"), &record.id, FINISHED),
+            cache.get(
+                &Party::Agent(&agent("owner", "helper")),
+                &record.id,
+                FINISHED
+            ),
             None
         );
         let last = Timestamp(FINISHED.0 + 59_999);
-        assert!(cache.get(&owner, &record.id, last).is_some());
+        assert!(cache.get(&Party::Agent(&owner), &record.id, last).is_some());
         // From finished_at + retention on, a pruner may delete the row.
         let prunable = Timestamp(FINISHED.0 + 60_000);
-        assert_eq!(cache.get(&owner, &record.id, prunable), None);
+        assert_eq!(cache.get(&Party::Agent(&owner), &record.id, prunable), None);
         assert_eq!(cache.footprint(), (0, 0), "an expired record is dropped");
         cache.put(&record, prunable);
         assert_eq!(cache.footprint(), (0, 0), "nor kept again");
+    }
+
+    #[test]
+    fn a_finished_record_is_served_to_the_desktop_it_ran_on() {
+        let ids = SeededIds::new(5);
+        let cache = FinishedRuns::new(None);
+        let record = finished(ids.new_command_id(), Value::from(2));
+        cache.put(&record, FINISHED);
+        let device = |owner: &str, name: &str| {
+            Device::new(
+                DeviceId::parse(name).expect("id"),
+                OwnerId::parse(owner).expect("id"),
+            )
+        };
+        let own = device(record.owner.as_str(), record.device.as_str());
+        assert_eq!(
+            cache.get(&Party::Device(&own), &record.id, FINISHED),
+            Some(record.clone())
+        );
+        // The same device name under another owner, another desktop of the owner.
+        let elsewhere = device("other", record.device.as_str());
+        assert_eq!(
+            cache.get(&Party::Device(&elsewhere), &record.id, FINISHED),
+            None
+        );
+        let sibling = device(record.owner.as_str(), "another-desk");
+        assert_eq!(
+            cache.get(&Party::Device(&sibling), &record.id, FINISHED),
+            None
+        );
     }
 
     #[test]
@@ -304,7 +346,11 @@ mod tests {
         record.finished_at = None;
         cache.put(&record, FINISHED);
         assert_eq!(
-            cache.get(&agent("owner", "agent"), &record.id, FINISHED),
+            cache.get(
+                &Party::Agent(&agent("owner", "agent")),
+                &record.id,
+                FINISHED
+            ),
             None
         );
     }
@@ -326,11 +372,16 @@ mod tests {
             let before = Timestamp((FINISHED.0 + horizon_ms).saturating_sub(1));
             let at = Timestamp(FINISHED.0 + horizon_ms);
             assert_eq!(
-                cache.get(&owner, &record.id, before).is_some(),
+                cache
+                    .get(&Party::Agent(&owner), &record.id, before)
+                    .is_some(),
                 horizon_ms > 0,
                 "{retention:?}"
             );
-            assert!(cache.get(&owner, &record.id, at).is_none(), "{retention:?}");
+            assert!(
+                cache.get(&Party::Agent(&owner), &record.id, at).is_none(),
+                "{retention:?}"
+            );
         }
     }
 
@@ -344,7 +395,11 @@ mod tests {
         for _ in 0..(3 * GENERATION_RECORDS) {
             cache.put(&finished(ids.new_command_id(), Value::Null), FINISHED);
             // A record that is read moves to the current generation.
-            assert!(cache.get(&owner, &hot.id, FINISHED).is_some());
+            assert!(
+                cache
+                    .get(&Party::Agent(&owner), &hot.id, FINISHED)
+                    .is_some()
+            );
             assert!(cache.footprint().0 <= 2 * GENERATION_RECORDS);
         }
         // Large results: the bytes bind before the count does.
@@ -359,7 +414,9 @@ mod tests {
             assert!(records < GENERATION_RECORDS, "{records} records");
         }
         assert!(
-            cache.get(&owner, &first.id, FINISHED).is_none(),
+            cache
+                .get(&Party::Agent(&owner), &first.id, FINISHED)
+                .is_none(),
             "the oldest went"
         );
         // A record heavier than the bound is not kept at all.
@@ -367,6 +424,10 @@ mod tests {
         let heavy = finished(ids.new_command_id(), huge);
         assert!(weight(&heavy) > MAX_RECORD_BYTES);
         cache.put(&heavy, FINISHED);
-        assert!(cache.get(&owner, &heavy.id, FINISHED).is_none());
+        assert!(
+            cache
+                .get(&Party::Agent(&owner), &heavy.id, FINISHED)
+                .is_none()
+        );
     }
 }

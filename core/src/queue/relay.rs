@@ -150,18 +150,25 @@ impl Queue {
 
     /// What a control request would answer now, without renewing the lease
     /// or touching the device: for a driver holding a control request, which
-    /// looks again while it waits.
+    /// looks again while it waits. A run this queue saw finish is answered
+    /// from memory (see `finished`): the look of a held control request
+    /// that its run's completion woke reads no store.
     pub async fn peek_control(
         &self,
         device: &Device,
         id: &CommandId,
     ) -> Result<ControlAnswer, ControlError> {
+        let now = self.clock.now();
+        if let Some(finished) = self.finished.get(&Party::Device(device), id, now) {
+            return Ok(ControlAnswer::of(&finished));
+        }
         let command = self
             .store
             .command_for_device(&device.owner, &device.id, id)
             .await?
             .ok_or(ControlError::NotFound)?;
-        Ok(ControlAnswer::of(&command.at(self.clock.now())))
+        self.finished.put(&command, now);
+        Ok(ControlAnswer::of(&command.at(now)))
     }
 
     /// The relay reports the end of an execution. Fenced by execution id.

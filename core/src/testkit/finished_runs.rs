@@ -13,7 +13,7 @@ use super::{World, completed, exec, p1};
 use crate::command::CommandStatus;
 use crate::ids::CommandId;
 use crate::principal::Agent;
-use crate::queue::{GetError, Queue, QueueConfig, RunView};
+use crate::queue::{ControlError, GetError, Queue, QueueConfig, RunView};
 use crate::store::{LayeredStore, Store, StoreError, StoreLayer};
 use crate::time::SeededIds;
 
@@ -99,6 +99,33 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
         assert_eq!(made, 0, "store calls of {which}");
     }
 
+    // The desktop it ran on looks at it too (a held control request that
+    // the run's end woke): answered without the store. Its owner's other
+    // desktop, and the same desktop name under another owner, are told
+    // "not found" by the store.
+    let before = calls.0.load(Ordering::SeqCst);
+    let control = a.queue.peek_control(&a.device, &here.id).await;
+    assert_eq!(
+        control.expect("peek").status,
+        CommandStatus::Completed,
+        "the desktop's look"
+    );
+    assert_eq!(
+        calls.0.load(Ordering::SeqCst) - before,
+        0,
+        "its store calls"
+    );
+    for other in [&a.other_device, &a.twin_device] {
+        let before = calls.0.load(Ordering::SeqCst);
+        let answer = a.queue.peek_control(other, &here.id).await;
+        assert!(matches!(answer, Err(ControlError::NotFound)), "{answer:?}");
+        assert_eq!(
+            calls.0.load(Ordering::SeqCst) - before,
+            1,
+            "another desktop's look"
+        );
+    }
+
     // Only its own agent is answered from the cache: the same agent name
     // under another owner, another agent of the owner and a stranger are
     // told "not found" by the store, as for a run that does not exist.
@@ -131,26 +158,59 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
     assert_eq!(again.expect("get").command, view.command);
     assert_eq!(made, 0, "the next read");
 
+    // The same, looked at first by the desktop it ran on (a held control
+    // request woken by the other queue's write): the store once, then the
+    // cache, for the desktop and for the agent.
+    let seen = a.run(&a.agent, 1, "finished-there-seen-by-desktop").await;
+    a.queue
+        .start(&a.device, &seen.id, &exec("e3"))
+        .await
+        .expect("start");
+    b.complete(&a.device, &seen.id, &completed("e3", json!({"n": 3})))
+        .await
+        .expect("complete through the other queue");
+    for (which, expected) in [("first", 1), ("second", 0)] {
+        let before = calls.0.load(Ordering::SeqCst);
+        let control = a.queue.peek_control(&a.device, &seen.id).await;
+        assert_eq!(control.expect("peek").status, CommandStatus::Completed);
+        let made = calls.0.load(Ordering::SeqCst) - before;
+        assert_eq!(made, expected, "the desktop's {which} look");
+    }
+    let (view, made) = read(&a.queue, calls, &a.agent, &seen.id).await;
+    assert_eq!(view.expect("get").command.status, CommandStatus::Completed);
+    assert_eq!(made, 0, "the agent's read after the desktop's look");
+
     // The other queue prunes them an hour after they finished. Until then
     // the cache answers; from then on only the store does, and it has
     // nothing.
     a.clock.advance(HORIZON - Duration::from_millis(1));
     let pruned = b.prune().await.expect("prune");
     assert_eq!(pruned.commands, 0, "not yet past retention");
-    for id in [here.id, there.id] {
+    for id in [here.id, there.id, seen.id] {
         let (view, made) = read(&a.queue, calls, &a.agent, &id).await;
         assert!(view.expect("get").command.status.is_terminal());
         assert_eq!(made, 0, "a read just before the runs may be pruned");
     }
     a.clock.advance(Duration::from_millis(1));
     let pruned = b.prune().await.expect("prune");
-    assert_eq!(pruned.commands, 2, "both runs pruned");
-    for id in [here.id, there.id] {
+    assert_eq!(pruned.commands, 3, "every run pruned");
+    for id in [here.id, there.id, seen.id] {
         let (answer, made) = read(&a.queue, calls, &a.agent, &id).await;
         assert!(
             matches!(answer, Err(GetError::NotFound)),
             "a pruned run is never served: {answer:?}"
         );
         assert_eq!(made, 1, "a read of a pruned run");
+        let before = calls.0.load(Ordering::SeqCst);
+        let control = a.queue.peek_control(&a.device, &id).await;
+        assert!(
+            matches!(control, Err(ControlError::NotFound)),
+            "{control:?}"
+        );
+        assert_eq!(
+            calls.0.load(Ordering::SeqCst) - before,
+            1,
+            "a look at a pruned run"
+        );
     }
 }
