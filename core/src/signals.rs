@@ -22,6 +22,9 @@ use futures::channel::oneshot;
 
 use crate::ids::{CommandId, DeviceId, OwnerId};
 
+mod quiet;
+pub(crate) use quiet::QuietDevices;
+
 /// What a waiter waits for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Topic {
@@ -68,6 +71,9 @@ pub struct SignalCounts {
 pub struct Signals {
     waiters: Mutex<HashMap<Topic, Vec<oneshot::Sender<()>>>>,
     forwarder: Mutex<Option<Arc<dyn Forwarder>>>,
+    /// Desktops whose queue was found empty, until a notification says
+    /// work may have come (see [`QuietDevices`]).
+    quiet: QuietDevices,
     closed: std::sync::atomic::AtomicBool,
     notified: AtomicU64,
     woken: AtomicU64,
@@ -125,6 +131,10 @@ impl Signals {
     /// from another process).
     pub fn notify_local(&self, topic: &Topic) {
         self.notified.fetch_add(1, Ordering::Relaxed);
+        if let Topic::DeviceWork(_, device) = topic {
+            // Before any waiter wakes: its look must not come from memory.
+            self.quiet.work_for(device);
+        }
         let senders = {
             let mut waiters = self.lock();
             if waiters.is_empty() {
@@ -160,6 +170,7 @@ impl Signals {
     /// another process wrote to a shared store while its notifications
     /// could not arrive. Returns the number of waiters woken.
     pub fn wake_all(&self) -> usize {
+        self.quiet.forget_all();
         let all = std::mem::take(&mut *self.lock());
         let mut woken = 0;
         for s in all.into_values().flatten() {
@@ -180,6 +191,11 @@ impl Signals {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .is_some_and(|f| f.delivers())
+    }
+
+    /// The desktops known to have nothing queued (see [`QuietDevices`]).
+    pub(crate) fn quiet(&self) -> &QuietDevices {
+        &self.quiet
     }
 
     /// Wakes every waiter, now and from now on: the process is shutting

@@ -2,20 +2,24 @@
 //! external-write marker (`PRAGMA data_version` of its writer) moves for
 //! that write and never for the store's own, and `Queue::maintain` then
 //! wakes the requests this process holds, which otherwise wait on
-//! notifications alone (no periodic re-read per held request). A finished
+//! notifications alone (no periodic re-read per held request), and whose
+//! first look answers from memory when the desktop's last look found
+//! nothing and no notification came since. A finished
 //! run this process read is not read again, and never served once the
 //! other process pruned it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
+use futures::future::BoxFuture;
 use graph_relay_core::command::CommandStatus;
 use graph_relay_core::queue::{FED_RECHECK, GetError, QueueConfig, SyncRequest};
-use graph_relay_core::store::{ExternalWrites, Store};
+use graph_relay_core::store::{ExternalWrites, LayeredStore, Store, StoreError, StoreLayer};
 use graph_relay_core::testkit::{World, completed, exec, meta, p1};
-use graph_relay_core::time::ThreadSleeper;
+use graph_relay_core::time::{ManualClock, Sleeper, ThreadSleeper};
 use graph_relay_store_sqlite::SqliteStore;
 
 /// Two stores on one file, as two processes would open it.
@@ -138,4 +142,67 @@ fn a_finished_run_is_read_once_and_never_served_after_another_process_pruned_it(
         ));
     };
     assert_eq!(statements(&gone), 1, "a pruned run is read from the file");
+}
+
+/// Counts the store's reads of queued commands.
+#[derive(Default)]
+struct QueuedReads(AtomicU64);
+
+impl StoreLayer for QueuedReads {
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        operation: &'static str,
+        call: BoxFuture<'a, Result<T, StoreError>>,
+    ) -> BoxFuture<'a, Result<T, StoreError>> {
+        if operation == "queued_commands" {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        call
+    }
+}
+
+/// A sleeper that moves the manual clock by what is slept.
+struct Advancing(Arc<ManualClock>);
+
+impl Sleeper for Advancing {
+    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
+        self.0.advance(duration);
+        Box::pin(async {})
+    }
+}
+
+#[test]
+fn an_idle_held_sync_answers_from_memory_until_maintenance_sees_another_process_queue_work() {
+    let (_dir, a, b) = two_stores();
+    let counted = Arc::new(LayeredStore::new(
+        a as Arc<dyn Store>,
+        QueuedReads::default(),
+    ));
+    let wa = World::new(counted.clone());
+    let wb = World::new(b);
+    let reads = || counted.layer().0.load(Ordering::SeqCst);
+    let sleeper = Advancing(wa.clock.clone());
+    let request = SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    };
+    let held = || {
+        let before = reads();
+        let answer = block_on(wa.queue.sync_held(&wa.device, &request, |h| h, &sleeper));
+        (answer.expect("held sync").commands.len(), reads() - before)
+    };
+    // The first maintenance only records the marker.
+    assert_eq!(block_on(wa.queue.maintain()).expect("maintain").woken, 0);
+    assert_eq!(held(), (0, 1), "the first held sync reads the file");
+    assert_eq!(held(), (0, 0), "the next one answers from memory");
+
+    // The other process queues a run: until this one's maintenance sees
+    // the marker move, nothing tells it (its hold would not wake either).
+    block_on(wb.run(&wb.agent, 1, "from-elsewhere"));
+    assert_eq!(held(), (0, 0), "before maintenance");
+    block_on(wa.queue.maintain()).expect("maintain");
+    assert_eq!(held(), (1, 1), "after maintenance: the file, and the run");
 }

@@ -10,7 +10,7 @@
 //! time out close together in one wake-up instead of one each.
 
 use super::{
-    ControlAnswer, ControlError, Queue, QueueConfig, SyncError, SyncRequest, SyncResponse,
+    ControlAnswer, ControlError, Queue, QueueConfig, SyncError, SyncRequest, SyncResponse, sync,
 };
 use crate::command::CommandRecord;
 use crate::hold::{Hold, Look};
@@ -143,7 +143,13 @@ impl Queue {
     ///
     /// The hold subscribes before the sync reads what is queued, and that
     /// read is its first look ([`Hold::run_from`]): an idle held sync reads
-    /// the queue once, not twice.
+    /// the queue once, not twice. When the device's previous look found
+    /// nothing and no notification of work for it came since, the first
+    /// look is that memory and an idle held sync reads no queue at all
+    /// (only while every other process's write reaches this one as a
+    /// notification: [`Queue::external_writes_fed`]). A run queued just
+    /// before, whose notification was still on its way, wakes the hold,
+    /// and that look reads the store.
     pub async fn sync_held(
         &self,
         device: &Device,
@@ -159,7 +165,9 @@ impl Queue {
         // (A sync itself notifies no device's work.)
         let hold = limit(self.sync_hold(device));
         let watch = hold.watch(&self.signals);
-        let mut response = self.sync(device, request).await?;
+        let mut response = self
+            .sync_looking(device, request, sync::Look::QuietFromMemory)
+            .await?;
         if response.commands.is_empty() {
             let look = |commands: Vec<CommandRecord>| {
                 if commands.is_empty() {

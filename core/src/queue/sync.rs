@@ -22,6 +22,18 @@ use super::QueueConfig;
 /// Most running commands one restart announcement closes.
 const MAX_RESTART_CLOSES: usize = 100;
 
+/// Where a sync's look at what is queued comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Look {
+    /// The store.
+    Store,
+    /// Memory, when the device is known to have nothing queued there;
+    /// else the store. Only the first look of a held sync, subscribed
+    /// before it: a run queued just before, whose notification was still
+    /// on its way, wakes the hold, and that look reads the store.
+    QuietFromMemory,
+}
+
 /// A relay's sync for one project.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SyncRequest {
@@ -79,6 +91,16 @@ impl Queue {
         device: &Device,
         request: &SyncRequest,
     ) -> Result<SyncResponse, SyncError> {
+        self.sync_looking(device, request, Look::Store).await
+    }
+
+    /// [`Queue::sync`], whose look at what is queued is `look`.
+    pub(super) async fn sync_looking(
+        &self,
+        device: &Device,
+        request: &SyncRequest,
+        look: Look,
+    ) -> Result<SyncResponse, SyncError> {
         validate_sessions(&request.sessions)?;
         let now = self.clock.now();
         if !self.sync_written_recently(device, request, now) {
@@ -103,7 +125,12 @@ impl Queue {
             self.close_after_restart(device, request.running.as_ref())
                 .await?;
         }
-        let queued = self.queued_for(device, &request.project).await?;
+        let queued = match look {
+            Look::QuietFromMemory if self.known_quiet(device, &request.project) => Vec::new(),
+            Look::QuietFromMemory | Look::Store => {
+                self.queued_for(device, &request.project).await?
+            }
+        };
         let commands = self.decline_unshared(device, request, queued).await?;
         let poll_after = if request.long_poll {
             Duration::ZERO
@@ -199,12 +226,17 @@ impl Queue {
     }
 
     /// Queued commands of `project` for `device`, without writing anything
-    /// (a long-poll driver calls this while holding a sync).
+    /// (a long-poll driver calls this while holding a sync). Finding none
+    /// is remembered until a notification says work may have come for the
+    /// device, for the first look of its next held sync
+    /// ([`Queue::sync_held`]).
     pub async fn queued_for(
         &self,
         device: &Device,
         project: &ProjectId,
     ) -> Result<Vec<CommandRecord>, StoreError> {
+        let quiet = self.signals.quiet();
+        let look = quiet.look();
         let queued = self
             .store
             .queued_commands(
@@ -219,7 +251,22 @@ impl Queue {
         for command in &queued {
             self.last_seen.put(command);
         }
+        if queued.is_empty() && self.external_writes_fed() {
+            quiet.found_nothing(look, &device.owner, &device.id, project);
+        }
         Ok(queued)
+    }
+
+    /// True when nothing is queued for `device` in `project` without
+    /// reading the store: its last look found nothing and no notification
+    /// of work for it came since. Only while every write of another
+    /// process reaches this one as a notification.
+    fn known_quiet(&self, device: &Device, project: &ProjectId) -> bool {
+        self.external_writes_fed()
+            && self
+                .signals
+                .quiet()
+                .is_quiet(&device.owner, &device.id, project)
     }
 
     /// Refuses a share into one project more than

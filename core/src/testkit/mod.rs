@@ -20,6 +20,7 @@ mod guessed_shares;
 pub mod mcp_sessions;
 pub mod model;
 mod outage;
+mod quiet_desktops;
 mod syncs;
 pub mod workload;
 
@@ -27,6 +28,7 @@ pub use faulty::FaultyTransport;
 pub use finished_runs::finished_runs;
 pub use guessed_shares::guessed_shares;
 pub use outage::Outage;
+pub use quiet_desktops::quiet_desktops;
 pub use syncs::record_sync;
 
 use std::sync::Arc;
@@ -67,7 +69,7 @@ macro_rules! store_conformance_suite {
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
             restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs,
-            record_sync, guessed_shares);
+            record_sync, guessed_shares, quiet_desktops);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
