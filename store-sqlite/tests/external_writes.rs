@@ -9,17 +9,15 @@
 //! other process pruned it.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use futures::executor::block_on;
-use futures::future::BoxFuture;
 use graph_relay_core::command::CommandStatus;
 use graph_relay_core::queue::{FED_RECHECK, GetError, QueueConfig, SyncRequest};
-use graph_relay_core::store::{ExternalWrites, LayeredStore, Store, StoreError, StoreLayer};
-use graph_relay_core::testkit::{World, completed, exec, meta, p1};
-use graph_relay_core::time::{ManualClock, Sleeper, ThreadSleeper};
+use graph_relay_core::store::{ExternalWrites, LayeredStore, Store};
+use graph_relay_core::testkit::{Advancing, StoreCalls, World, completed, exec, meta, p1};
+use graph_relay_core::time::ThreadSleeper;
 use graph_relay_store_sqlite::SqliteStore;
 
 /// Two stores on one file, as two processes would open it.
@@ -29,6 +27,17 @@ fn two_stores() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
     let a = Arc::new(SqliteStore::open(&path).expect("open a"));
     let b = Arc::new(SqliteStore::open(&path).expect("open b"));
     (dir, a, b)
+}
+
+/// The held sync of a desktop sharing session 1 to `p1`.
+fn held_sync() -> SyncRequest {
+    SyncRequest {
+        project: p1(),
+        sessions: vec![meta(1)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    }
 }
 
 #[test]
@@ -66,14 +75,7 @@ fn maintain_wakes_a_held_sync_when_another_process_queued_work() {
     let queue = wa.queue.clone();
     let device = wa.device.clone();
     let held = std::thread::spawn(move || {
-        let request = SyncRequest {
-            project: p1(),
-            sessions: vec![meta(1)],
-            long_poll: true,
-            restarted: false,
-            running: None,
-        };
-        let answer = block_on(queue.sync_held(&device, &request, |h| h, &ThreadSleeper));
+        let answer = block_on(queue.sync_held(&device, &held_sync(), |h| h, &ThreadSleeper));
         let _ = tx.send(answer.map(|r| r.commands.len()));
     });
     while wa.queue.signals().waiting() == 0 {
@@ -144,51 +146,18 @@ fn a_finished_run_is_read_once_and_never_served_after_another_process_pruned_it(
     assert_eq!(statements(&gone), 1, "a pruned run is read from the file");
 }
 
-/// Counts the store's reads of queued commands.
-#[derive(Default)]
-struct QueuedReads(AtomicU64);
-
-impl StoreLayer for QueuedReads {
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        operation: &'static str,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
-        if operation == "queued_commands" {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-        call
-    }
-}
-
-/// A sleeper that moves the manual clock by what is slept.
-struct Advancing(Arc<ManualClock>);
-
-impl Sleeper for Advancing {
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.0.advance(duration);
-        Box::pin(async {})
-    }
-}
-
 #[test]
 fn an_idle_held_sync_answers_from_memory_until_maintenance_sees_another_process_queue_work() {
     let (_dir, a, b) = two_stores();
     let counted = Arc::new(LayeredStore::new(
         a as Arc<dyn Store>,
-        QueuedReads::default(),
+        StoreCalls::of("queued_commands"),
     ));
     let wa = World::new(counted.clone());
     let wb = World::new(b);
-    let reads = || counted.layer().0.load(Ordering::SeqCst);
+    let reads = || counted.layer().count();
     let sleeper = Advancing(wa.clock.clone());
-    let request = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(1)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    };
+    let request = held_sync();
     let held = || {
         let before = reads();
         let answer = block_on(wa.queue.sync_held(&wa.device, &request, |h| h, &sleeper));

@@ -3,34 +3,17 @@
 //! believed over the store about a run another queue changed or pruned.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::json;
 
-use super::{World, completed, exec, p1};
+use super::{StoreCalls, World, completed, exec, p1};
 use crate::command::CommandStatus;
 use crate::ids::CommandId;
 use crate::principal::Agent;
 use crate::queue::{ControlError, GetError, Queue, QueueConfig, RunView};
-use crate::store::{LayeredStore, Store, StoreError, StoreLayer};
+use crate::store::{LayeredStore, Store};
 use crate::time::SeededIds;
-
-/// Counts the calls that reach the store.
-#[derive(Default)]
-struct Calls(AtomicU64);
-
-impl StoreLayer for Calls {
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        _operation: &'static str,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        call
-    }
-}
 
 /// The longest a queue serves a finished run without the store, after it
 /// finished, whatever its retention: the bound that makes the cache safe
@@ -41,13 +24,13 @@ const HORIZON: Duration = Duration::from_secs(3600);
 /// the store meanwhile.
 async fn read(
     queue: &Queue,
-    calls: &Calls,
+    calls: &StoreCalls,
     agent: &Agent,
     id: &CommandId,
 ) -> (Result<RunView, GetError>, u64) {
-    let before = calls.0.load(Ordering::SeqCst);
+    let before = calls.count();
     let answer = queue.get_graph_run(agent, id).await;
-    (answer, calls.0.load(Ordering::SeqCst) - before)
+    (answer, calls.count() - before)
 }
 
 /// A finished run is read from the store at most once by its agent's
@@ -58,7 +41,7 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
     // run). This queue keeps finished runs forever; the other one prunes
     // them after an hour.
     let ttl = Duration::from_secs(60);
-    let counted = Arc::new(LayeredStore::new(store.clone(), Calls::default()));
+    let counted = Arc::new(LayeredStore::new(store.clone(), StoreCalls::all()));
     let a = World::with_config(
         counted.clone(),
         QueueConfig {
@@ -103,27 +86,19 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
     // the run's end woke): answered without the store. Its owner's other
     // desktop, and the same desktop name under another owner, are told
     // "not found" by the store.
-    let before = calls.0.load(Ordering::SeqCst);
+    let before = calls.count();
     let control = a.queue.peek_control(&a.device, &here.id).await;
     assert_eq!(
         control.expect("peek").status,
         CommandStatus::Completed,
         "the desktop's look"
     );
-    assert_eq!(
-        calls.0.load(Ordering::SeqCst) - before,
-        0,
-        "its store calls"
-    );
+    assert_eq!(calls.count() - before, 0, "its store calls");
     for other in [&a.other_device, &a.twin_device] {
-        let before = calls.0.load(Ordering::SeqCst);
+        let before = calls.count();
         let answer = a.queue.peek_control(other, &here.id).await;
         assert!(matches!(answer, Err(ControlError::NotFound)), "{answer:?}");
-        assert_eq!(
-            calls.0.load(Ordering::SeqCst) - before,
-            1,
-            "another desktop's look"
-        );
+        assert_eq!(calls.count() - before, 1, "another desktop's look");
     }
 
     // Only its own agent is answered from the cache: the same agent name
@@ -170,10 +145,10 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
         .await
         .expect("complete through the other queue");
     for (which, expected) in [("first", 1), ("second", 0)] {
-        let before = calls.0.load(Ordering::SeqCst);
+        let before = calls.count();
         let control = a.queue.peek_control(&a.device, &seen.id).await;
         assert_eq!(control.expect("peek").status, CommandStatus::Completed);
-        let made = calls.0.load(Ordering::SeqCst) - before;
+        let made = calls.count() - before;
         assert_eq!(made, expected, "the desktop's {which} look");
     }
     let (view, made) = read(&a.queue, calls, &a.agent, &seen.id).await;
@@ -201,16 +176,12 @@ pub async fn finished_runs(store: Arc<dyn Store>) {
             "a pruned run is never served: {answer:?}"
         );
         assert_eq!(made, 1, "a read of a pruned run");
-        let before = calls.0.load(Ordering::SeqCst);
+        let before = calls.count();
         let control = a.queue.peek_control(&a.device, &id).await;
         assert!(
             matches!(control, Err(ControlError::NotFound)),
             "{control:?}"
         );
-        assert_eq!(
-            calls.0.load(Ordering::SeqCst) - before,
-            1,
-            "a look at a pruned run"
-        );
+        assert_eq!(calls.count() - before, 1, "a look at a pruned run");
     }
 }

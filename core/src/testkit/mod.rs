@@ -14,6 +14,7 @@
 //! `block_on` if the store needs one); the second is an expression whose
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
+mod counting;
 mod faulty;
 mod finished_runs;
 mod guessed_shares;
@@ -24,6 +25,7 @@ mod quiet_desktops;
 mod syncs;
 pub mod workload;
 
+pub use counting::{Advancing, StoreCalls};
 pub use faulty::FaultyTransport;
 pub use finished_runs::finished_runs;
 pub use guessed_shares::guessed_shares;

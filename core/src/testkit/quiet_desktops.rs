@@ -6,47 +6,15 @@
 //! the store.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use futures::future::BoxFuture;
 use serde_json::json;
 
-use super::{World, completed, exec, meta, p1};
+use super::{Advancing, StoreCalls, World, completed, exec, meta, p1};
 use crate::command::CommandRecord;
 use crate::ids::CommandId;
 use crate::queue::{QueueConfig, SyncRequest};
 use crate::signals::Topic;
-use crate::store::{LayeredStore, Store, StoreError, StoreLayer};
-use crate::time::{ManualClock, Sleeper};
-
-/// Counts the store's reads of queued commands.
-#[derive(Default)]
-struct QueuedReads(AtomicU64);
-
-impl StoreLayer for QueuedReads {
-    fn around<'a, T: Send + 'a>(
-        &'a self,
-        operation: &'static str,
-        call: BoxFuture<'a, Result<T, StoreError>>,
-    ) -> BoxFuture<'a, Result<T, StoreError>> {
-        if operation == "queued_commands" {
-            self.0.fetch_add(1, Ordering::SeqCst);
-        }
-        call
-    }
-}
-
-/// A sleeper that moves the manual clock by what is slept: a held sync
-/// times out at once, in clock time as long as the queue holds it.
-struct Advancing(Arc<ManualClock>);
-
-impl Sleeper for Advancing {
-    fn sleep(&self, duration: Duration) -> BoxFuture<'static, ()> {
-        self.0.advance(duration);
-        Box::pin(async {})
-    }
-}
+use crate::store::{LayeredStore, Store};
 
 fn ids(commands: &[CommandRecord]) -> Vec<CommandId> {
     commands.iter().map(|c| c.id).collect()
@@ -56,7 +24,7 @@ fn ids(commands: &[CommandRecord]) -> Vec<CommandId> {
 /// by reading the store ([`Queue::external_writes_fed`](crate::queue::Queue::external_writes_fed) is false), every
 /// held sync reads it.
 pub async fn quiet_desktops(store: Arc<dyn Store>) {
-    let counted = Arc::new(LayeredStore::new(store, QueuedReads::default()));
+    let counted = Arc::new(LayeredStore::new(store, StoreCalls::of("queued_commands")));
     let a = World::with_config(counted.clone(), QueueConfig::default());
     let reads = counted.layer();
     let fed = a.queue.external_writes_fed();
@@ -71,13 +39,13 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
     // A held sync of the desktop: what it answered, and the store's reads
     // of what is queued meanwhile.
     let sync = || async {
-        let before = reads.0.load(Ordering::SeqCst);
+        let before = reads.count();
         let answer = a
             .queue
             .sync_held(&a.device, &held, |hold| hold, &sleeper)
             .await
             .expect("held sync");
-        (answer.commands, reads.0.load(Ordering::SeqCst) - before)
+        (answer.commands, reads.count() - before)
     };
     let idle = |made: u64, which: &str| {
         if fed {
@@ -134,7 +102,7 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
     assert!(made >= 1, "after every waiter was woken");
 
     // A sync that is not held always reads the store.
-    let before = reads.0.load(Ordering::SeqCst);
+    let before = reads.count();
     a.sync(&a.device, p1(), &[1]).await;
-    assert_eq!(reads.0.load(Ordering::SeqCst) - before, 1, "an unheld sync");
+    assert_eq!(reads.count() - before, 1, "an unheld sync");
 }
