@@ -1,24 +1,36 @@
 //! What a request passes before its handler runs, decided from the headers
 //! alone: no byte of the body has been read yet.
 //!
-//! 1. [`host_and_origin`] (every route): `Host` and `Origin` (403).
-//! 2. [`bearer`] (the relay API) and [`agent`] (`POST`/`DELETE /mcp`): the
-//!    bearer token (401 with the `WWW-Authenticate` challenge; a device token
-//!    on `/mcp` is refused the same way).
+//! 1. [`HostAndOriginLayer`] (every route): `Host` and `Origin` (403).
+//! 2. The bearer token (401 with the `WWW-Authenticate` challenge): the
+//!    relay API's handlers take [`DevicePrincipal`] as their first
+//!    extractor after the state, so it runs before the path or the body is
+//!    read (an agent's token gets 403 there); `POST`/`DELETE /mcp` check it
+//!    with [`agent_of`] (a device token is refused the same way as a bad
+//!    one).
 //!
 //! A refusal carries `Connection: close`: the server answers at once and
 //! drops the connection instead of reading (or waiting for) a body it will
 //! never use. An accepted request carries its [`Authenticated`] caller in
 //! its extensions, for the handler, which takes it with the
 //! [`AgentPrincipal`] or [`DevicePrincipal`] extractor.
+//!
+//! Both are plain checks on the way in, with no boxed future of their own:
+//! every relay request passes them, and a held desktop's re-sync is most of
+//! what a quiet server does.
 
-use axum::extract::{FromRef, FromRequestParts, Request, State};
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::task::{Context, Poll};
+
+use axum::extract::{FromRef, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures::future::Either;
 use graph_relay_core::mcp::Caller;
 use graph_relay_core::principal::Device;
+use tower::{Layer, Service};
 
 use crate::relay_wire::ErrorReply;
 
@@ -32,31 +44,47 @@ pub(crate) fn closing(mut response: Response) -> Response {
     response
 }
 
-/// Host and Origin, for every route.
-pub(crate) async fn host_and_origin(
-    State(state): State<HttpState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match state.check_host_and_origin(request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(response) => closing(response),
+/// The Host/Origin check of every route, as a layer: a request whose
+/// `Host` or `Origin` this server does not answer gets 403 (with
+/// `Connection: close`) before the inner service sees it.
+#[derive(Clone)]
+pub(crate) struct HostAndOriginLayer(pub(crate) HttpState);
+
+impl<S> Layer<S> for HostAndOriginLayer {
+    type Service = HostAndOrigin<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HostAndOrigin {
+            state: self.0.clone(),
+            inner,
+        }
     }
 }
 
-/// Any valid token (the relay API checks that it is a device's).
-pub(crate) async fn bearer(
-    State(state): State<HttpState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match state.authenticate_request(request.headers()).await {
-        Ok(who) => {
-            state.watch_revocations();
-            request.extensions_mut().insert(who);
-            next.run(request).await
+/// The service of [`HostAndOriginLayer`].
+#[derive(Clone)]
+pub(crate) struct HostAndOrigin<S> {
+    state: HttpState,
+    inner: S,
+}
+
+impl<S> Service<Request> for HostAndOrigin<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        match self.state.check_host_and_origin(request.headers()) {
+            Ok(()) => Either::Right(self.inner.call(request)),
+            Err(refused) => Either::Left(ready(Ok(closing(refused)))),
         }
-        Err(response) => closing(response),
     }
 }
 

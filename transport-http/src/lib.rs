@@ -725,7 +725,7 @@ impl graph_relay_core::time::Sleeper for TokioSleeper {
 /// # }
 /// ```
 pub fn router(state: HttpState) -> Router {
-    let routes = relay_route_set(&state).merge(metadata_route_set());
+    let routes = relay_route_set().merge(metadata_route_set());
     let health = health::health_routes(state.clone());
     mcp_endpoint::Endpoint::mount(edge_layers(routes, state.clone()).merge(health), state)
 }
@@ -762,7 +762,7 @@ pub fn mcp_routes(state: HttpState) -> Router {
 /// Host/Origin check, body limit and request timeout of [`HttpConfig`],
 /// as [`router`] serves them. See [`mcp_routes`] for composing.
 pub fn relay_routes(state: HttpState) -> Router {
-    edge_layers(relay_route_set(&state), state)
+    edge_layers(relay_route_set(), state)
 }
 
 /// `GET` [`PRM_PATH`]`/mcp`: the RFC 9728 protected resource metadata of
@@ -774,9 +774,10 @@ pub fn metadata_routes(state: HttpState) -> Router {
     edge_layers(metadata_route_set(), state)
 }
 
-/// The relay API routes, behind the bearer gate, and the OpenAPI document.
-fn relay_route_set(state: &HttpState) -> Router<HttpState> {
-    use axum::middleware::from_fn_with_state;
+/// The relay API routes and the OpenAPI document. Each relay handler takes
+/// [`DevicePrincipal`] first, which checks the bearer token before the
+/// path or the body is read.
+fn relay_route_set() -> Router<HttpState> {
     use axum::routing::post;
     let prefix = relay_wire::RELAY_PREFIX;
     Router::new()
@@ -801,7 +802,6 @@ fn relay_route_set(state: &HttpState) -> Router<HttpState> {
             &format!("{prefix}/commands/{{command_id}}/progress"),
             post(relay_api::progress),
         )
-        .route_layer(from_fn_with_state(state.clone(), gate::bearer))
         .route(relay_wire::OPENAPI_PATH, get(relay_api::openapi))
 }
 
@@ -814,11 +814,10 @@ fn metadata_route_set() -> Router<HttpState> {
 
 /// The layers every route passes: Host/Origin, body limit, timeout.
 pub(crate) fn edge_layers(routes: Router<HttpState>, state: HttpState) -> Router {
-    use axum::middleware::from_fn_with_state;
     let limit = state.config().max_body_bytes;
     let timeout = state.config().request_timeout;
     routes
-        .layer(from_fn_with_state(state.clone(), gate::host_and_origin))
+        .layer(gate::HostAndOriginLayer(state.clone()))
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,

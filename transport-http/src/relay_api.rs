@@ -249,6 +249,11 @@ fn parse_body<T: DeserializeOwned>(
     } else {
         &bytes
     };
+    // A body of the right shape, the common case, decodes at once; only a
+    // refused one is decoded again, tracking the path, to name the field.
+    if let Ok(value) = serde_json::from_slice(bytes) {
+        return Ok(value);
+    }
     let mut decoder = serde_json::Deserializer::from_slice(bytes);
     let (path, inner) = match serde_path_to_error::deserialize::<_, T>(&mut decoder) {
         Ok(value) => match decoder.end() {
@@ -334,8 +339,8 @@ fn bounded(state: &HttpState, mut hold: Hold) -> Hold {
 /// `POST /commands/{id}/start`.
 pub(crate) async fn start(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
     DevicePrincipal { device, .. }: DevicePrincipal,
+    Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<StartReply> {
     let id = parse_command(&id)?;
@@ -356,8 +361,8 @@ pub(crate) async fn start(
 /// `POST /commands/{id}/control`.
 pub(crate) async fn control(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
     DevicePrincipal { device, .. }: DevicePrincipal,
+    Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ControlReply> {
     let id = parse_command(&id)?;
@@ -377,8 +382,8 @@ pub(crate) async fn control(
 /// `POST /commands/{id}/complete`.
 pub(crate) async fn complete(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
     DevicePrincipal { device, .. }: DevicePrincipal,
+    Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ReportReply> {
     let id = parse_command(&id)?;
@@ -406,8 +411,8 @@ pub(crate) async fn complete(
 /// `POST /commands/{id}/decline`.
 pub(crate) async fn decline(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
     DevicePrincipal { device, .. }: DevicePrincipal,
+    Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ReportReply> {
     let id = parse_command(&id)?;
@@ -458,8 +463,8 @@ const BAD_PROGRESS: ShapeRefusal = ShapeRefusal {
 /// `POST /commands/{id}/progress`.
 pub(crate) async fn progress(
     State(state): State<HttpState>,
-    Path(id): Path<String>,
     DevicePrincipal { device, .. }: DevicePrincipal,
+    Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<ProgressReply> {
     let id = parse_command(&id)?;

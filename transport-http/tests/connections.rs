@@ -103,6 +103,33 @@ async fn unauthenticated_bodies_are_never_read() {
     );
 }
 
+/// The relay API checks the device token first too: a request without
+/// one is answered 401 and closed before its path is parsed or its body
+/// read, whatever the route (a command id that is not even text included).
+#[tokio::test]
+async fn the_relay_api_refuses_a_missing_token_before_the_path_and_the_body() {
+    let (_state, addr) = server(ServeConfig::default()).await;
+    let prefix = graph_relay_transport_http::relay_wire::RELAY_PREFIX;
+    for path in [
+        format!("{prefix}/sync"),
+        format!("{prefix}/commands/%FF%FE/start"),
+        format!("{prefix}/commands/not-a-command/complete"),
+    ] {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+        );
+        stream.write_all(head.as_bytes()).await.expect("head");
+        stream.write_all(&[b' '; 4096]).await.expect("some body");
+        let (text, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+        assert!(text.starts_with("HTTP/1.1 401"), "{path}: {text}");
+        let lower = text.to_ascii_lowercase();
+        assert!(lower.contains("www-authenticate: bearer"), "{path}: {text}");
+        assert!(lower.contains("connection: close"), "{path}: {text}");
+        assert!(closed, "{path}: the server kept the connection open");
+    }
+}
+
 /// A client that sends its request head too slowly is dropped after the
 /// header-read timeout; so is one that sends nothing.
 #[tokio::test]

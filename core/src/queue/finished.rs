@@ -181,7 +181,10 @@ impl Generations {
         if self.current.len() >= GENERATION_RECORDS
             || self.current_bytes + entry.bytes > GENERATION_BYTES
         {
-            self.previous = std::mem::take(&mut self.current);
+            // The older generation's table, emptied, becomes the new
+            // current one: its allocation is reused, not grown again.
+            std::mem::swap(&mut self.previous, &mut self.current);
+            self.current.clear();
             self.current_bytes = 0;
         }
         self.current_bytes += entry.bytes;

@@ -113,7 +113,9 @@ impl LastSeen {
 impl Generations {
     fn insert(&mut self, record: CommandRecord) {
         if self.current.len() >= GENERATION && !self.current.contains_key(&record.id) {
-            self.previous = std::mem::take(&mut self.current);
+            // The older generation's table, emptied, is reused.
+            std::mem::swap(&mut self.previous, &mut self.current);
+            self.current.clear();
         }
         self.current.insert(record.id, record);
     }
