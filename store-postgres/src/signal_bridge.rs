@@ -452,15 +452,16 @@ where
             self.shared.count(|c| &c.own, 1);
             return;
         }
+        // Counted once delivered: whoever sees a count sees its wake-ups.
         if n.payload() == WAKE_ALL {
-            self.shared.count(|c| &c.wake_alls, 1);
             self.signals.wake_all();
+            self.shared.count(|c| &c.wake_alls, 1);
             return;
         }
         match decode_topic(n.payload()) {
             Ok(topic) => {
-                self.shared.count(|c| &c.received, 1);
                 self.signals.notify_local(&topic);
+                self.shared.count(|c| &c.received, 1);
             }
             Err(e) => {
                 self.shared.count(|c| &c.malformed, 1);
