@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use graph_relay_core::queue::{QueueConfig, SyncRequest};
+use graph_relay_core::queue::QueueConfig;
 use graph_relay_core::signals::Topic;
 use graph_relay_core::store::LayeredStore;
-use graph_relay_core::testkit::{World, meta, p1};
+use graph_relay_core::testkit::{World, held_sync, p1};
 use graph_relay_core::time::ThreadSleeper;
 use graph_relay_store_memory::MemoryStore;
 
@@ -35,22 +35,12 @@ fn world(hold: Duration) -> (World, Arc<Calls>) {
     (World::with_config(Arc::new(store), config), reads)
 }
 
-fn held_sync() -> SyncRequest {
-    SyncRequest {
-        project: p1(),
-        sessions: vec![meta(1)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    }
-}
-
 #[test]
 fn an_idle_held_sync_reads_the_queue_once() {
     let (w, reads) = world(Duration::from_millis(300));
     let answer = block_on(
         w.queue
-            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+            .sync_held(&w.device, &held_sync(1), |hold| hold, &ThreadSleeper),
     )
     .expect("sync");
     assert!(answer.commands.is_empty());
@@ -65,7 +55,7 @@ fn work_queued_right_after_the_syncs_read_wakes_its_hold() {
     let started = Instant::now();
     let answer = block_on(
         w.queue
-            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+            .sync_held(&w.device, &held_sync(1), |hold| hold, &ThreadSleeper),
     )
     .expect("sync");
     // The notification answered the hold (with what the look after it
@@ -88,7 +78,7 @@ fn a_held_sync_that_finds_work_answers_at_once_with_one_read() {
     let started = Instant::now();
     let answer = block_on(
         w.queue
-            .sync_held(&w.device, &held_sync(), |hold| hold, &ThreadSleeper),
+            .sync_held(&w.device, &held_sync(1), |hold| hold, &ThreadSleeper),
     )
     .expect("sync");
     assert_eq!(

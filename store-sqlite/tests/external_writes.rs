@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use futures::executor::block_on;
 use graph_relay_core::command::CommandStatus;
-use graph_relay_core::queue::{FED_RECHECK, GetError, QueueConfig, SyncRequest};
+use graph_relay_core::queue::{FED_RECHECK, GetError, QueueConfig};
 use graph_relay_core::store::{ExternalWrites, LayeredStore, Store};
-use graph_relay_core::testkit::{Advancing, StoreCalls, World, completed, exec, meta, p1};
+use graph_relay_core::testkit::{Advancing, StoreCalls, World, completed, exec, held_sync, p1};
 use graph_relay_core::time::ThreadSleeper;
 use graph_relay_store_sqlite::SqliteStore;
 
@@ -27,17 +27,6 @@ fn two_stores() -> (tempfile::TempDir, Arc<SqliteStore>, Arc<SqliteStore>) {
     let a = Arc::new(SqliteStore::open(&path).expect("open a"));
     let b = Arc::new(SqliteStore::open(&path).expect("open b"));
     (dir, a, b)
-}
-
-/// The held sync of a desktop sharing session 1 to `p1`.
-fn held_sync() -> SyncRequest {
-    SyncRequest {
-        project: p1(),
-        sessions: vec![meta(1)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    }
 }
 
 #[test]
@@ -75,7 +64,7 @@ fn maintain_wakes_a_held_sync_when_another_process_queued_work() {
     let queue = wa.queue.clone();
     let device = wa.device.clone();
     let held = std::thread::spawn(move || {
-        let answer = block_on(queue.sync_held(&device, &held_sync(), |h| h, &ThreadSleeper));
+        let answer = block_on(queue.sync_held(&device, &held_sync(1), |h| h, &ThreadSleeper));
         let _ = tx.send(answer.map(|r| r.commands.len()));
     });
     while wa.queue.signals().waiting() == 0 {
@@ -157,7 +146,7 @@ fn an_idle_held_sync_answers_from_memory_until_maintenance_sees_another_process_
     let wb = World::new(b);
     let reads = || counted.layer().count();
     let sleeper = Advancing(wa.clock.clone());
-    let request = held_sync();
+    let request = held_sync(1);
     let held = || {
         let before = reads();
         let answer = block_on(wa.queue.sync_held(&wa.device, &request, |h| h, &sleeper));

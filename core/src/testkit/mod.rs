@@ -147,6 +147,17 @@ pub fn meta(n: u32) -> SessionMeta {
     }
 }
 
+/// A long-polling desktop's held sync sharing session `n` to `p1`.
+pub fn held_sync(n: u32) -> SyncRequest {
+    SyncRequest {
+        project: p1(),
+        sessions: vec![meta(n)],
+        long_poll: true,
+        restarted: false,
+        running: None,
+    }
+}
+
 /// Run arguments for session `n` with `key`.
 pub fn run_args(n: u32, key: &str, arguments: Value) -> RunArgs {
     let arguments: Map<String, Value> = match arguments {
@@ -638,13 +649,7 @@ pub async fn queues_sharing_a_store(store: Arc<dyn Store>) {
     // that interval grants the long-poll lease.
     a.advance(60);
     let queued = a.run(&a.agent, 1, "shared-store-6").await;
-    let long_poll = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(1)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    };
+    let long_poll = held_sync(1);
     b.sync(&a.device, &long_poll).await.expect("sync through B");
     a.advance(2);
     let started = a
@@ -1753,13 +1758,7 @@ pub async fn leases(store: Arc<dyn Store>) {
     assert_eq!(read(fourth.id).await.status, CommandStatus::Failed);
 
     // A long-polling desktop gets the long-poll lease (60 s).
-    let request = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(2)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    };
+    let request = held_sync(2);
     w.queue.sync(&w.other_device, &request).await.expect("sync");
     let fifth = w.run(&w.agent, 2, "lease-key-05").await;
     let started = w

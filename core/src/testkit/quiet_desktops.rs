@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{Advancing, StoreCalls, World, completed, exec, meta, p1};
+use super::{Advancing, StoreCalls, World, completed, exec, held_sync, p1};
 use crate::command::CommandRecord;
 use crate::ids::CommandId;
-use crate::queue::{QueueConfig, SyncRequest};
+use crate::queue::QueueConfig;
 use crate::signals::Topic;
 use crate::store::{LayeredStore, Store};
 
@@ -29,13 +29,7 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
     let reads = counted.layer();
     let fed = a.queue.external_writes_fed();
     let sleeper = Advancing(a.clock.clone());
-    let held = SyncRequest {
-        project: p1(),
-        sessions: vec![meta(1)],
-        long_poll: true,
-        restarted: false,
-        running: None,
-    };
+    let held = held_sync(1);
     // A held sync of the desktop: what it answered, and the store's reads
     // of what is queued meanwhile.
     let sync = || async {
