@@ -22,7 +22,9 @@ use futures::channel::oneshot;
 
 use crate::ids::{CommandId, DeviceId, OwnerId};
 
+mod changes;
 mod quiet;
+pub(crate) use changes::{Mark, RemoteChanges};
 pub(crate) use quiet::QuietDevices;
 
 /// What a waiter waits for.
@@ -74,6 +76,8 @@ pub struct Signals {
     /// Desktops whose queue was found empty, until a notification says
     /// work may have come (see [`QuietDevices`]).
     quiet: QuietDevices,
+    /// Commands other processes changed, and when (see [`RemoteChanges`]).
+    changes: RemoteChanges,
     closed: std::sync::atomic::AtomicBool,
     notified: AtomicU64,
     woken: AtomicU64,
@@ -116,7 +120,7 @@ impl Signals {
 
     /// Wakes every waiter on `topic` (here, and through the forwarder elsewhere).
     pub fn notify(&self, topic: &Topic) {
-        self.notify_local(topic);
+        self.wake(topic);
         let forwarder = self
             .forwarder
             .lock()
@@ -128,8 +132,18 @@ impl Signals {
     }
 
     /// Wakes the waiters of this process only (for a notification that came
-    /// from another process).
+    /// from another process). A command it names is no longer answered
+    /// from the queue's copy of it (see [`RemoteChanges`]).
     pub fn notify_local(&self, topic: &Topic) {
+        if let Topic::Command(id) = topic {
+            // Before any waiter wakes: its look must not come from a copy.
+            self.changes.command(id);
+        }
+        self.wake(topic);
+    }
+
+    /// Wakes the waiters on `topic` in this process.
+    fn wake(&self, topic: &Topic) {
         self.notified.fetch_add(1, Ordering::Relaxed);
         if let Topic::DeviceWork(_, device) = topic {
             // Before any waiter wakes: its look must not come from memory.
@@ -171,6 +185,7 @@ impl Signals {
     /// could not arrive. Returns the number of waiters woken.
     pub fn wake_all(&self) -> usize {
         self.quiet.forget_all();
+        self.changes.everything();
         let all = std::mem::take(&mut *self.lock());
         let mut woken = 0;
         for s in all.into_values().flatten() {
@@ -191,6 +206,11 @@ impl Signals {
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .is_some_and(|f| f.delivers())
+    }
+
+    /// The commands other processes changed (see [`RemoteChanges`]).
+    pub(crate) fn changes(&self) -> &RemoteChanges {
+        &self.changes
     }
 
     /// The desktops known to have nothing queued (see [`QuietDevices`]).

@@ -1,7 +1,9 @@
 //! A held control request's renewal is its hold's first look: an idle hold
-//! reads the command once, and a change right after that read still wakes
-//! it, because the hold subscribed before the renewal. A renewal wakes no
-//! one: nothing a waiter answers with changes.
+//! answers it from the queue's current copy of the run (no read at all), or
+//! reads the command once when another process changed it, and a change
+//! right after that read still wakes it, because the hold subscribed
+//! before the renewal. A renewal wakes no one: nothing a waiter answers
+//! with changes.
 
 mod common;
 
@@ -60,17 +62,33 @@ fn control_held(w: &World, id: &graph_relay_core::ids::CommandId, hold: Duration
 }
 
 #[test]
-fn an_idle_held_control_reads_the_command_once() {
+fn an_idle_held_control_answers_from_the_queues_current_copy() {
     let (w, reads, running) = started();
     control_held(&w, &running.id, Duration::from_millis(300));
-    // The renewal (not due) read the command fresh; the hold started from
-    // that answer and looked no more.
+    // The start's write left the queue's copy current: the renewal (not
+    // due) had nothing to write and answered from it; the hold started
+    // from that answer and looked no more.
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn an_idle_held_control_reads_the_command_once_after_another_process_changed_it() {
+    let (w, reads, running) = started();
+    // Another process's notification of the run: the copy may be old.
+    w.queue.signals().notify_local(&Topic::Command(running.id));
+    control_held(&w, &running.id, Duration::from_millis(300));
+    assert_eq!(reads.reads.load(Ordering::SeqCst), 1);
+    // That read made the copy current again.
+    control_held(&w, &running.id, Duration::from_millis(300));
     assert_eq!(reads.reads.load(Ordering::SeqCst), 1);
 }
 
 #[test]
 fn a_change_right_after_the_renewals_read_wakes_its_hold() {
     let (w, reads, running) = started();
+    // The renewal reads the command (another process changed it) ...
+    w.queue.signals().notify_local(&Topic::Command(running.id));
+    // ... and right after that read the run changes again.
     *reads.after_first.lock().expect("lock") =
         Some((w.queue.signals().clone(), Topic::Command(running.id)));
     let held = control_held(&w, &running.id, Duration::from_secs(20));

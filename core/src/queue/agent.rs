@@ -85,6 +85,7 @@ impl Queue {
             idempotency_key,
         } = args;
         let projects: Vec<ProjectId> = agent.projects.iter().cloned().collect();
+        let since = self.copy_since();
         // The share this session resolved to last time, checked by the
         // insert itself (see `session_guess`); else looked up first.
         let guess = self.session_guesses.get(&agent.owner, &session, &projects);
@@ -147,7 +148,7 @@ impl Queue {
         };
         match outcome {
             InsertOutcome::Inserted => {
-                self.last_seen.put(&command);
+                self.last_seen.put(&command, since);
                 self.signals.notify(&Topic::DeviceWork(
                     command.owner.clone(),
                     command.device.clone(),
@@ -241,9 +242,27 @@ impl Queue {
 
     /// Reads a run of this agent.
     pub async fn get_graph_run(&self, agent: &Agent, id: &CommandId) -> Result<RunView, GetError> {
+        self.read_graph_run(agent, id, Source::Store).await
+    }
+
+    /// [`Queue::get_graph_run`], an open run read from where `source` says.
+    async fn read_graph_run(
+        &self,
+        agent: &Agent,
+        id: &CommandId,
+        source: Source,
+    ) -> Result<RunView, GetError> {
         let now = self.clock.now();
         if let Some(finished) = self.finished.get(&Party::Agent(agent), id, now) {
             return Ok(self.view(finished, now).await?);
+        }
+        if source == Source::CurrentCopy {
+            // A copy that looks lapsed is read again: another server may
+            // have renewed the lease without a notification.
+            let copy = self.current_copy(Party::Agent(agent), id);
+            if let Some(copy) = copy.filter(|copy| !copy.is_lapsed(now)) {
+                return Ok(self.view(copy, now).await?);
+            }
         }
         let command = self
             .store
@@ -273,7 +292,15 @@ impl Queue {
     /// terminal state. It returns as soon as the run is terminal (woken by the
     /// queue's [`Signals`], not by polling), or when `wait` has passed. While
     /// waiting it re-reads the store every [`QueueConfig::wait_recheck`] so
-    /// that a change made by another process on a shared store is seen too.
+    /// that a change made by another process on a shared store is seen too
+    /// (unless every such change reaches this process as a notification:
+    /// [`Queue::external_writes_fed`]).
+    ///
+    /// A look of an open run answers from this queue's copy of it while the
+    /// copy is current: every other process's write reaches this one as a
+    /// notification and none of the run came since the copy was made (see
+    /// `last_seen`). Most waits follow a run this queue queued or started
+    /// itself, and then read no store until the run ends.
     pub async fn wait_graph_run(
         &self,
         agent: &Agent,
@@ -306,7 +333,7 @@ impl Queue {
         let observe = std::sync::Mutex::new(observe);
         let (seen, observe) = (&seen, &observe);
         hold.run(&self.signals, &*self.clock, sleeper, || async move {
-            let view = self.get_graph_run(agent, id).await?;
+            let view = self.read_graph_run(agent, id, Source::CurrentCopy).await?;
             if view.command.status.is_terminal() {
                 return Ok(Look::Ready(view));
             }
@@ -404,6 +431,15 @@ impl Queue {
             now,
         ))
     }
+}
+
+/// Where a read of an open run comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The store.
+    Store,
+    /// This queue's copy when it is current (see `last_seen`), else the store.
+    CurrentCopy,
 }
 
 /// Pure part of [`Queue::pickup_hint`].

@@ -194,7 +194,7 @@ impl Generations {
 
 /// What `record` takes in memory, estimated: the record itself plus what
 /// its JSON values and texts hold on the heap.
-fn weight(record: &CommandRecord) -> usize {
+pub(super) fn weight(record: &CommandRecord) -> usize {
     let texts = [
         record.reason.as_deref(),
         record.progress.as_ref().and_then(|p| p.message.as_deref()),

@@ -63,7 +63,7 @@
 use crate::command::CommandRecord;
 use crate::ids::{CommandId, DeviceId, OwnerId};
 use crate::principal::{Agent, Device};
-use crate::signals::{Signals, Topic};
+use crate::signals::{Mark, Signals, Topic};
 use crate::store::{DeviceRecord, Store, StoreError};
 use crate::time::{Clock, IdSource, Timestamp};
 use std::sync::Arc;
@@ -98,6 +98,7 @@ pub use relay::{CompleteAck, ControlAnswer, DeclineAck};
 pub use sync::{SyncRequest, SyncResponse};
 
 use devices::SyncWritten;
+use last_seen::Since;
 use memo::Memo;
 use progress::ProgressState;
 
@@ -369,35 +370,40 @@ impl Queue {
     /// fresh read), lets `apply` turn it into the next revision in place
     /// (`Ok(false)`: nothing to write), and writes it with a compare-and-swap,
     /// retrying from a fresh read if another writer won. An answer that
-    /// writes nothing is only given on a fresh read. Returns the record as
-    /// it stands afterwards.
+    /// writes nothing is only given on a fresh read (or, for a lease
+    /// renewal, on a current copy: see [`Unchanged`]). Returns the record
+    /// as it stands afterwards.
     async fn transition<E>(
         &self,
         party: Party<'_>,
         id: &CommandId,
         apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
-        self.transition_announced(party, id, Announce::Always, apply)
+        self.transition_announced(party, id, Announce::Always, Unchanged::FromStore, apply)
             .await
     }
 
     /// [`Queue::transition`], announcing its write as `announce` says (a
-    /// lapse it closes first is always announced).
+    /// lapse it closes first is always announced); a transition with
+    /// nothing to write answers from where `unchanged` says.
     async fn transition_announced<E>(
         &self,
         party: Party<'_>,
         id: &CommandId,
         announce: Announce,
+        unchanged: Unchanged,
         mut apply: impl FnMut(&mut CommandRecord, Timestamp) -> Result<bool, E>,
     ) -> Result<CommandRecord, TransitionError<E>> {
         // The first attempt starts from this queue's last copy, if it has
         // one for this party: a write that succeeds proves the copy was
-        // current; any other outcome is judged again on a fresh read.
+        // current; any other outcome is judged again on a fresh read,
+        // except "nothing to write" on a current copy where `unchanged`
+        // allows it.
         let mut guess = self.last_seen.get(id, |record| party.owns(record));
         for _ in 0..MAX_CAS_ATTEMPTS {
-            let from_copy = guess.is_some();
-            let mut record = match guess.take() {
-                Some(copy) => copy,
+            let since = self.copy_since();
+            let (mut record, mut verified, copy_mark) = match guess.take() {
+                Some((copy, mark)) => (copy, false, mark),
                 None => {
                     let read = match party {
                         Party::Agent(agent) => {
@@ -417,39 +423,44 @@ impl Queue {
                         self.last_seen.forget(id);
                         return Err(TransitionError::NotFound);
                     };
-                    read
+                    self.remember(&read, since);
+                    (read, true, None)
                 }
             };
             let now = self.clock.now();
-            let mut verified = !from_copy;
             if record.is_lapsed(now) && !matches!(party, Party::Agent(_)) {
                 // Every report from a desktop finds a lapsed run closed
                 // first: the close is written, then the report is judged
                 // against the closed run (a late result is refused).
                 let mut closed = record.clone();
                 closed.lapse_in_place(now);
-                if !self.write(&closed).await.map_err(TransitionError::Store)? {
+                if !self
+                    .write(&closed, since)
+                    .await
+                    .map_err(TransitionError::Store)?
+                {
                     continue;
                 }
                 record = closed;
                 verified = true;
             }
             match apply(&mut record, now) {
-                // A copy's refusal or "nothing to do" may be out of date.
-                Err(_) | Ok(false) if !verified => {
-                    self.last_seen.forget(id);
-                    continue;
-                }
-                Err(refusal) => return Err(TransitionError::Refused(refusal)),
-                Ok(false) => {
-                    self.remember(&record);
+                Ok(false)
+                    if !verified
+                        && unchanged == Unchanged::FromCurrentCopy
+                        && self.is_current(id, copy_mark) =>
+                {
                     return Ok(record);
                 }
+                // A copy's refusal or "nothing to do" may be out of date.
+                Err(_) | Ok(false) if !verified => continue,
+                Err(refusal) => return Err(TransitionError::Refused(refusal)),
+                Ok(false) => return Ok(record),
                 Ok(true) => {}
             }
             let written = match announce {
-                Announce::Always => self.write(&record).await,
-                Announce::Never => self.write_unannounced(&record).await,
+                Announce::Always => self.write(&record, since).await,
+                Announce::Never => self.write_unannounced(&record, since).await,
             };
             if written.map_err(TransitionError::Store)? {
                 return Ok(record);
@@ -462,9 +473,10 @@ impl Queue {
 
     /// [`Store::update_command`]; on success whoever waits on the command
     /// is woken and the record becomes this queue's copy, on a lost race
-    /// the copy is dropped.
-    async fn write(&self, record: &CommandRecord) -> Result<bool, StoreError> {
-        let written = self.write_unannounced(record).await?;
+    /// the copy is dropped. `since`: when the operation began, before it
+    /// read or wrote the command.
+    async fn write(&self, record: &CommandRecord, since: Since) -> Result<bool, StoreError> {
+        let written = self.write_unannounced(record, since).await?;
         if written {
             self.signals.notify(&Topic::Command(record.id));
         }
@@ -473,15 +485,52 @@ impl Queue {
 
     /// [`Queue::write`] without waking anyone: for a change that nobody
     /// holding a request on the command waits for.
-    async fn write_unannounced(&self, record: &CommandRecord) -> Result<bool, StoreError> {
+    async fn write_unannounced(
+        &self,
+        record: &CommandRecord,
+        since: Since,
+    ) -> Result<bool, StoreError> {
         let written = self.store.update_command(record).await?;
         if written {
-            self.remember(record);
+            self.remember(record, since);
         } else {
             self.last_seen.forget(&record.id);
         }
         Ok(written)
     }
+
+    /// Now, for an operation about to read or write a command: what a copy
+    /// it keeps may have missed (see [`last_seen`]).
+    fn copy_since(&self) -> Since {
+        self.last_seen.since(self.signals.changes().mark())
+    }
+
+    /// True when a copy of command `id` kept as current from `mark` is the
+    /// stored command: every other process's write reaches this queue as a
+    /// notification, and none of `id` came since `mark`.
+    fn is_current(&self, id: &CommandId, mark: Option<Mark>) -> bool {
+        mark.is_some_and(|mark| {
+            self.external_writes_fed() && self.signals.changes().unchanged_since(id, mark)
+        })
+    }
+
+    /// This queue's copy of open command `id`, if it belongs to `party` and
+    /// is current (see [`last_seen`]): the stored command, without a read.
+    fn current_copy(&self, party: Party<'_>, id: &CommandId) -> Option<CommandRecord> {
+        let (record, mark) = self.last_seen.get(id, |record| party.owns(record))?;
+        self.is_current(id, mark).then_some(record)
+    }
+}
+
+/// Where a transition that has nothing to write takes its answer from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unchanged {
+    /// A fresh read of the store.
+    FromStore,
+    /// This queue's copy when it is current (see [`last_seen`]), else a
+    /// fresh read: for a lease renewal, which a desktop sends every few
+    /// seconds while its run has nothing to say.
+    FromCurrentCopy,
 }
 
 /// Whether a transition's write wakes the requests held on its command
@@ -502,8 +551,8 @@ impl Queue {
     /// Keeps `record`, just written or read fresh, as this queue's copy:
     /// an open one for the next transition's compare-and-swap, a finished
     /// one for the next read.
-    fn remember(&self, record: &CommandRecord) {
-        self.last_seen.put(record);
+    fn remember(&self, record: &CommandRecord, since: Since) {
+        self.last_seen.put(record, since);
         self.finished.put(record, self.clock.now());
     }
 }

@@ -8,6 +8,7 @@
 
 use super::{
     Announce, CompleteError, ControlError, DeclineError, Party, Queue, StartError, TransitionError,
+    Unchanged,
 };
 use crate::command::{CommandRecord, CommandStatus};
 use crate::envelope::ResultEnvelope;
@@ -135,10 +136,16 @@ impl Queue {
         let lease_of =
             |record: &CommandRecord| record.lease().unwrap_or(self.config.lease_long_poll);
         let command = self
-            .transition_announced(Party::Device(device), id, Announce::Never, |record, now| {
-                let lease = lease_of(record);
-                Ok::<_, std::convert::Infallible>(record.renew_in_place(now, lease))
-            })
+            .transition_announced(
+                Party::Device(device),
+                id,
+                Announce::Never,
+                Unchanged::FromCurrentCopy,
+                |record, now| {
+                    let lease = lease_of(record);
+                    Ok::<_, std::convert::Infallible>(record.renew_in_place(now, lease))
+                },
+            )
             .await
             .map_err(|e| match e {
                 TransitionError::NotFound => ControlError::NotFound,

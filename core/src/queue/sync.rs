@@ -237,6 +237,7 @@ impl Queue {
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let quiet = self.signals.quiet();
         let look = quiet.look();
+        let since = self.copy_since();
         let queued = self
             .store
             .queued_commands(
@@ -249,7 +250,7 @@ impl Queue {
         // The desktop starts them next: that transition can begin from
         // these copies.
         for command in &queued {
-            self.last_seen.put(command);
+            self.last_seen.put(command, since);
         }
         if queued.is_empty() && self.external_writes_fed() {
             quiet.found_nothing(look, &device.owner, &device.id, project);

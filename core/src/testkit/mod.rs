@@ -15,6 +15,7 @@
 //! value is a future of a fresh, empty store. It is evaluated once per test.
 
 mod counting;
+mod current_copies;
 mod faulty;
 mod finished_runs;
 mod guessed_shares;
@@ -26,6 +27,7 @@ mod syncs;
 pub mod workload;
 
 pub use counting::{Advancing, StoreCalls};
+pub use current_copies::current_copies;
 pub use faulty::FaultyTransport;
 pub use finished_runs::finished_runs;
 pub use guessed_shares::guessed_shares;
@@ -71,7 +73,7 @@ macro_rules! store_conformance_suite {
             compare_and_swap, ownership_is_hidden, names_are_scoped_by_owner, project_bound,
             listing, queued_order_and_limit, device_liveness, pruning, cancellation, leases,
             restart_and_unsharing, progress, store_edges, queues_sharing_a_store, finished_runs,
-            record_sync, guessed_shares, quiet_desktops);
+            record_sync, guessed_shares, quiet_desktops, current_copies);
     };
     (@tests $attrs:tt $block_on:path, $make:expr; $($name:ident),*) => {
         $( $crate::store_conformance_suite!(@one $attrs $block_on, $make, $name); )*
