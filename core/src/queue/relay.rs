@@ -101,15 +101,22 @@ impl Queue {
             .await?
             .is_some_and(|d| d.long_poll);
         let lease = self.config.lease(long_poll);
-        self.transition(Party::Device(device), id, |record, now| {
-            record.start_in_place(execution, now, lease)
-        })
-        .await
-        .map_err(|e| match e {
-            TransitionError::NotFound => StartError::NotFound,
-            TransitionError::Store(s) => StartError::Store(s),
-            TransitionError::Refused(r) => StartError::Refused(r),
-        })
+        let started = self
+            .transition(Party::Device(device), id, |record, now| {
+                record.start_in_place(execution, now, lease)
+            })
+            .await
+            .map_err(|e| match e {
+                TransitionError::NotFound => StartError::NotFound,
+                TransitionError::Store(s) => StartError::Store(s),
+                TransitionError::Refused(r) => StartError::Refused(r),
+            })?;
+        // No longer queued: the desktop's next held sync may know that
+        // without the store (see `Queue::sync_held`).
+        self.signals
+            .quiet()
+            .started(&device.owner, &device.id, &started.id);
+        Ok(started)
     }
 
     /// The relay's control poll for a running command: is cancellation requested?

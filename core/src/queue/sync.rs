@@ -226,10 +226,11 @@ impl Queue {
     }
 
     /// Queued commands of `project` for `device`, without writing anything
-    /// (a long-poll driver calls this while holding a sync). Finding none
+    /// (a long-poll driver calls this while holding a sync). What it found
     /// is remembered until a notification says work may have come for the
-    /// device, for the first look of its next held sync
-    /// ([`Queue::sync_held`]).
+    /// device: finding none, or finding runs that this queue then started,
+    /// lets the first look of the device's next held sync answer without
+    /// the store ([`Queue::sync_held`]).
     pub async fn queued_for(
         &self,
         device: &Device,
@@ -252,16 +253,19 @@ impl Queue {
         for command in &queued {
             self.last_seen.put(command, since);
         }
-        if queued.is_empty() && self.external_writes_fed() {
-            quiet.found_nothing(look, &device.owner, &device.id, project);
+        // A look cut at the limit may have missed some: not kept.
+        if queued.len() < self.config.max_commands_per_sync && self.external_writes_fed() {
+            let ids: Vec<CommandId> = queued.iter().map(|c| c.id).collect();
+            quiet.found(look, &device.owner, &device.id, project, &ids);
         }
         Ok(queued)
     }
 
     /// True when nothing is queued for `device` in `project` without
-    /// reading the store: its last look found nothing and no notification
-    /// of work for it came since. Only while every write of another
-    /// process reaches this one as a notification.
+    /// reading the store: its last look found nothing, or only runs this
+    /// queue started since, and no notification of work for it came since.
+    /// Only while every write of another process reaches this one as a
+    /// notification.
     fn known_quiet(&self, device: &Device, project: &ProjectId) -> bool {
         self.external_writes_fed()
             && self

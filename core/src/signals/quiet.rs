@@ -8,15 +8,25 @@
 //! anything may have changed; so a desktop whose last look found nothing,
 //! and that no notification named since, still has nothing queued.
 //!
+//! A look that found a few runs counts too: the desktop takes them, and
+//! once this queue started each of them ([`QuietDevices::started`]) and no
+//! notification named the desktop since, nothing is queued for it either.
+//! So the held sync a desktop sends after delivering its result reads no
+//! queue.
+//!
 //! The rules that make it exact:
 //!
-//! - A look that found nothing is kept only if *no* notification at all
-//!   (of any desktop) arrived between the moment it began
-//!   ([`QuietDevices::look`]) and the moment it is kept
-//!   ([`QuietDevices::found_nothing`]): a run queued while the store was
-//!   read may be missing from what it read.
+//! - A look is kept only if *no* notification at all (of any desktop)
+//!   arrived between the moment it began ([`QuietDevices::look`]) and the
+//!   moment it is kept ([`QuietDevices::found`]): a run queued while the
+//!   store was read may be missing from what it read. It is kept only if
+//!   it saw everything queued (it was not cut at the sync's limit).
 //! - A notification of a desktop's work forgets it, and a wake-up of all
 //!   forgets every one, under the same lock and before any waiter wakes.
+//! - A run leaves the runs still to take only when this queue started it:
+//!   it is then running, and nothing brings a run back to the queue. A run
+//!   that ended otherwise (cancelled, declined, started by another
+//!   process) stays, and the desktop's next look reads the store.
 //! - A queued run is notified only after its write: until then a look
 //!   from memory may miss it, as a look at the store a moment earlier
 //!   would have. A held sync subscribes before its first look, so the
@@ -31,10 +41,12 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::ids::{DeviceId, OwnerId, ProjectId};
+use crate::ids::{CommandId, DeviceId, OwnerId, ProjectId};
 
 /// Most desktops kept before the registry starts over.
 pub(crate) const MAX_QUIET_DEVICES: usize = 100_000;
+/// A look that found more runs than this is not kept.
+pub(crate) const MAX_TO_TAKE: usize = 8;
 
 type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
@@ -48,8 +60,17 @@ pub(crate) struct QuietDevices {
 struct State {
     /// Notifications of work (and wake-ups of all) so far.
     epoch: u64,
-    /// Per device id: its owner and the project a look found empty.
-    devices: HashMap<DeviceId, (OwnerId, ProjectId)>,
+    /// Per device id: what its last kept look found.
+    devices: HashMap<DeviceId, Found>,
+}
+
+/// What a look found queued for a desktop in one project.
+#[derive(Debug)]
+struct Found {
+    owner: OwnerId,
+    project: ProjectId,
+    /// The runs found that this queue has not started yet.
+    to_take: Vec<CommandId>,
 }
 
 /// A look at a desktop's queue that began: what
@@ -68,34 +89,51 @@ impl QuietDevices {
         Look(self.lock().epoch)
     }
 
-    /// The look that began as `look` found nothing queued for `device` of
-    /// `owner` in `project`: kept, unless a notification came meanwhile.
-    pub(crate) fn found_nothing(
+    /// The look that began as `look` found `queued`, everything queued for
+    /// `device` of `owner` in `project`: kept, unless a notification came
+    /// meanwhile or it found more than [`MAX_TO_TAKE`].
+    pub(crate) fn found(
         &self,
         look: Look,
         owner: &OwnerId,
         device: &DeviceId,
         project: &ProjectId,
+        queued: &[CommandId],
     ) {
         let mut state = self.lock();
-        if state.epoch != look.0 {
+        if state.epoch != look.0 || queued.len() > MAX_TO_TAKE {
             return;
         }
         if state.devices.len() >= MAX_QUIET_DEVICES && !state.devices.contains_key(device) {
             state.devices.clear();
         }
-        state
-            .devices
-            .insert(device.clone(), (owner.clone(), project.clone()));
+        state.devices.insert(
+            device.clone(),
+            Found {
+                owner: owner.clone(),
+                project: project.clone(),
+                to_take: queued.to_vec(),
+            },
+        );
+    }
+
+    /// This queue started run `id` of `device` of `owner`: it is no longer
+    /// queued.
+    pub(crate) fn started(&self, owner: &OwnerId, device: &DeviceId, id: &CommandId) {
+        let mut state = self.lock();
+        if let Some(found) = state.devices.get_mut(device)
+            && found.owner == *owner
+        {
+            found.to_take.retain(|taken| taken != id);
+        }
     }
 
     /// True when nothing is queued for `device` of `owner` in `project`, as
-    /// far as the notifications since its last empty look tell.
+    /// far as the notifications since its last kept look tell.
     pub(crate) fn is_quiet(&self, owner: &OwnerId, device: &DeviceId, project: &ProjectId) -> bool {
-        self.lock()
-            .devices
-            .get(device)
-            .is_some_and(|(o, p)| o == owner && p == project)
+        self.lock().devices.get(device).is_some_and(|found| {
+            found.owner == *owner && found.project == *project && found.to_take.is_empty()
+        })
     }
 
     /// Work was queued for `device` (of some owner). Kept by the device's
@@ -139,7 +177,7 @@ mod tests {
         let (o, d, p) = ids("alice", "desk", "p1");
         assert!(!quiet.is_quiet(&o, &d, &p));
         let look = quiet.look();
-        quiet.found_nothing(look, &o, &d, &p);
+        quiet.found(look, &o, &d, &p, &[]);
         assert!(quiet.is_quiet(&o, &d, &p));
         let (bob, laptop, p2) = ids("bob", "laptop", "p2");
         assert!(!quiet.is_quiet(&bob, &d, &p), "another owner");
@@ -155,11 +193,11 @@ mod tests {
         let look = quiet.look();
         // Work for any desktop while the store was read.
         quiet.work_for(&other);
-        quiet.found_nothing(look, &o, &d, &p);
+        quiet.found(look, &o, &d, &p, &[]);
         assert!(!quiet.is_quiet(&o, &d, &p));
         let look = quiet.look();
         quiet.forget_all();
-        quiet.found_nothing(look, &o, &d, &p);
+        quiet.found(look, &o, &d, &p, &[]);
         assert!(!quiet.is_quiet(&o, &d, &p));
     }
 
@@ -170,7 +208,7 @@ mod tests {
         let (_, laptop, _) = ids("alice", "laptop", "p1");
         for device in [&d, &laptop] {
             let look = quiet.look();
-            quiet.found_nothing(look, &o, device, &p);
+            quiet.found(look, &o, device, &p, &[]);
         }
         quiet.work_for(&d);
         assert!(!quiet.is_quiet(&o, &d, &p));
@@ -187,9 +225,50 @@ mod tests {
         for n in 0..=MAX_QUIET_DEVICES {
             let d = DeviceId::parse(&format!("desk-{n}")).expect("id");
             let look = quiet.look();
-            quiet.found_nothing(look, &o, &d, &p);
+            quiet.found(look, &o, &d, &p, &[]);
             assert!(quiet.len() <= MAX_QUIET_DEVICES);
         }
         assert_eq!(quiet.len(), 1, "the new desktop after starting over");
+    }
+
+    #[test]
+    fn a_look_that_found_runs_is_quiet_once_this_queue_started_them() {
+        let quiet = QuietDevices::default();
+        let (o, d, p) = ids("alice", "desk", "p1");
+        let (bob, _, _) = ids("bob", "desk", "p1");
+        let [one, two] = [1u128, 2].map(|n| CommandId::from_uuid(uuid::Uuid::from_u128(n)));
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &[one, two]);
+        assert!(!quiet.is_quiet(&o, &d, &p));
+        quiet.started(&o, &d, &one);
+        quiet.started(&bob, &d, &two);
+        assert!(
+            !quiet.is_quiet(&o, &d, &p),
+            "one to take, and another owner's start"
+        );
+        quiet.started(&o, &d, &two);
+        assert!(quiet.is_quiet(&o, &d, &p));
+        // Work that came after the look: the next look reads the store.
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &[one]);
+        quiet.work_for(&d);
+        quiet.started(&o, &d, &one);
+        assert!(!quiet.is_quiet(&o, &d, &p));
+    }
+
+    #[test]
+    fn a_look_that_found_too_many_runs_is_not_kept() {
+        let quiet = QuietDevices::default();
+        let (o, d, p) = ids("alice", "desk", "p1");
+        let many: Vec<CommandId> = (0..=MAX_TO_TAKE as u128)
+            .map(|n| CommandId::from_uuid(uuid::Uuid::from_u128(n)))
+            .collect();
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &many);
+        for id in &many {
+            quiet.started(&o, &d, id);
+        }
+        assert!(!quiet.is_quiet(&o, &d, &p));
+        assert_eq!(quiet.len(), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! The conformance scenario of quiet desktops: an idle long-polling
 //! desktop's held syncs read what is queued once, then answer from memory
-//! until work may have come for it. A run queued here, a notification
+//! until work may have come for it, and so do the held syncs after it took
+//! and started the runs a look found. A run queued here, a notification
 //! from another process and every waiter woken (a forwarder that delivers
 //! again, a shared file's marker that moved) each send the next look to
 //! the store.
@@ -71,9 +72,25 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
         .complete(&a.device, &queued.id, &completed("quiet-e1", json!({})))
         .await
         .expect("complete");
+    // The look found that run, and this queue started it since: nothing
+    // is queued.
     let (commands, made) = sync().await;
     assert!(commands.is_empty());
-    assert!(made >= 1, "the look after a run read the store");
+    idle(made, "the look after a run this queue started");
+
+    // A run that ended otherwise (cancelled while queued) leaves the next
+    // look to the store.
+    let cancelled = a.run(&a.agent, 1, "quiet-run-2").await;
+    let (commands, made) = sync().await;
+    assert_eq!(ids(&commands), [cancelled.id]);
+    assert_eq!(made, 1, "a held sync after a second run was queued");
+    a.queue
+        .cancel_graph_run(&a.agent, &cancelled.id)
+        .await
+        .expect("cancel");
+    let (commands, made) = sync().await;
+    assert!(commands.is_empty());
+    assert!(made >= 1, "the look after a run cancelled while queued");
     let (_, made) = sync().await;
     idle(made, "quiet again");
 
