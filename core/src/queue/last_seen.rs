@@ -81,6 +81,9 @@ pub(crate) struct Since {
 }
 
 /// What is kept of a command.
+// A tombstone takes a copy's room in the table for as long as a copy
+// would stay; boxing the copy instead would cost an allocation per put.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Entry {
     /// An open command, and when the operation that kept it began (`None`:

@@ -67,7 +67,7 @@ impl Copies {
 
     /// A look that may answer from the queue's copy: none where it is
     /// current, else at least one.
-    fn from_copy(&self, made: u64, which: &str) {
+    fn answered_by_copy(&self, made: u64, which: &str) {
         if self.fed {
             assert_eq!(made, 0, "{which}: from the current copy");
         } else {
@@ -110,7 +110,7 @@ pub async fn current_copies(store: Arc<dyn Store>) {
     let run = a.run(&a.agent, 1, "copies-1").await;
     let (view, made) = t.wait(&run.id).await;
     assert_eq!(view.command.status, CommandStatus::Queued);
-    t.from_copy(made, "the wait on a run queued here");
+    t.answered_by_copy(made, "the wait on a run queued here");
     a.queue
         .start(&a.device, &run.id, &exec("copies-e1"))
         .await
@@ -118,10 +118,10 @@ pub async fn current_copies(store: Arc<dyn Store>) {
     let (answer, made) = t.control(&run.id).await;
     assert_eq!(answer.status, CommandStatus::Running);
     assert!(!answer.cancel_requested);
-    t.from_copy(made, "a renewal with nothing to write");
+    t.answered_by_copy(made, "a renewal with nothing to write");
     let (view, made) = t.wait(&run.id).await;
     assert_eq!(view.command.status, CommandStatus::Running);
-    t.from_copy(made, "the wait on a run started here");
+    t.answered_by_copy(made, "the wait on a run started here");
 
     // Another process asks to cancel, and its notification arrives: the
     // next looks read the store and see the request.
@@ -136,10 +136,10 @@ pub async fn current_copies(store: Arc<dyn Store>) {
     // That read made the copy current again.
     let (view, made) = t.wait(&run.id).await;
     assert!(view.command.cancel_requested);
-    t.from_copy(made, "the wait after the copy was read again");
+    t.answered_by_copy(made, "the wait after the copy was read again");
     let (answer, made) = t.control(&run.id).await;
     assert!(answer.cancel_requested);
-    t.from_copy(made, "a renewal after the copy was read again");
+    t.answered_by_copy(made, "a renewal after the copy was read again");
 
     // Another process records the result, and every waiter is woken (as
     // a shared file's marker that moved does): the wait sees the end.
