@@ -133,7 +133,7 @@ impl Signals {
 
     /// Wakes the waiters of this process only (for a notification that came
     /// from another process). A command it names is no longer answered
-    /// from the queue's copy of it (see [`RemoteChanges`]).
+    /// from the queue's own copy of it until the queue reads it again.
     pub fn notify_local(&self, topic: &Topic) {
         if let Topic::Command(id) = topic {
             // Before any waiter wakes: its look must not come from a copy.
