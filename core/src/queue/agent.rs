@@ -417,12 +417,17 @@ impl Queue {
     }
 
     /// When a queued command will probably be picked up, from the device's
-    /// cadence; and since when the device looks offline, if it does.
+    /// cadence; and since when the device looks offline, if it does. A
+    /// device whose held sync waits here, or did a moment ago, picks it up
+    /// at once: nothing to read (see [`waiting`](super::waiting)).
     async fn pickup_hint(
         &self,
         command: &CommandRecord,
         now: Timestamp,
     ) -> Result<(u64, Option<Timestamp>), StoreError> {
+        if self.waiting.contains(&command.owner, &command.device) {
+            return Ok(AT_ONCE);
+        }
         let device = self.device_record(&command.owner, &command.device).await?;
         Ok(pickup_hint(
             &self.config,
@@ -441,6 +446,10 @@ enum Source {
     /// This queue's copy when it is current (see `last_seen`), else the store.
     CurrentCopy,
 }
+
+/// The pickup hint of an online long-polling desktop: in about a second,
+/// not offline.
+const AT_ONCE: (u64, Option<Timestamp>) = (1, None);
 
 /// Pure part of [`Queue::pickup_hint`].
 fn pickup_hint(
@@ -467,7 +476,7 @@ fn pickup_hint(
         return (interval_secs, Some(last_contact));
     }
     if device.long_poll {
-        return (1, None);
+        return AT_ONCE;
     }
     let next_due = last_sync.plus(config.sync_interval);
     let wait_ms = next_due.as_millis().saturating_sub(now.as_millis());

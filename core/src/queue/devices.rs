@@ -159,6 +159,23 @@ impl Queue {
         Ok(record)
     }
 
+    /// Whether `device` of `owner` long-polls: known without a read while
+    /// its held sync waits here or a moment after (see
+    /// [`waiting`](super::waiting)), else as its row says.
+    pub(super) async fn long_polls(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+    ) -> Result<bool, StoreError> {
+        if self.waiting.contains(owner, device) {
+            return Ok(true);
+        }
+        Ok(self
+            .device_record(owner, device)
+            .await?
+            .is_some_and(|d| d.long_poll))
+    }
+
     /// This queue just wrote `contact` of `device` at `now`: its copy of
     /// the device's liveness, if it has one, takes the same change, and
     /// the touch throttle counts it as this interval's write (every contact

@@ -169,6 +169,8 @@ impl Queue {
             .sync_looking(device, request, sync::Look::QuietFromMemory)
             .await?;
         if response.commands.is_empty() {
+            // The sync is recorded: the desktop long-polls and waits here.
+            let _waiting = self.waiting.enter(&device.owner, &device.id);
             let look = |commands: Vec<CommandRecord>| {
                 if commands.is_empty() {
                     Look::NotYet(commands)

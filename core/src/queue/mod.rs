@@ -83,6 +83,7 @@ mod session_guess;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod waiting;
 
 pub use agent::{RunTicket, RunView, SessionList};
 pub use devices::{CONTACTS_PER_WRITE, MAX_PENDING_CONTACTS};
@@ -273,6 +274,9 @@ pub struct Queue {
     /// The share each session last resolved to for a run: the guess a
     /// run's insert checks instead of looking it up (see [`session_guess`]).
     session_guesses: Arc<session_guess::SessionGuesses>,
+    /// The desktops whose held sync waits here now: the pickup hint of a
+    /// run queued for one of them needs no read (see [`waiting`]).
+    waiting: Arc<waiting::WaitingDevices>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -293,7 +297,7 @@ impl Queue {
     ) -> Self {
         Self {
             store,
-            clock,
+            clock: Arc::clone(&clock),
             ids,
             signals: Arc::new(Signals::new()),
             touched: Arc::new(Memo::new(MAX_TOUCH_CACHE)),
@@ -305,6 +309,10 @@ impl Queue {
             last_seen: Arc::default(),
             finished: Arc::new(finished::FinishedRuns::new(config.terminal_retention)),
             session_guesses: Arc::default(),
+            waiting: Arc::new(waiting::WaitingDevices::new(
+                Arc::clone(&clock),
+                config.touch_interval,
+            )),
             config,
         }
     }

@@ -96,10 +96,7 @@ impl Queue {
         execution: &ExecutionId,
     ) -> Result<CommandRecord, StartError> {
         self.touch(device).await?;
-        let long_poll = self
-            .device_record(&device.owner, &device.id)
-            .await?
-            .is_some_and(|d| d.long_poll);
+        let long_poll = self.long_polls(&device.owner, &device.id).await?;
         let lease = self.config.lease(long_poll);
         let started = self
             .transition(Party::Device(device), id, |record, now| {

@@ -192,10 +192,7 @@ impl Queue {
         if request.long_poll || request.restarted {
             return Ok(request.long_poll);
         }
-        Ok(self
-            .device_record(&device.owner, &device.id)
-            .await?
-            .is_some_and(|d| d.long_poll))
+        self.long_polls(&device.owner, &device.id).await
     }
 
     /// A relay process started: its device's running commands other than
