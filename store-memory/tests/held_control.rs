@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Calls, Counted};
+use common::{Calls, counted_world};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -17,22 +17,12 @@ use futures::executor::block_on;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::queue::QueueConfig;
 use graph_relay_core::signals::Topic;
-use graph_relay_core::store::LayeredStore;
 use graph_relay_core::testkit::{World, exec, p1};
 use graph_relay_core::time::{Clock, ThreadSleeper};
-use graph_relay_store_memory::MemoryStore;
 
 /// A world over a counted store, with one run started on its desktop.
 fn started() -> (World, Arc<Calls>, CommandRecord) {
-    let reads = Arc::new(Calls::default());
-    let store = LayeredStore::new(
-        Arc::new(MemoryStore::new()),
-        Counted {
-            operation: "command_for_device",
-            calls: reads.clone(),
-        },
-    );
-    let w = World::with_config(Arc::new(store), QueueConfig::default());
+    let (w, reads) = counted_world("command_for_device", QueueConfig::default());
     block_on(w.sync(&w.device, p1(), &[1]));
     let queued = block_on(w.run(&w.agent, 1, "held-control-1"));
     let running = block_on(

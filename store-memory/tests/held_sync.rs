@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Calls, Counted};
+use common::{Calls, counted_world};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -12,27 +12,17 @@ use std::time::{Duration, Instant};
 use futures::executor::block_on;
 use graph_relay_core::queue::QueueConfig;
 use graph_relay_core::signals::Topic;
-use graph_relay_core::store::LayeredStore;
 use graph_relay_core::testkit::{World, held_sync, p1};
 use graph_relay_core::time::ThreadSleeper;
-use graph_relay_store_memory::MemoryStore;
 
 /// A world whose queue holds syncs for `hold`, exactly, over a counted store.
 fn world(hold: Duration) -> (World, Arc<Calls>) {
-    let reads = Arc::new(Calls::default());
-    let store = LayeredStore::new(
-        Arc::new(MemoryStore::new()),
-        Counted {
-            operation: "queued_commands",
-            calls: reads.clone(),
-        },
-    );
     let config = QueueConfig {
         long_poll_hold: hold,
         long_poll_jitter: Duration::ZERO,
         ..QueueConfig::default()
     };
-    (World::with_config(Arc::new(store), config), reads)
+    counted_world("queued_commands", config)
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Calls, Counted};
+use common::{Calls, counted_world};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -14,26 +14,13 @@ use std::time::Duration;
 use futures::executor::block_on;
 use futures::future::join;
 use graph_relay_core::queue::{QueueConfig, RunTicket};
-use graph_relay_core::store::LayeredStore;
 use graph_relay_core::testkit::{World, exec, held_sync, run_args};
 use graph_relay_core::time::{Clock, ThreadSleeper};
-use graph_relay_store_memory::MemoryStore;
 use serde_json::json;
 
 /// A world whose store counts its `device` reads.
 fn world() -> (World, Arc<Calls>) {
-    let calls = Arc::new(Calls::default());
-    let store = LayeredStore::new(
-        Arc::new(MemoryStore::new()),
-        Counted {
-            operation: "device",
-            calls: calls.clone(),
-        },
-    );
-    (
-        World::with_config(Arc::new(store), QueueConfig::default()),
-        calls,
-    )
+    counted_world("device", QueueConfig::default())
 }
 
 fn reads(calls: &Calls) -> usize {
