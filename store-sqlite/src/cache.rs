@@ -6,9 +6,11 @@
 //! the agent polls it. A [`RecordCache`] keeps the records this store wrote
 //! or decoded last, each with its JSON text. A read still runs its query
 //! (the database is the only truth, and another process may have written),
-//! and takes the cached record only if the stored JSON is byte for byte the
-//! JSON the cached record was written as or decoded from; otherwise it
-//! decodes and remembers the result.
+//! and takes the cached record only if the stored body JSON is byte for
+//! byte the one the cached record was written as or decoded from, and the
+//! columns a transition writes (status, revision, `finished_at`, lease)
+//! agree with it; otherwise it decodes and remembers the result. Every
+//! transition bumps the revision, so a row that changed never passes.
 //!
 //! The cache is bounded: two generations of at most [`GENERATION_ENTRIES`]
 //! records and [`GENERATION_BYTES`] of JSON each; when the current one is
@@ -35,7 +37,7 @@ const MAX_ENTRY_BYTES: usize = 64 << 10;
 /// A record and the JSON it is stored as.
 #[derive(Debug)]
 pub(crate) struct Entry {
-    /// The `record` column.
+    /// The `record` column: the record's body.
     pub(crate) json: String,
     /// What `json` decodes to.
     pub(crate) record: CommandRecord,

@@ -100,20 +100,24 @@
 //!   partial index on `finished_at` for pruning. A start, a progress
 //!   report or a lease renewal assigns no column the open index reads, so
 //!   SQLite leaves it alone; only the step to a terminal state moves the
-//!   command from the open index to the finished one. The
-//!   record itself is stored whole as JSON in the `record` column (the
-//!   columns are copies of its fields and are checked against it on every
-//!   read), so a field the core adds with `#[serde(default)]` needs no
-//!   migration. An update writes only what a transition can change (status,
+//!   command from the open index to the finished one. The columns hold
+//!   the record's head (`RecordHead`); the rest of it, its body, is stored
+//!   as JSON in the `record` column without the head and without the
+//!   fields at their default, so a row is about half the size of the
+//!   whole record's JSON (rows written by builds before schema 6 hold the
+//!   whole record and read the same). A field the core adds with
+//!   `#[serde(default)]` needs no migration. An update writes only what a transition can change (status,
 //!   `finished_at`, revision, record, lease), and never reopens a finished
 //!   command. Migrations are tracked in
 //!   `PRAGMA user_version`; the file is marked with `PRAGMA application_id`
 //!   = [`APPLICATION_ID`].
 //! - **Decoding once.** Decoding the JSON costs more than the query. A store
 //!   remembers the records it wrote or decoded last (a few thousand, a few
-//!   MB) together with their exact JSON; a read still queries the file, and
-//!   takes the remembered record only when the stored JSON is byte for byte
-//!   the same, so a change made by another store or process is always seen.
+//!   MB) together with their exact body JSON; a read still queries the
+//!   file, and takes the remembered record only when the stored body is
+//!   byte for byte the same and so are the columns a transition writes
+//!   (status, revision, `finished_at`, lease), so a change made by another
+//!   store or process is always seen.
 //!   Session metadata is remembered the same way.
 //! - **Encoding before queueing.** A write's record is encoded to JSON by
 //!   its caller before the job is queued, so a record that cannot be

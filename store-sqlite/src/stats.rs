@@ -193,7 +193,7 @@ fn queue_head(conn: &Connection, queue_limit: usize) -> Result<Vec<QueuedRun>, S
 fn pickups_since(conn: &Connection, since: i64) -> Result<Vec<Duration>, StatsError> {
     let mut pickups = Vec::new();
     let mut stmt = conn.prepare(
-        "SELECT json_extract(record, '$.created_at'), json_extract(record, '$.started_at')
+        "SELECT created_at, json_extract(record, '$.started_at')
          FROM commands
          WHERE ((finished_at IS NOT NULL AND finished_at >= ?1) OR status = 'running')
            AND json_extract(record, '$.started_at') >= ?1",
@@ -221,7 +221,7 @@ pub fn finished_between(
     let after = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     let until = i64::try_from(until.as_millis()).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare(
-        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at'),
+        "SELECT status, finished_at, created_at, json_extract(record, '$.started_at'),
                 json_extract(record, '$.cancel_requested_at')
          FROM commands WHERE finished_at > ?1 AND finished_at <= ?2",
     )?;
@@ -231,7 +231,7 @@ pub fn finished_between(
 
 fn finished_since(conn: &Connection, since: i64) -> Result<Vec<FinishedRun>, StatsError> {
     let mut stmt = conn.prepare(
-        "SELECT status, finished_at, json_extract(record, '$.created_at'), json_extract(record, '$.started_at'),
+        "SELECT status, finished_at, created_at, json_extract(record, '$.started_at'),
                 json_extract(record, '$.cancel_requested_at')
          FROM commands WHERE finished_at >= ?1",
     )?;

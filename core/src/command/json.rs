@@ -157,7 +157,7 @@ const JSON_CAPACITY: usize = 1024;
 
 /// `text` as a JSON string: copied whole when nothing in it is escaped
 /// (the ids, keys and slugs always), else written by `serde_json`.
-fn string(out: &mut Vec<u8>, text: &str) -> Result<(), serde_json::Error> {
+pub(super) fn string(out: &mut Vec<u8>, text: &str) -> Result<(), serde_json::Error> {
     // No early exit: the scan of a whole id is then a few vector compares.
     let escaped = text.bytes().fold(false, |seen, b| {
         seen | (b < 0x20) | (b == b'"') | (b == b'\\')
@@ -181,12 +181,12 @@ fn optional_time(out: &mut Vec<u8>, at: Option<Timestamp>) {
 }
 
 /// `n` in decimal, as `serde_json` writes it.
-fn number(out: &mut Vec<u8>, n: u64) {
+pub(super) fn number(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use serde_json::json;
@@ -223,7 +223,7 @@ mod tests {
 
     /// Records in every state the queue writes, with text that needs
     /// escaping (quotes, backslashes, control characters, non-ASCII).
-    fn records() -> Vec<CommandRecord> {
+    pub(in crate::command) fn records() -> Vec<CommandRecord> {
         let texts = [
             "plain",
             "",

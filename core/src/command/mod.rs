@@ -41,6 +41,7 @@ mod fingerprint;
 mod json;
 mod progress;
 mod refusals;
+mod split;
 #[cfg(test)]
 mod tests;
 mod transitions;
@@ -48,6 +49,7 @@ mod transitions;
 pub use self::fingerprint::request_fingerprint;
 pub use self::progress::{InvalidProgress, Progress, ProgressRefused};
 pub use self::refusals::{CompleteRefused, DeclineRefused, StartRefused};
+pub use self::split::RecordHead;
 
 /// The message a command is closed with when the relay's re-check fails (SPEC §6).
 pub const NO_LONGER_SHARED: &str = "Graph session is no longer shared with this project";

@@ -36,7 +36,8 @@ pub(crate) use self::rows::{sql_limit, timestamp};
 macro_rules! select_commands {
     ($($tail:literal)*) => {
         concat!(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands ",
+            "SELECT id, agent, device, status, revision, record, owner, project, idempotency_key,
+                created_at, finished_at, lease_expires_at FROM commands ",
             $($tail),*
         )
     };

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use graph_relay_core::command::CommandRecord;
-use graph_relay_core::ids::{CommandId, DeviceId, ProjectId};
+use graph_relay_core::command::{CommandRecord, CommandStatus, RecordHead};
+use graph_relay_core::ids::{AgentId, CommandId, DeviceId, IdempotencyKey, OwnerId, ProjectId};
 use graph_relay_core::session::SharedSession;
 use graph_relay_core::store::StoreError;
 use graph_relay_core::time::Timestamp;
@@ -14,8 +14,10 @@ use rusqlite::{Connection, Row, params};
 use crate::cache::{Entry, MetaCache, RecordCache};
 use crate::database::{DbError, Statements};
 
-/// A command as its row stores it; the record and its JSON are shared with
-/// the cache, which learns them once the write committed.
+/// A command as its row stores it: the record's head in columns, its body
+/// as JSON in `record` (see [`CommandRecord::write_body_json`]). The record
+/// and its body are shared with the cache, which learns them once the
+/// write committed.
 pub(super) struct CommandRow {
     pub(super) id: String,
     pub(super) created_at: i64,
@@ -35,7 +37,7 @@ impl CommandRow {
             revision: i64::try_from(c.revision)
                 .map_err(|_| DbError::Encode(format!("revision {} is too large", c.revision)))?,
             entry: Arc::new(Entry {
-                json: c.to_json().map_err(|e| DbError::Encode(e.to_string()))?,
+                json: c.body_json().map_err(|e| DbError::Encode(e.to_string()))?,
                 record: c,
             }),
         })
@@ -76,11 +78,13 @@ impl CommandRow {
     }
 }
 
-/// The record of one row selected with [`select_commands!`].
+/// The record of one row selected with [`select_commands!`]: its head from
+/// the columns, its body from the `record` column (the body alone, or the
+/// whole record as rows written before the split hold it).
 ///
-/// The record is the JSON column, taken from `cache` if it holds exactly
-/// that JSON, else decoded (and remembered). The other columns are copies
-/// of its fields for the indexes and are checked against it.
+/// The record is taken from `cache` if the cached one was stored with
+/// exactly this body and this head; otherwise it is decoded (and
+/// remembered).
 pub(super) fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRecord, DbError> {
     // The text of a column, as bytes: compared as they are (equal to a
     // string means valid UTF-8), validated only where they are parsed.
@@ -94,39 +98,68 @@ pub(super) fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRe
     let utf8 = |bytes, column: &str| {
         std::str::from_utf8(bytes).map_err(|e| DbError::Corrupt(format!("commands.{column}: {e}")))
     };
+    let time = |i: usize| row.get::<_, Option<i64>>(i)?.map(timestamp).transpose();
     let id_column = utf8(text(0, "id")?, "id")?;
     let id = parse(CommandId::parse(id_column), "commands.id")?;
     let json = text(5, "record")?;
-    let (entry, fresh) = match cache.get(&id, json) {
-        Some(entry) => (entry, false),
-        None => {
-            let json = utf8(json, "record")?;
-            let record: CommandRecord = serde_json::from_str(json)
-                .map_err(|e| DbError::Corrupt(format!("command {id_column}: record: {e}")))?;
-            let entry = Entry {
-                json: json.to_owned(),
-                record,
-            };
-            (Arc::new(entry), true)
+    let revision = row.get::<_, i64>(4)?;
+    let status = text(3, "status")?;
+    let finished_at = time(10)?;
+    let lease_expires_at = time(11)?;
+    if let Some(entry) = cache.get(&id, json) {
+        // The mutable head must match too; the rest of the head never
+        // changes once the row is written.
+        let r = &entry.record;
+        if i64::try_from(r.revision).ok() == Some(revision)
+            && r.status.as_str().as_bytes() == status
+            && r.finished_at == finished_at
+            && r.lease_expires_at == lease_expires_at
+        {
+            return Ok(r.clone());
         }
+    }
+    let head = RecordHead {
+        id,
+        agent: parse(
+            AgentId::parse(utf8(text(1, "agent")?, "agent")?),
+            "commands.agent",
+        )?,
+        owner: parse(
+            OwnerId::parse(utf8(text(6, "owner")?, "owner")?),
+            "commands.owner",
+        )?,
+        project: parse(
+            ProjectId::parse(utf8(text(7, "project")?, "project")?),
+            "commands.project",
+        )?,
+        device: parse(
+            DeviceId::parse(utf8(text(2, "device")?, "device")?),
+            "commands.device",
+        )?,
+        idempotency_key: parse(
+            IdempotencyKey::parse(utf8(text(8, "idempotency_key")?, "idempotency_key")?),
+            "commands.idempotency_key",
+        )?,
+        status: CommandStatus::parse(utf8(status, "status")?).ok_or_else(|| {
+            DbError::Corrupt(format!("commands.status of {id_column}: unknown status"))
+        })?,
+        created_at: timestamp(row.get(9)?)?,
+        finished_at,
+        lease_expires_at,
+        revision: u64::try_from(revision)
+            .map_err(|_| DbError::Corrupt(format!("commands.revision of {id_column}: negative")))?,
     };
-    let record = &entry.record;
-    let consistent = record.id == id
-        && record.agent.as_str().as_bytes() == text(1, "agent")?
-        && record.owner.as_str().as_bytes() == text(6, "owner")?
-        && record.device.as_str().as_bytes() == text(2, "device")?
-        && record.status.as_str().as_bytes() == text(3, "status")?
-        && i64::try_from(record.revision).ok() == Some(row.get::<_, i64>(4)?);
-    if !consistent {
-        return Err(DbError::Corrupt(format!(
-            "command {id_column}: the columns disagree with the stored record"
-        )));
-    }
-    let decoded = record.clone();
-    if fresh {
-        cache.put(id, entry);
-    }
-    Ok(decoded)
+    let body = utf8(json, "record")?;
+    let record = CommandRecord::from_parts(head, body)
+        .map_err(|e| DbError::Corrupt(format!("command {id_column}: record: {e}")))?;
+    cache.put(
+        id,
+        Arc::new(Entry {
+            json: body.to_owned(),
+            record: record.clone(),
+        }),
+    );
+    Ok(record)
 }
 
 /// The text of a command id in the database: lowercase hyphenated, as the

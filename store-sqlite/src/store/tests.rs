@@ -6,11 +6,12 @@ fn record() -> CommandRecord {
 }
 
 #[test]
-fn a_row_holds_the_record_and_its_json() {
+fn a_row_holds_the_record_and_its_body() {
     let record = record();
     let row = CommandRow::encode(record.clone()).expect("encodes");
     assert_eq!(row.entry.record, record);
-    let decoded: CommandRecord = serde_json::from_str(&row.entry.json).expect("valid JSON");
+    assert_eq!(row.entry.json, record.body_json().expect("encodes"));
+    let decoded = CommandRecord::from_parts(record.head(), &row.entry.json).expect("valid JSON");
     assert_eq!(decoded, record);
 }
 
@@ -63,4 +64,65 @@ fn a_finished_command_is_never_written_open_again() {
         .expect("read")
         .expect("kept");
     assert_eq!(stored, finished);
+}
+
+/// The cache serves a record only while its row is as the store last saw
+/// it: another connection that moves the columns a transition writes
+/// (here without touching the body), or deletes the row, is seen at once.
+#[test]
+fn a_row_changed_by_another_connection_is_never_served_from_the_cache() {
+    use futures::executor::block_on;
+    use graph_relay_core::command::CommandStatus;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("changed.sqlite");
+    let store = SqliteStore::open(&path).expect("open");
+    let queued = record();
+    block_on(store.import_commands(vec![queued.clone()])).expect("import");
+    let read = || block_on(store.command_for_owner(&queued.owner, &queued.id)).expect("read");
+    assert_eq!(read(), Some(queued.clone()), "read, and now cached");
+
+    let other = rusqlite::Connection::open(&path).expect("a second connection");
+    let id = id_text(&queued.id);
+    for (sql, status, revision, finished_at, lease) in [
+        (
+            "UPDATE commands SET revision = revision + 1 WHERE id = ?1",
+            CommandStatus::Queued,
+            1,
+            None,
+            None,
+        ),
+        (
+            "UPDATE commands SET status = 'cancelled', revision = 2, finished_at = 5 WHERE id = ?1",
+            CommandStatus::Cancelled,
+            2,
+            Some(Timestamp(5)),
+            None,
+        ),
+        (
+            "UPDATE commands SET revision = 3, lease_expires_at = 9 WHERE id = ?1",
+            CommandStatus::Cancelled,
+            3,
+            Some(Timestamp(5)),
+            Some(Timestamp(9)),
+        ),
+    ] {
+        other.execute(sql, [&id]).expect("update");
+        let seen = read().expect("still there");
+        assert_eq!(
+            (
+                seen.status,
+                seen.revision,
+                seen.finished_at,
+                seen.lease_expires_at
+            ),
+            (status, revision, finished_at, lease),
+            "{sql}"
+        );
+        assert_eq!(seen.arguments, queued.arguments, "the body is the same");
+    }
+    other
+        .execute("DELETE FROM commands WHERE id = ?1", [&id])
+        .expect("prune");
+    assert_eq!(read(), None, "pruned elsewhere, gone here");
 }
