@@ -144,11 +144,16 @@ impl CommandRecord {
         // with callgrind).
         let mut json = Vec::with_capacity(JSON_CAPACITY);
         self.write_json(&mut json)?;
-        // Every byte came from a `&str` or from `serde_json`.
-        String::from_utf8(json).map_err(|e| {
-            serde_json::Error::io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-        })
+        into_string(json)
     }
+}
+
+/// JSON written by this module as a string. Every byte came from a `&str`
+/// or from `serde_json`, so the check cannot fail; it is kept rather than
+/// trusted.
+pub(super) fn into_string(json: Vec<u8>) -> Result<String, serde_json::Error> {
+    String::from_utf8(json)
+        .map_err(|e| serde_json::Error::io(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 /// Initial size of the buffer of `CommandRecord::to_json`: a typical

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::json::{number, string};
+use super::json::{into_string, number, string};
 use super::{CommandRecord, CommandStatus, Progress};
 use crate::envelope::ResultEnvelope;
 use crate::ids::{
@@ -179,10 +179,7 @@ impl CommandRecord {
         // A typical body is 200-500 bytes.
         let mut json = Vec::with_capacity(512);
         self.write_body_json(&mut json)?;
-        // Every byte came from a `&str` or from `serde_json`.
-        String::from_utf8(json).map_err(|e| {
-            serde_json::Error::io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-        })
+        into_string(json)
     }
 
     /// This record's head.

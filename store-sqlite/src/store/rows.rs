@@ -120,26 +120,11 @@ pub(super) fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRe
     }
     let head = RecordHead {
         id,
-        agent: parse(
-            AgentId::parse(utf8(text(1, "agent")?, "agent")?),
-            "commands.agent",
-        )?,
-        owner: parse(
-            OwnerId::parse(utf8(text(6, "owner")?, "owner")?),
-            "commands.owner",
-        )?,
-        project: parse(
-            ProjectId::parse(utf8(text(7, "project")?, "project")?),
-            "commands.project",
-        )?,
-        device: parse(
-            DeviceId::parse(utf8(text(2, "device")?, "device")?),
-            "commands.device",
-        )?,
-        idempotency_key: parse(
-            IdempotencyKey::parse(utf8(text(8, "idempotency_key")?, "idempotency_key")?),
-            "commands.idempotency_key",
-        )?,
+        agent: parsed_column(row, 1, "agent", AgentId::parse)?,
+        owner: parsed_column(row, 6, "owner", OwnerId::parse)?,
+        project: parsed_column(row, 7, "project", ProjectId::parse)?,
+        device: parsed_column(row, 2, "device", DeviceId::parse)?,
+        idempotency_key: parsed_column(row, 8, "idempotency_key", IdempotencyKey::parse)?,
         status: CommandStatus::parse(utf8(status, "status")?).ok_or_else(|| {
             DbError::Corrupt(format!("commands.status of {id_column}: unknown status"))
         })?,
@@ -160,6 +145,22 @@ pub(super) fn decode_row(row: &Row<'_>, cache: &RecordCache) -> Result<CommandRe
         }),
     );
     Ok(record)
+}
+
+/// Column `i` of a `commands` row, an identifier read with `parse_id`: a
+/// value that is not text, not UTF-8 or not a valid identifier is
+/// corruption.
+fn parsed_column<T, E: std::fmt::Display>(
+    row: &Row<'_>,
+    i: usize,
+    column: &str,
+    parse_id: impl FnOnce(&str) -> Result<T, E>,
+) -> Result<T, DbError> {
+    let text = row
+        .get_ref(i)?
+        .as_str()
+        .map_err(|e| DbError::Corrupt(format!("commands.{column}: {e}")))?;
+    parse(parse_id(text), &format!("commands.{column}"))
 }
 
 /// The text of a command id in the database: lowercase hyphenated, as the
