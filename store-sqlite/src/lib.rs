@@ -93,7 +93,7 @@
 //!   `agent`, `owner`, `project`, `device`, `idempotency_key`, `status`,
 //!   `created_at`, `finished_at`, `revision`) with indexes for every
 //!   look-up: a partial index over open (queued or running) commands only,
-//!   keyed by owner, device and project (so a sync does not slow down as
+//!   keyed by device, owner and project (so a sync does not slow down as
 //!   finished commands pile up; ties in `created_at` keep the insertion
 //!   order through the rowid), a partial index of running commands by
 //!   lease for the lease sweep, the primary key for `get_graph_run`, a
@@ -106,7 +106,11 @@
 //!   fields at their default, so a row is about half the size of the
 //!   whole record's JSON (rows written by builds before schema 6 hold the
 //!   whole record and read the same). A field the core adds with
-//!   `#[serde(default)]` needs no migration. An update writes only what a transition can change (status,
+//!   `#[serde(default)]` needs no migration. Keys made of several columns
+//!   lead with the one that tells rows apart (an idempotency key, a
+//!   device), not with the owner that every row of a one-owner server
+//!   shares: SQLite compares entries column by column and takes its fast
+//!   path only when the first column decides. An update writes only what a transition can change (status,
 //!   `finished_at`, revision, record, lease), and never reopens a finished
 //!   command. Migrations are tracked in
 //!   `PRAGMA user_version`; the file is marked with `PRAGMA application_id`

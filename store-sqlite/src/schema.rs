@@ -26,7 +26,7 @@ use crate::{OpenError, SqliteOptions, Synchronous};
 pub const APPLICATION_ID: i32 = 0x4752_6c79;
 
 /// The schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
 const MIGRATIONS: &[&str] = &[
@@ -160,6 +160,48 @@ const MIGRATIONS: &[&str] = &[
     // away from this file.
     r"
     -- no change to the tables
+    ",
+    // 7: keys that lead with their most distinct column. SQLite compares
+    // two entries column by column, and decides on a fast path only when
+    // the first column differs; an owner (or an agent) shared by every row
+    // never does, so each comparison took the general path. The same
+    // columns in another order: every look-up names them all, and the
+    // queries that list by a prefix (a device's open commands, a device's
+    // shares) name the device too.
+    r"
+    CREATE TABLE idempotency_keys_v7 (
+        key         TEXT    NOT NULL,
+        agent       TEXT    NOT NULL,
+        owner       TEXT    NOT NULL,
+        command     TEXT    NOT NULL,
+        fingerprint TEXT    NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        PRIMARY KEY (key, agent, owner)
+    ) WITHOUT ROWID;
+    INSERT INTO idempotency_keys_v7 (key, agent, owner, command, fingerprint, expires_at)
+        SELECT key, agent, owner, command, fingerprint, expires_at FROM idempotency_keys;
+    DROP TABLE idempotency_keys;
+    ALTER TABLE idempotency_keys_v7 RENAME TO idempotency_keys;
+    CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+
+    CREATE TABLE devices_v7 (
+        owner        TEXT    NOT NULL,
+        device       TEXT    NOT NULL,
+        last_sync_at INTEGER,
+        last_seen_at INTEGER NOT NULL,
+        long_poll    INTEGER NOT NULL,
+        PRIMARY KEY (device, owner)
+    ) WITHOUT ROWID;
+    INSERT INTO devices_v7 (owner, device, last_sync_at, last_seen_at, long_poll)
+        SELECT owner, device, last_sync_at, last_seen_at, long_poll FROM devices;
+    DROP TABLE devices;
+    ALTER TABLE devices_v7 RENAME TO devices;
+
+    DROP INDEX shared_sessions_by_device;
+    CREATE INDEX shared_sessions_by_device ON shared_sessions (device, owner, project);
+    DROP INDEX commands_open;
+    CREATE INDEX commands_open ON commands (device, owner, project, created_at)
+        WHERE finished_at IS NULL;
     ",
 ];
 

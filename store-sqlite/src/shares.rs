@@ -28,7 +28,7 @@ use crate::database::{DbError, Statements};
 pub(crate) const TOUCH_DEVICE: &str =
     "INSERT INTO devices (owner, device, last_sync_at, last_seen_at, long_poll)
      VALUES (?1, ?2, ?3, ?4, ?5)
-     ON CONFLICT (owner, device) DO UPDATE SET
+     ON CONFLICT (device, owner) DO UPDATE SET
         last_seen_at = max(last_seen_at, excluded.last_seen_at),
         last_sync_at = CASE WHEN excluded.last_sync_at IS NULL THEN last_sync_at
             ELSE max(coalesce(last_sync_at, excluded.last_sync_at), excluded.last_sync_at) END,

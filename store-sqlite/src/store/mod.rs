@@ -98,6 +98,35 @@ const MOVE_OPEN_COMMAND: &str = "UPDATE commands SET status = ?2, revision = ?4,
         lease_expires_at = ?7
     WHERE id = ?1 AND revision = ?6 AND finished_at IS NULL AND ?3 IS NULL";
 
+/// Writes an idempotency key unless a live one (`expires_at > ?6`, as
+/// [`LIVE_KEY`] reads it) holds it; an expired one is taken over.
+const WRITE_KEY: &str =
+    "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?7)
+    ON CONFLICT (key, agent, owner) DO UPDATE SET
+        command = excluded.command,
+        fingerprint = excluded.fingerprint,
+        expires_at = excluded.expires_at
+    WHERE idempotency_keys.expires_at <= ?6";
+
+/// The live idempotency key (owner `?1`, agent `?2`, key `?3`) at `?4`.
+const LIVE_KEY: &str = "SELECT command, fingerprint, expires_at FROM idempotency_keys
+    WHERE owner = ?1 AND agent = ?2 AND key = ?3 AND expires_at > ?4";
+
+/// A device's liveness (owner `?1`, device `?2`).
+const DEVICE: &str = "SELECT last_sync_at, last_seen_at, long_poll FROM devices
+    WHERE owner = ?1 AND device = ?2";
+
+/// Up to `batch` keys expired at `?1`, oldest first (the limit is a literal,
+/// see [`sql_limit`]).
+fn expired_keys_sql(batch: i64) -> String {
+    format!(
+        "DELETE FROM idempotency_keys WHERE (key, agent, owner) IN (
+            SELECT key, agent, owner FROM idempotency_keys
+            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT {batch})"
+    )
+}
+
 /// The projects a device shares into (see [`Store::shared_projects`]).
 fn shared_projects_sql(limit: impl std::fmt::Display) -> String {
     format!(
@@ -164,34 +193,24 @@ impl SqliteStore {
                 // and the ones below. The key is written unless a live one
                 // (`expires_at > now`, as `live_key` reads it) holds it.
                 statements.add(1);
-                let written = conn
-                    .prepare_cached(
-                        "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?7)
-                         ON CONFLICT (owner, agent, key) DO UPDATE SET
-                            command = excluded.command,
-                            fingerprint = excluded.fingerprint,
-                            expires_at = excluded.expires_at
-                         WHERE idempotency_keys.expires_at <= ?6",
-                    )?
-                    .execute(params![
-                        key.agent.as_str(),
-                        key.key.as_str(),
-                        key_command,
-                        key.fingerprint,
-                        expires_at,
-                        now,
-                        key.owner.as_str()
-                    ])?;
+                let written = conn.prepare_cached(WRITE_KEY)?.execute(params![
+                    key.agent.as_str(),
+                    key.key.as_str(),
+                    key_command,
+                    key.fingerprint,
+                    expires_at,
+                    now,
+                    key.owner.as_str()
+                ])?;
                 if written == 0 {
                     let existing =
                         live_key(conn, &statements, &key.owner, &key.agent, &key.key, now)?
-                        .ok_or_else(|| {
-                            DbError::Sqlite(format!(
-                                "idempotency key {} was neither written nor found",
-                                key.key.as_str()
-                            ))
-                        })?;
+                            .ok_or_else(|| {
+                                DbError::Sqlite(format!(
+                                    "idempotency key {} was neither written nor found",
+                                    key.key.as_str()
+                                ))
+                            })?;
                     let taken = InsertOutcome::KeyTaken(existing);
                     return Ok((GuardedInsert::Checked(taken), false));
                 }
@@ -647,10 +666,7 @@ impl Store for SqliteStore {
             .read(|conn| {
                 self.db.statements().add(1);
                 let found = conn
-                    .prepare_cached(
-                        "SELECT last_sync_at, last_seen_at, long_poll FROM devices
-                         WHERE owner = ?1 AND device = ?2",
-                    )?
+                    .prepare_cached(DEVICE)?
                     .query_row(params![owner.as_str(), device.as_str()], |r| {
                         Ok((
                             r.get::<_, Option<i64>>(0)?,
@@ -703,11 +719,7 @@ impl Store for SqliteStore {
             .write(move |conn| {
                 statements.add(1 + u64::from(cutoff.is_some()));
                 let keys = conn
-                    .prepare_cached(&format!(
-                        "DELETE FROM idempotency_keys WHERE (owner, agent, key) IN (
-                            SELECT owner, agent, key FROM idempotency_keys
-                            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT {batch})"
-                    ))?
+                    .prepare_cached(&expired_keys_sql(batch))?
                     .execute(params![now])?;
                 let commands = match cutoff {
                     None => 0,
@@ -744,10 +756,7 @@ fn live_key(
 ) -> Result<Option<IdempotencyRecord>, DbError> {
     statements.add(1);
     let found = conn
-        .prepare_cached(
-            "SELECT command, fingerprint, expires_at FROM idempotency_keys
-             WHERE owner = ?1 AND agent = ?2 AND key = ?3 AND expires_at > ?4",
-        )?
+        .prepare_cached(LIVE_KEY)?
         .query_row(
             params![owner.as_str(), agent.as_str(), key.as_str(), now],
             |r| {

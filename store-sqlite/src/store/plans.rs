@@ -31,23 +31,23 @@ fn per_sync_statements_search_by_every_key_column() {
     for (sql, wanted) in [
         (
             shares::DELETE_SHARES.to_string(),
-            "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            "shared_sessions_by_device (device=? AND owner=? AND project=?)",
         ),
         (
             shares::SELECT_SHARES.to_string(),
-            "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            "shared_sessions_by_device (device=? AND owner=? AND project=?)",
         ),
         (
             shares::STAMP_SHARES.to_string(),
-            "shared_sessions_by_device (owner=? AND device=? AND project=?)",
+            "shared_sessions_by_device (device=? AND owner=? AND project=?)",
         ),
         (
             shared_projects_sql(101),
-            "shared_sessions_by_device (owner=? AND device=?)",
+            "shared_sessions_by_device (device=? AND owner=?)",
         ),
         (
             queued_commands_sql(100),
-            "commands_open (owner=? AND device=? AND project=?)",
+            "commands_open (device=? AND owner=? AND project=?)",
         ),
     ] {
         let plan = plan(&conn, &sql);
@@ -78,7 +78,7 @@ fn open_and_running_commands_are_found_by_their_indexes() {
     for (sql, wanted) in [
         (
             running_commands_sql(100),
-            "commands_open (owner=? AND device=?)",
+            "commands_open (device=? AND owner=?)",
         ),
         (lapsed_commands_sql(100), "commands_running"),
     ] {
@@ -88,6 +88,38 @@ fn open_and_running_commands_are_found_by_their_indexes() {
         // table is not.
         assert!(
             plan.split(" / ").all(|step| step != "SCAN commands"),
+            "{sql}\n  -> {plan}"
+        );
+    }
+}
+
+/// Keys and devices are found by their whole primary key, which leads with
+/// the column that tells rows apart (the key, the device) rather than the
+/// owner every row of a one-owner server shares; expired keys are pruned
+/// along the expiry index. (An insert has no plan: the key's upsert takes
+/// its conflict target, the same primary key.)
+#[test]
+fn keys_and_devices_are_found_by_their_whole_primary_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("plans.sqlite");
+    drop(SqliteStore::open(&path).expect("open"));
+    let conn = rusqlite::Connection::open(&path).expect("connect");
+    for (sql, wanted) in [
+        (
+            LIVE_KEY.to_string(),
+            "PRIMARY KEY (key=? AND agent=? AND owner=?)",
+        ),
+        (DEVICE.to_string(), "PRIMARY KEY (device=? AND owner=?)"),
+        (
+            expired_keys_sql(100),
+            "idempotency_keys_expiry (expires_at<?)",
+        ),
+    ] {
+        let plan = plan(&conn, &sql);
+        assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
+        assert!(
+            plan.split(" / ")
+                .all(|step| step != "SCAN idempotency_keys"),
             "{sql}\n  -> {plan}"
         );
     }
