@@ -75,9 +75,11 @@
 //!   transaction, which takes SQLite's write lock before reading anything,
 //!   so it can never fail with `SQLITE_BUSY` half-way because another
 //!   process wrote in between. Each transition is one conditional statement
-//!   (`UPDATE … WHERE id = ? AND revision = ?`); `insert_command` reads the
-//!   idempotency key and writes key and command under that one lock, so two
-//!   processes racing with one key insert exactly one command.
+//!   (`UPDATE … WHERE id = ? AND revision = ?`); `insert_command` writes
+//!   the command together with its idempotency key in one statement, which
+//!   a unique index over the keys rows hold turns into a no-op when the key
+//!   is taken, so two processes racing with one key insert exactly one
+//!   command.
 //! - **Shared by processes.** Several processes (and several `SqliteStore`s)
 //!   may open one file. A lock held by another connection is waited for with
 //!   a short-interval busy handler (50 µs to 1 ms between attempts, so two
@@ -106,15 +108,18 @@
 //!   fields at their default, so a row is about half the size of the
 //!   whole record's JSON (rows written by builds before schema 6 hold the
 //!   whole record and read the same). A field the core adds with
-//!   `#[serde(default)]` needs no migration. Keys made of several columns
-//!   lead with the one that tells rows apart (an idempotency key, a
-//!   device), not with the owner that every row of a one-owner server
-//!   shares: SQLite compares entries column by column and takes its fast
-//!   path only when the first column decides. An update writes only what a transition can change (status,
-//!   `finished_at`, revision, record, lease), and never reopens a finished
-//!   command. Migrations are tracked in
-//!   `PRAGMA user_version`; the file is marked with `PRAGMA application_id`
-//!   = [`APPLICATION_ID`].
+//!   `#[serde(default)]` needs no migration. A command's row also holds
+//!   its idempotency key's fingerprint and expiry (`key_fingerprint`,
+//!   `key_expires_at`), NULL once the key is released: pruned after it
+//!   expired, or taken over by a new command with the same key. Keys made
+//!   of several columns lead with the one that tells rows apart (an
+//!   idempotency key, a device), not with the owner that every row of a
+//!   one-owner server shares: SQLite compares entries column by column and
+//!   takes its fast path only when the first column decides. An update
+//!   writes only what a transition can change (status, `finished_at`,
+//!   revision, record, lease), and never reopens a finished command.
+//!   Migrations are tracked in `PRAGMA user_version`; the file is marked
+//!   with `PRAGMA application_id` = [`APPLICATION_ID`].
 //! - **Decoding once.** Decoding the JSON costs more than the query. A store
 //!   remembers the records it wrote or decoded last (a few thousand, a few
 //!   MB) together with their exact body JSON; a read still queries the
@@ -171,9 +176,9 @@
 //!   inspected with plain reads and a read-only connection before anything
 //!   is written.
 //! - **Retention.** [`Store::prune`](graph_relay_core::store::Store::prune) deletes
-//!   at most `batch` expired keys and at most `batch` terminal commands per
-//!   call, in one short transaction, and never a command that a live
-//!   idempotency key still points at.
+//!   releases at most `batch` expired keys and deletes at most `batch`
+//!   terminal commands per call, in one short transaction, and never a
+//!   command whose idempotency key is still live.
 //! - **The outbox** is the table `outbox` of the same schema, with the
 //!   relay's synced projects (`relay_projects`) and the Graph processes its
 //!   worker started ([`GraphProcess`], `relay_processes`). A relay

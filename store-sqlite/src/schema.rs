@@ -161,28 +161,29 @@ const MIGRATIONS: &[&str] = &[
     r"
     -- no change to the tables
     ",
-    // 7: keys that lead with their most distinct column. SQLite compares
-    // two entries column by column, and decides on a fast path only when
-    // the first column differs; an owner (or an agent) shared by every row
-    // never does, so each comparison took the general path. The same
-    // columns in another order: every look-up names them all, and the
-    // queries that list by a prefix (a device's open commands, a device's
-    // shares) name the device too.
+    // 7: an idempotency key lives in the row of the command it made: its
+    // fingerprint and expiry are columns, NULL once the key is released
+    // (expired and pruned, or taken over by a new command). A unique index
+    // over the held keys lets one statement write a command and its key,
+    // where a table of keys took a second statement and two more index
+    // pages per run. Keys made of several columns lead with the most
+    // distinct one: SQLite compares two entries column by column and takes
+    // its fast path only when the first column decides, which an owner
+    // shared by every row never does. Every look-up names all the columns,
+    // and the queries that list by a prefix (a device's open commands, a
+    // device's shares) name the device too.
     r"
-    CREATE TABLE idempotency_keys_v7 (
-        key         TEXT    NOT NULL,
-        agent       TEXT    NOT NULL,
-        owner       TEXT    NOT NULL,
-        command     TEXT    NOT NULL,
-        fingerprint TEXT    NOT NULL,
-        expires_at  INTEGER NOT NULL,
-        PRIMARY KEY (key, agent, owner)
-    ) WITHOUT ROWID;
-    INSERT INTO idempotency_keys_v7 (key, agent, owner, command, fingerprint, expires_at)
-        SELECT key, agent, owner, command, fingerprint, expires_at FROM idempotency_keys;
+    ALTER TABLE commands ADD COLUMN key_fingerprint TEXT;
+    ALTER TABLE commands ADD COLUMN key_expires_at INTEGER;
+    UPDATE commands SET key_fingerprint = k.fingerprint, key_expires_at = k.expires_at
+        FROM idempotency_keys AS k
+        WHERE k.command = commands.id AND k.owner = commands.owner
+          AND k.agent = commands.agent AND k.key = commands.idempotency_key;
     DROP TABLE idempotency_keys;
-    ALTER TABLE idempotency_keys_v7 RENAME TO idempotency_keys;
-    CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
+    CREATE UNIQUE INDEX commands_keys ON commands (idempotency_key, agent, owner)
+        WHERE key_expires_at IS NOT NULL;
+    CREATE INDEX commands_key_expiry ON commands (key_expires_at)
+        WHERE key_expires_at IS NOT NULL;
 
     CREATE TABLE devices_v7 (
         owner        TEXT    NOT NULL,

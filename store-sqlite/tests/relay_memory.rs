@@ -89,13 +89,22 @@ fn a_store_file_of_the_previous_schema_gains_the_relay_tables() {
         conn.execute_batch("DROP TABLE relay_projects; DROP TABLE relay_processes;")
             .expect("back to the previous version");
         conn.execute_batch(
-            "DROP INDEX commands_open;
+            "DROP INDEX commands_keys;
+             DROP INDEX commands_key_expiry;
+             ALTER TABLE commands DROP COLUMN key_fingerprint;
+             ALTER TABLE commands DROP COLUMN key_expires_at;
+             CREATE TABLE idempotency_keys (
+                owner TEXT NOT NULL, agent TEXT NOT NULL, key TEXT NOT NULL,
+                command TEXT NOT NULL, fingerprint TEXT NOT NULL, expires_at INTEGER NOT NULL,
+                PRIMARY KEY (owner, agent, key)
+             ) WITHOUT ROWID;
+             DROP INDEX commands_open;
              CREATE INDEX commands_queued ON commands (owner, project, device, created_at)
                 WHERE status = 'queued';
              CREATE INDEX commands_running_by_device ON commands (owner, device)
                 WHERE status = 'running';",
         )
-        .expect("version 3's indexes");
+        .expect("version 3's keys and indexes");
         conn.pragma_update(None, "user_version", 3)
             .expect("user_version");
     }

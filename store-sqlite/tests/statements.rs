@@ -44,10 +44,10 @@ fn each_step_of_a_lifecycle_executes_exactly_its_statements() {
         idempotency_key: IdempotencyKey::parse("statements-key-1").expect("key"),
     };
     let ticket = block_on(w.queue.run_graph_session(&w.agent, args)).expect("run");
-    // The session look-up; BEGIN, key, command, COMMIT. The device's
+    // The session look-up; BEGIN, the command with its key, COMMIT. The device's
     // liveness for the ticket's hint was read by the last lifecycle, less
     // than the touch interval ago: the queue's copy serves.
-    step("run_graph_session", 5);
+    step("run_graph_session", 4);
     let id = ticket.command.id;
     let synced = block_on(w.queue.sync(&desk.device, &desk.sync)).expect("sync");
     assert_eq!(synced.commands.len(), 1);
@@ -76,16 +76,16 @@ fn each_step_of_a_lifecycle_executes_exactly_its_statements() {
 }
 
 #[test]
-fn a_lifecycle_one_at_a_time_executes_twelve_statements_or_nineteen_after_a_quiet_spell() {
+fn a_lifecycle_one_at_a_time_executes_eleven_statements_or_eighteen_after_a_quiet_spell() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (store, w, desk) = setup(&dir);
     for n in 1..=5 {
         let before = store.statements_executed();
         block_on(lifecycle(&w, &desk, n));
-        assert_eq!(store.statements_executed() - before, 12, "lifecycle {n}");
+        assert_eq!(store.statements_executed() - before, 11, "lifecycle {n}");
     }
     // A desk that ran nothing for longer than the touch interval: the run
-    // reads the device's liveness again (6); the sync checks the project
+    // reads the device's liveness again (5); the sync checks the project
     // bound, then in one transaction compares the shared sessions with the
     // stored ones, finds them the same and moves their stamps, and records
     // the contact (BEGIN, SELECT, UPDATE, UPSERT, COMMIT), then reads the
@@ -93,13 +93,14 @@ fn a_lifecycle_one_at_a_time_executes_twelve_statements_or_nineteen_after_a_quie
     // as this interval's touch, and the lease comes from the copy of the
     // liveness the sync just updated), then `complete` (3); the read of the
     // finished run is answered by the queue's copy. Before the queue kept
-    // copies this was 28; before a repeated sync only moved stamps, 24.
+    // copies this was 28; before a repeated sync only moved stamps, 24;
+    // before a command's row held its idempotency key, 19.
     w.advance(2);
     let before = store.statements_executed();
     block_on(lifecycle(&w, &desk, 6));
     assert_eq!(
         store.statements_executed() - before,
-        19,
+        18,
         "after a quiet spell"
     );
 }
@@ -153,10 +154,10 @@ fn concurrent_writes_share_their_begin_and_commit() {
             .map(|(k, d)| lifecycle(&w, d, 1000 + k as u64)),
     ));
     let per_lifecycle = (store.statements_executed() - before) as f64 / 64.0;
-    // 6 statements of the calls themselves, plus BEGIN and COMMIT for
+    // 5 statements of the calls themselves, plus BEGIN and COMMIT for
     // each of the 3 writes, shared by the writes committed together.
     assert!(
-        (6.0..12.0).contains(&per_lifecycle),
+        (5.0..11.0).contains(&per_lifecycle),
         "{per_lifecycle} statements per lifecycle"
     );
 }

@@ -141,11 +141,16 @@ fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
         .expect("user_version");
     assert_eq!(version, SCHEMA_VERSION);
     let keys: i64 = conn
-        .query_row("SELECT count(*) FROM idempotency_keys", [], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM commands WHERE key_expires_at IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )
         .expect("count");
     assert_eq!(keys, 4, "three migrated keys and Bob's");
-    // The commands' indexes are the open, running and finished ones (and
-    // the primary key's); the queued and running-by-device ones are gone.
+    // The commands' indexes are the open, running and finished ones, the
+    // held keys and their expiry (and the primary key's); the queued and
+    // running-by-device ones are gone, and so is the table of keys.
     let mut stmt = conn
         .prepare("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'commands' ORDER BY name")
         .expect("prepare");
@@ -158,12 +163,22 @@ fn a_schema_1_database_is_upgraded_and_its_runs_stay_readable() {
         indexes,
         [
             "commands_finished",
+            "commands_key_expiry",
+            "commands_keys",
             "commands_open",
             "commands_running",
             "sqlite_autoindex_commands_1"
         ]
     );
     drop(stmt);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'idempotency_keys'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("count");
+    assert_eq!(tables, 0);
     drop(conn);
     // A second open finds nothing left to migrate.
     let again = SqliteStore::open(&path).expect("reopen");

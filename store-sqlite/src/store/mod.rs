@@ -98,32 +98,26 @@ const MOVE_OPEN_COMMAND: &str = "UPDATE commands SET status = ?2, revision = ?4,
         lease_expires_at = ?7
     WHERE id = ?1 AND revision = ?6 AND finished_at IS NULL AND ?3 IS NULL";
 
-/// Writes an idempotency key unless a live one (`expires_at > ?6`, as
-/// [`LIVE_KEY`] reads it) holds it; an expired one is taken over.
-const WRITE_KEY: &str =
-    "INSERT INTO idempotency_keys (agent, key, command, fingerprint, expires_at, owner)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?7)
-    ON CONFLICT (key, agent, owner) DO UPDATE SET
-        command = excluded.command,
-        fingerprint = excluded.fingerprint,
-        expires_at = excluded.expires_at
-    WHERE idempotency_keys.expires_at <= ?6";
+/// The command holding idempotency key `?3` of agent `?2` of owner `?1`,
+/// live or expired: at most one row does (the unique index `commands_keys`).
+const KEY_HOLDER: &str = "SELECT id, key_fingerprint, key_expires_at FROM commands
+    WHERE idempotency_key = ?3 AND agent = ?2 AND owner = ?1 AND key_expires_at IS NOT NULL";
 
-/// The live idempotency key (owner `?1`, agent `?2`, key `?3`) at `?4`.
-const LIVE_KEY: &str = "SELECT command, fingerprint, expires_at FROM idempotency_keys
-    WHERE owner = ?1 AND agent = ?2 AND key = ?3 AND expires_at > ?4";
+/// Lets command `?1` go of its key: the key is free for a new command.
+const RELEASE_KEY: &str =
+    "UPDATE commands SET key_fingerprint = NULL, key_expires_at = NULL WHERE id = ?1";
 
 /// A device's liveness (owner `?1`, device `?2`).
 const DEVICE: &str = "SELECT last_sync_at, last_seen_at, long_poll FROM devices
     WHERE owner = ?1 AND device = ?2";
 
-/// Up to `batch` keys expired at `?1`, oldest first (the limit is a literal,
-/// see [`sql_limit`]).
+/// Releases up to `batch` keys expired at `?1`, oldest first (the limit is
+/// a literal, see [`sql_limit`]).
 fn expired_keys_sql(batch: i64) -> String {
     format!(
-        "DELETE FROM idempotency_keys WHERE (key, agent, owner) IN (
-            SELECT key, agent, owner FROM idempotency_keys
-            WHERE expires_at <= ?1 ORDER BY expires_at LIMIT {batch})"
+        "UPDATE commands SET key_fingerprint = NULL, key_expires_at = NULL WHERE rowid IN (
+            SELECT rowid FROM commands
+            WHERE key_expires_at <= ?1 ORDER BY key_expires_at LIMIT {batch})"
     )
 }
 
@@ -165,7 +159,6 @@ impl SqliteStore {
         let row = CommandRow::encode(command.clone()).map_err(store_error)?;
         let entry = Arc::clone(&row.entry);
         let key = key.clone();
-        let key_command = id_text(&key.command);
         let now = millis(now)?;
         let expires_at = millis(key.expires_at)?;
         let statements = Arc::clone(self.db.statements());
@@ -189,33 +182,34 @@ impl SqliteStore {
                     return Ok((GuardedInsert::SessionChanged, false));
                 }
                 // Under the write lock of BEGIN IMMEDIATE: no other
-                // connection can insert the same key between this statement
-                // and the ones below. The key is written unless a live one
-                // (`expires_at > now`, as `live_key` reads it) holds it.
-                statements.add(1);
-                let written = conn.prepare_cached(WRITE_KEY)?.execute(params![
-                    key.agent.as_str(),
-                    key.key.as_str(),
-                    key_command,
-                    key.fingerprint,
-                    expires_at,
-                    now,
-                    key.owner.as_str()
-                ])?;
-                if written == 0 {
-                    let existing =
-                        live_key(conn, &statements, &key.owner, &key.agent, &key.key, now)?
-                            .ok_or_else(|| {
-                                DbError::Sqlite(format!(
-                                    "idempotency key {} was neither written nor found",
-                                    key.key.as_str()
-                                ))
-                            })?;
-                    let taken = InsertOutcome::KeyTaken(existing);
+                // connection can take the same key between the statements
+                // below. The row holds its key; a row already holding it
+                // makes the insert write nothing.
+                let held = Some((key.fingerprint.as_str(), expires_at));
+                if row.insert(conn, &statements, held)? {
+                    return Ok((GuardedInsert::Checked(InsertOutcome::Inserted), true));
+                }
+                let of = KeyOf {
+                    owner: &key.owner,
+                    agent: &key.agent,
+                    key: &key.key,
+                };
+                let Some(holder) = key_holder(conn, &statements, &of)? else {
+                    return Err(row.exists());
+                };
+                if holder.expires_at > now {
+                    let taken = InsertOutcome::KeyTaken(holder.record(&of)?);
                     return Ok((GuardedInsert::Checked(taken), false));
                 }
-                row.insert(conn, &statements)?;
-                Ok((GuardedInsert::Checked(InsertOutcome::Inserted), true))
+                // The key expired: its old command lets go of it.
+                statements.add(1);
+                conn.prepare_cached(RELEASE_KEY)?
+                    .execute(params![holder.command])?;
+                if row.insert(conn, &statements, held)? {
+                    Ok((GuardedInsert::Checked(InsertOutcome::Inserted), true))
+                } else {
+                    Err(row.exists())
+                }
             })
             .await
             .map_err(store_error)?;
@@ -333,7 +327,9 @@ impl SqliteStore {
         self.db
             .write(move |conn| {
                 for row in &rows {
-                    row.insert(conn, &statements)?;
+                    if !row.insert(conn, &statements, None)? {
+                        return Err(row.exists());
+                    }
                 }
                 Ok(())
             })
@@ -352,8 +348,12 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
         let now = millis(now)?;
+        let key = KeyOf { owner, agent, key };
         self.db
-            .read(|conn| live_key(conn, self.db.statements(), owner, agent, key, now))
+            .read(|conn| match key_holder(conn, self.db.statements(), &key)? {
+                Some(holder) if holder.expires_at > now => holder.record(&key).map(Some),
+                _ => Ok(None),
+            })
             .map_err(store_error)
     }
 
@@ -729,11 +729,7 @@ impl Store for SqliteStore {
                                 SELECT c.rowid FROM commands AS c
                                 WHERE c.finished_at IS NOT NULL AND c.finished_at <= ?1
                                   AND c.status IN ('completed', 'failed', 'cancelled')
-                                  AND NOT EXISTS (
-                                    SELECT 1 FROM idempotency_keys AS k
-                                    WHERE k.owner = c.owner AND k.agent = c.agent
-                                      AND k.key = c.idempotency_key
-                                      AND k.command = c.id AND k.expires_at > ?2)
+                                  AND (c.key_expires_at IS NULL OR c.key_expires_at <= ?2)
                                 ORDER BY c.finished_at LIMIT {batch})"
                         ))?
                         .execute(params![cutoff, now])?,
@@ -745,38 +741,53 @@ impl Store for SqliteStore {
     }
 }
 
-/// The live key for (owner, agent, key) at `now`, if any.
-fn live_key(
+/// The command that holds an idempotency key, and what the key records.
+struct KeyHolder {
+    command: String,
+    fingerprint: String,
+    expires_at: i64,
+}
+
+impl KeyHolder {
+    /// The key as the store's callers see it: `key` with this holder's
+    /// command, fingerprint and expiry.
+    fn record(&self, key: &KeyOf<'_>) -> Result<IdempotencyRecord, DbError> {
+        Ok(IdempotencyRecord {
+            owner: key.owner.clone(),
+            agent: key.agent.clone(),
+            key: key.key.clone(),
+            command: parse(CommandId::parse(&self.command), "commands.id")?,
+            fingerprint: self.fingerprint.clone(),
+            expires_at: timestamp(self.expires_at)?,
+        })
+    }
+}
+
+/// Which key: (owner, agent, key).
+struct KeyOf<'a> {
+    owner: &'a OwnerId,
+    agent: &'a AgentId,
+    key: &'a IdempotencyKey,
+}
+
+/// The command holding `key`, live or expired, if any.
+fn key_holder(
     conn: &Connection,
     statements: &Statements,
-    owner: &OwnerId,
-    agent: &AgentId,
-    key: &IdempotencyKey,
-    now: i64,
-) -> Result<Option<IdempotencyRecord>, DbError> {
+    key: &KeyOf<'_>,
+) -> Result<Option<KeyHolder>, DbError> {
     statements.add(1);
-    let found = conn
-        .prepare_cached(LIVE_KEY)?
+    Ok(conn
+        .prepare_cached(KEY_HOLDER)?
         .query_row(
-            params![owner.as_str(), agent.as_str(), key.as_str(), now],
+            params![key.owner.as_str(), key.agent.as_str(), key.key.as_str()],
             |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
+                Ok(KeyHolder {
+                    command: r.get(0)?,
+                    fingerprint: r.get(1)?,
+                    expires_at: r.get(2)?,
+                })
             },
         )
-        .optional()?;
-    let Some((command, fingerprint, expires_at)) = found else {
-        return Ok(None);
-    };
-    Ok(Some(IdempotencyRecord {
-        owner: owner.clone(),
-        agent: agent.clone(),
-        key: key.clone(),
-        command: parse(CommandId::parse(&command), "idempotency_keys.command")?,
-        fingerprint,
-        expires_at: timestamp(expires_at)?,
-    }))
+        .optional()?)
 }

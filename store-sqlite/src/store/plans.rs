@@ -93,33 +93,31 @@ fn open_and_running_commands_are_found_by_their_indexes() {
     }
 }
 
-/// Keys and devices are found by their whole primary key, which leads with
-/// the column that tells rows apart (the key, the device) rather than the
-/// owner every row of a one-owner server shares; expired keys are pruned
-/// along the expiry index. (An insert has no plan: the key's upsert takes
-/// its conflict target, the same primary key.)
+/// Keys and devices are found by all their key columns, led by the one
+/// that tells rows apart (the key, the device) rather than the owner every
+/// row of a one-owner server shares; expired keys are released along the
+/// expiry index. None of them walks the commands.
 #[test]
-fn keys_and_devices_are_found_by_their_whole_primary_key() {
+fn keys_and_devices_are_found_by_all_their_key_columns() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("plans.sqlite");
     drop(SqliteStore::open(&path).expect("open"));
     let conn = rusqlite::Connection::open(&path).expect("connect");
     for (sql, wanted) in [
         (
-            LIVE_KEY.to_string(),
-            "PRIMARY KEY (key=? AND agent=? AND owner=?)",
+            KEY_HOLDER.to_string(),
+            "commands_keys (idempotency_key=? AND agent=? AND owner=?)",
         ),
         (DEVICE.to_string(), "PRIMARY KEY (device=? AND owner=?)"),
         (
             expired_keys_sql(100),
-            "idempotency_keys_expiry (expires_at<?)",
+            "commands_key_expiry (key_expires_at<?)",
         ),
     ] {
         let plan = plan(&conn, &sql);
         assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
         assert!(
-            plan.split(" / ")
-                .all(|step| step != "SCAN idempotency_keys"),
+            plan.split(" / ").all(|step| step != "SCAN commands"),
             "{sql}\n  -> {plan}"
         );
     }

@@ -43,16 +43,26 @@ impl CommandRow {
         })
     }
 
-    pub(super) fn insert(&self, conn: &Connection, statements: &Statements) -> Result<(), DbError> {
+    /// Inserts the row, holding `key` (the request's fingerprint and when
+    /// the key expires) if given. False if nothing was written: the id
+    /// exists, or a key row holds the same (key, agent, owner) — live or
+    /// expired, the caller decides.
+    pub(super) fn insert(
+        &self,
+        conn: &Connection,
+        statements: &Statements,
+        key: Option<(&str, i64)>,
+    ) -> Result<bool, DbError> {
         let c = &self.entry.record;
         statements.add(1);
         let inserted = conn
             .prepare_cached(
                 "INSERT INTO commands
                     (id, agent, owner, project, device, idempotency_key, status, created_at,
-                     finished_at, revision, record, lease_expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-                 ON CONFLICT (id) DO NOTHING",
+                     finished_at, revision, record, lease_expires_at, key_fingerprint,
+                     key_expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+                 ON CONFLICT DO NOTHING",
             )?
             .execute(params![
                 self.id,
@@ -66,15 +76,16 @@ impl CommandRow {
                 self.finished_at,
                 self.revision,
                 self.entry.json,
-                self.lease_expires_at
+                self.lease_expires_at,
+                key.map(|(fingerprint, _)| fingerprint),
+                key.map(|(_, expires_at)| expires_at),
             ])?;
-        if inserted == 0 {
-            return Err(DbError::Sqlite(format!(
-                "command {} already exists",
-                self.id
-            )));
-        }
-        Ok(())
+        Ok(inserted == 1)
+    }
+
+    /// The error of an insert that found its id taken.
+    pub(super) fn exists(&self) -> DbError {
+        DbError::Sqlite(format!("command {} already exists", self.id))
     }
 }
 
