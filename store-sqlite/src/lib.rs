@@ -77,9 +77,9 @@
 //!   process wrote in between. Each transition is one conditional statement
 //!   (`UPDATE … WHERE id = ? AND revision = ?`); `insert_command` writes
 //!   the command together with its idempotency key in one statement, which
-//!   a unique index over the keys rows hold turns into a no-op when the key
-//!   is taken, so two processes racing with one key insert exactly one
-//!   command.
+//!   a unique index over the keys that rows hold turns into a no-op when
+//!   the key is taken, so two processes racing with one key insert exactly
+//!   one command.
 //! - **Shared by processes.** Several processes (and several `SqliteStore`s)
 //!   may open one file. A lock held by another connection is waited for with
 //!   a short-interval busy handler (50 µs to 1 ms between attempts, so two
