@@ -195,9 +195,9 @@ impl SqliteStore {
                     key: &key.key,
                 };
                 let Some(holder) = key_holder(conn, &statements, &of)? else {
-                    return Err(row.exists());
+                    return Err(row.id_taken());
                 };
-                if holder.expires_at > now {
+                if holder.is_live(now) {
                     let taken = InsertOutcome::KeyTaken(holder.record(&of)?);
                     return Ok((GuardedInsert::Checked(taken), false));
                 }
@@ -208,7 +208,7 @@ impl SqliteStore {
                 if row.insert(conn, &statements, held)? {
                     Ok((GuardedInsert::Checked(InsertOutcome::Inserted), true))
                 } else {
-                    Err(row.exists())
+                    Err(row.id_taken())
                 }
             })
             .await
@@ -328,7 +328,7 @@ impl SqliteStore {
             .write(move |conn| {
                 for row in &rows {
                     if !row.insert(conn, &statements, None)? {
-                        return Err(row.exists());
+                        return Err(row.id_taken());
                     }
                 }
                 Ok(())
@@ -351,7 +351,7 @@ impl Store for SqliteStore {
         let key = KeyOf { owner, agent, key };
         self.db
             .read(|conn| match key_holder(conn, self.db.statements(), &key)? {
-                Some(holder) if holder.expires_at > now => holder.record(&key).map(Some),
+                Some(holder) if holder.is_live(now) => holder.record(&key).map(Some),
                 _ => Ok(None),
             })
             .map_err(store_error)
@@ -749,6 +749,12 @@ struct KeyHolder {
 }
 
 impl KeyHolder {
+    /// A key is live strictly before its `expires_at`; at that instant a
+    /// new command may take it.
+    fn is_live(&self, now: i64) -> bool {
+        self.expires_at > now
+    }
+
     /// The key as the store's callers see it: `key` with this holder's
     /// command, fingerprint and expiry.
     fn record(&self, key: &KeyOf<'_>) -> Result<IdempotencyRecord, DbError> {

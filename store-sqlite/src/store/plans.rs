@@ -1,4 +1,5 @@
-//! The query plans of the statements every sync runs.
+//! The query plans of the statements on the hot paths: every sync's, and
+//! the look-ups of keys and devices.
 
 use super::*;
 
@@ -18,16 +19,35 @@ fn plan(conn: &rusqlite::Connection, sql: &str) -> String {
         .join(" / ")
 }
 
+/// A database with this build's schema, and a connection to it.
+fn fresh_schema() -> (tempfile::TempDir, rusqlite::Connection) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("plans.sqlite");
+    drop(SqliteStore::open(&path).expect("open"));
+    let conn = rusqlite::Connection::open(&path).expect("connect");
+    (dir, conn)
+}
+
+/// Each statement's plan uses the index named beside it, and no step of
+/// it walks the commands table.
+fn assert_indexed_without_walking_commands(conn: &rusqlite::Connection, cases: &[(String, &str)]) {
+    for (sql, wanted) in cases {
+        let plan = plan(conn, sql);
+        assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
+        assert!(
+            plan.split(" / ").all(|step| step != "SCAN commands"),
+            "{sql}\n  -> {plan}"
+        );
+    }
+}
+
 /// The statements every sync runs search by all their key columns,
 /// never by a prefix that spans an owner's or a project's rows (with
 /// one owner and 10,000 desktops in one project, the planner's own
 /// choice for the DELETE walked every share of the project per sync).
 #[test]
 fn per_sync_statements_search_by_every_key_column() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("plans.sqlite");
-    drop(SqliteStore::open(&path).expect("open"));
-    let conn = rusqlite::Connection::open(&path).expect("connect");
+    let (_dir, conn) = fresh_schema();
     for (sql, wanted) in [
         (
             shares::DELETE_SHARES.to_string(),
@@ -71,26 +91,19 @@ fn per_sync_statements_search_by_every_key_column() {
 /// running commands.
 #[test]
 fn open_and_running_commands_are_found_by_their_indexes() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("plans.sqlite");
-    drop(SqliteStore::open(&path).expect("open"));
-    let conn = rusqlite::Connection::open(&path).expect("connect");
-    for (sql, wanted) in [
-        (
-            running_commands_sql(100),
-            "commands_open (device=? AND owner=?)",
-        ),
-        (lapsed_commands_sql(100), "commands_running"),
-    ] {
-        let plan = plan(&conn, &sql);
-        assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
-        // Walking the running index in lease order is fine; walking the
-        // table is not.
-        assert!(
-            plan.split(" / ").all(|step| step != "SCAN commands"),
-            "{sql}\n  -> {plan}"
-        );
-    }
+    let (_dir, conn) = fresh_schema();
+    // Walking the running index in lease order is fine; walking the table
+    // is not.
+    assert_indexed_without_walking_commands(
+        &conn,
+        &[
+            (
+                running_commands_sql(100),
+                "commands_open (device=? AND owner=?)",
+            ),
+            (lapsed_commands_sql(100), "commands_running"),
+        ],
+    );
 }
 
 /// Keys and devices are found by all their key columns, led by the one
@@ -99,26 +112,19 @@ fn open_and_running_commands_are_found_by_their_indexes() {
 /// expiry index. None of them walks the commands.
 #[test]
 fn keys_and_devices_are_found_by_all_their_key_columns() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("plans.sqlite");
-    drop(SqliteStore::open(&path).expect("open"));
-    let conn = rusqlite::Connection::open(&path).expect("connect");
-    for (sql, wanted) in [
-        (
-            KEY_HOLDER.to_string(),
-            "commands_keys (idempotency_key=? AND agent=? AND owner=?)",
-        ),
-        (DEVICE.to_string(), "PRIMARY KEY (device=? AND owner=?)"),
-        (
-            expired_keys_sql(100),
-            "commands_key_expiry (key_expires_at<?)",
-        ),
-    ] {
-        let plan = plan(&conn, &sql);
-        assert!(plan.contains(wanted), "{sql}\n  -> {plan}");
-        assert!(
-            plan.split(" / ").all(|step| step != "SCAN commands"),
-            "{sql}\n  -> {plan}"
-        );
-    }
+    let (_dir, conn) = fresh_schema();
+    assert_indexed_without_walking_commands(
+        &conn,
+        &[
+            (
+                KEY_HOLDER.to_string(),
+                "commands_keys (idempotency_key=? AND agent=? AND owner=?)",
+            ),
+            (DEVICE.to_string(), "PRIMARY KEY (device=? AND owner=?)"),
+            (
+                expired_keys_sql(100),
+                "commands_key_expiry (key_expires_at<?)",
+            ),
+        ],
+    );
 }

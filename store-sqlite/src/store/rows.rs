@@ -84,7 +84,7 @@ impl CommandRow {
     }
 
     /// The error of an insert that found its id taken.
-    pub(super) fn exists(&self) -> DbError {
+    pub(super) fn id_taken(&self) -> DbError {
         DbError::Sqlite(format!("command {} already exists", self.id))
     }
 }
