@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 
 use futures::channel::oneshot;
 
-use crate::ids::{CommandId, DeviceId, OwnerId};
+use crate::ids::{CommandId, DeviceId, OwnerId, ProjectId};
 
 mod changes;
 mod quiet;
@@ -121,6 +121,11 @@ impl Signals {
     /// Wakes every waiter on `topic` (here, and through the forwarder elsewhere).
     pub fn notify(&self, topic: &Topic) {
         self.wake(topic);
+        self.forward(topic);
+    }
+
+    /// Publishes `topic` to the other processes, if a forwarder is installed.
+    fn forward(&self, topic: &Topic) {
         let forwarder = self
             .forwarder
             .lock()
@@ -129,6 +134,25 @@ impl Signals {
         if let Some(f) = forwarder {
             f.forward(topic);
         }
+    }
+
+    /// Wakes every waiter on the work of `device` of `owner` (here, and
+    /// through the forwarder elsewhere) for run `id`, which this process
+    /// just queued there in `project`: [`Signals::notify`] of
+    /// [`Topic::DeviceWork`], except that the desktop's look kept in memory
+    /// takes the run in rather than being forgotten (see [`QuietDevices`]).
+    pub fn notify_queued(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        project: &ProjectId,
+        id: CommandId,
+    ) {
+        // Before any waiter wakes: its look may come from memory.
+        self.quiet.queued_here(owner, device, project, id);
+        let topic = Topic::DeviceWork(owner.clone(), device.clone());
+        self.wake_waiters(&topic);
+        self.forward(&topic);
     }
 
     /// Wakes the waiters of this process only (for a notification that came
@@ -144,11 +168,17 @@ impl Signals {
 
     /// Wakes the waiters on `topic` in this process.
     fn wake(&self, topic: &Topic) {
-        self.notified.fetch_add(1, Ordering::Relaxed);
         if let Topic::DeviceWork(_, device) = topic {
             // Before any waiter wakes: its look must not come from memory.
             self.quiet.work_for(device);
         }
+        self.wake_waiters(topic);
+    }
+
+    /// Wakes the waiters on `topic` in this process, leaving the memory of
+    /// quiet desktops to the caller.
+    fn wake_waiters(&self, topic: &Topic) {
+        self.notified.fetch_add(1, Ordering::Relaxed);
         let senders = {
             let mut waiters = self.lock();
             if waiters.is_empty() {

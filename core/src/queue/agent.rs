@@ -15,7 +15,6 @@ use crate::hold::Look;
 use crate::ids::{CommandId, GraphSessionId, IdempotencyKey, ProjectId};
 use crate::principal::Agent;
 use crate::session::SharedSession;
-use crate::signals::Topic;
 use crate::store::{DeviceRecord, GuardedInsert, IdempotencyRecord, InsertOutcome, StoreError};
 use crate::time::{Sleeper, Timestamp};
 use std::time::Duration;
@@ -149,10 +148,12 @@ impl Queue {
         match outcome {
             InsertOutcome::Inserted => {
                 self.last_seen.put(&command, since);
-                self.signals.notify(&Topic::DeviceWork(
-                    command.owner.clone(),
-                    command.device.clone(),
-                ));
+                self.signals.notify_queued(
+                    &command.owner,
+                    &command.device,
+                    &command.project,
+                    command.id,
+                );
                 let poll_after_seconds = self.pickup_hint(&command, now).await?.0;
                 Ok(RunTicket {
                     command,

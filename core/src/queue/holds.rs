@@ -149,7 +149,9 @@ impl Queue {
     /// (only while every other process's write reaches this one as a
     /// notification: [`Queue::external_writes_fed`]). A run queued just
     /// before, whose notification was still on its way, wakes the hold,
-    /// and that look reads the store.
+    /// and that look reads the store, unless it is the one run this queue
+    /// queued for the device since: then the look is this queue's current
+    /// copy of it, and the run is handed out without a read either.
     pub async fn sync_held(
         &self,
         device: &Device,
@@ -187,7 +189,11 @@ impl Queue {
                     &*self.clock,
                     sleeper,
                     || async {
-                        let commands = self.queued_for(device, &request.project).await?;
+                        let commands =
+                            match self.queued_from_memory(device, &request.project, false) {
+                                Some(commands) => commands,
+                                None => self.queued_for(device, &request.project).await?,
+                            };
                         Ok::<_, StoreError>(look(commands))
                     },
                 )

@@ -8,7 +8,7 @@
 //! desktop stopped sharing.
 
 use super::{DeclineError, Party, Queue, SyncError, TransitionError};
-use crate::command::CommandRecord;
+use crate::command::{CommandRecord, CommandStatus};
 use crate::ids::{CommandId, ProjectId};
 use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::principal::Device;
@@ -27,10 +27,12 @@ const MAX_RESTART_CLOSES: usize = 100;
 pub(super) enum Look {
     /// The store.
     Store,
-    /// Memory, when the device is known to have nothing queued there;
-    /// else the store. Only the first look of a held sync, subscribed
-    /// before it: a run queued just before, whose notification was still
-    /// on its way, wakes the hold, and that look reads the store.
+    /// Memory, when it tells what is queued there (nothing, or one run
+    /// this queue queued; see [`Queue::queued_from_memory`]); else the
+    /// store. Only the first look of a held sync, subscribed before it: a
+    /// run queued just before, whose notification was still on its way,
+    /// wakes the hold, and that look reads the store or memory that knows
+    /// the run.
     QuietFromMemory,
 }
 
@@ -125,11 +127,13 @@ impl Queue {
             self.close_after_restart(device, request.running.as_ref())
                 .await?;
         }
-        let queued = match look {
-            Look::QuietFromMemory if self.known_quiet(device, &request.project) => Vec::new(),
-            Look::QuietFromMemory | Look::Store => {
-                self.queued_for(device, &request.project).await?
-            }
+        let remembered = match look {
+            Look::QuietFromMemory => self.queued_from_memory(device, &request.project, true),
+            Look::Store => None,
+        };
+        let queued = match remembered {
+            Some(queued) => queued,
+            None => self.queued_for(device, &request.project).await?,
         };
         let commands = self.decline_unshared(device, request, queued).await?;
         let poll_after = if request.long_poll {
@@ -258,17 +262,36 @@ impl Queue {
         Ok(queued)
     }
 
-    /// True when nothing is queued for `device` in `project` without
-    /// reading the store: its last look found nothing, or only runs this
-    /// queue started since, and no notification of work for it came since.
-    /// Only while every write of another process reaches this one as a
-    /// notification.
-    fn known_quiet(&self, device: &Device, project: &ProjectId) -> bool {
-        self.external_writes_fed()
-            && self
-                .signals
-                .quiet()
-                .is_quiet(&device.owner, &device.id, project)
+    /// What is queued for `device` in `project`, told without reading the
+    /// store, or `None` (read it). Only while every write of another
+    /// process reaches this one as a notification:
+    ///
+    /// - nothing, when `quiet_too` and its last look found nothing, or only
+    ///   runs this queue started since, and no notification of work for it
+    ///   came since;
+    /// - the one run this queue queued for it since (and nothing else came),
+    ///   when this queue's copy of that run is current and still queued.
+    ///   So the held sync that run wakes hands it out without a read.
+    ///
+    /// A hold's later looks pass `quiet_too = false`: they come after a
+    /// wake-up, or after its re-look interval, the safety net that reads
+    /// the store.
+    pub(super) fn queued_from_memory(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+        quiet_too: bool,
+    ) -> Option<Vec<CommandRecord>> {
+        if !self.external_writes_fed() {
+            return None;
+        }
+        let quiet = self.signals.quiet();
+        if quiet_too && quiet.is_quiet(&device.owner, &device.id, project) {
+            return Some(Vec::new());
+        }
+        let id = quiet.only_run(&device.owner, &device.id, project)?;
+        let copy = self.current_copy(Party::Device(device), &id)?;
+        (copy.status == CommandStatus::Queued && copy.project == *project).then(|| vec![copy])
     }
 
     /// Refuses a share into one project more than

@@ -14,6 +14,11 @@
 //! So the held sync a desktop sends after delivering its result reads no
 //! queue.
 //!
+//! A run this queue queues for a desktop it knows joins the runs it has
+//! to take, instead of making it forgotten: when that run is the only one,
+//! the held sync it wakes answers with this queue's current copy of it
+//! (`Queue::queued_from_memory`), again without reading the queue.
+//!
 //! The rules that make it exact:
 //!
 //! - A look is kept only if *no* notification at all (of any desktop)
@@ -23,6 +28,10 @@
 //!   it saw everything queued (it was not cut at the sync's limit).
 //! - A notification of a desktop's work forgets it, and a wake-up of all
 //!   forgets every one, under the same lock and before any waiter wakes.
+//!   A run queued here is added to the desktop's runs to take under the
+//!   same lock and before any waiter wakes, and only to a look of its
+//!   owner and project; it counts as a notification for the looks under
+//!   way.
 //! - A run leaves the runs still to take only when this queue started it:
 //!   it is then running, and nothing brings a run back to the queue. A run
 //!   that ended otherwise (cancelled, declined, started by another
@@ -134,6 +143,54 @@ impl QuietDevices {
         self.lock().devices.get(device).is_some_and(|found| {
             found.owner == *owner && found.project == *project && found.to_take.is_empty()
         })
+    }
+
+    /// This queue queued run `id` for `device` of `owner` in `project`
+    /// (written, not yet notified): a desktop whose last kept look was of
+    /// that owner and project now has that run to take too, so its next
+    /// look can answer from memory ([`QuietDevices::only_run`]); any other
+    /// desktop of that name is forgotten, as by [`QuietDevices::work_for`].
+    /// Counted as a notification: a look under way is not kept.
+    pub(crate) fn queued_here(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        project: &ProjectId,
+        id: CommandId,
+    ) {
+        let mut state = self.lock();
+        state.epoch += 1;
+        match state.devices.get_mut(device) {
+            Some(found)
+                if found.owner == *owner
+                    && found.project == *project
+                    && found.to_take.len() < MAX_TO_TAKE =>
+            {
+                found.to_take.push(id);
+            }
+            Some(_) => {
+                state.devices.remove(device);
+            }
+            None => {}
+        }
+    }
+
+    /// The one run queued for `device` of `owner` in `project`, as far as
+    /// the notifications since its last kept look tell: `None` when the
+    /// desktop is not known, is quiet, or has several runs to take (their
+    /// order is the store's to tell).
+    pub(crate) fn only_run(
+        &self,
+        owner: &OwnerId,
+        device: &DeviceId,
+        project: &ProjectId,
+    ) -> Option<CommandId> {
+        let state = self.lock();
+        let found = state.devices.get(device)?;
+        match found.to_take.as_slice() {
+            [id] if found.owner == *owner && found.project == *project => Some(*id),
+            _ => None,
+        }
     }
 
     /// Work was queued for `device` (of some owner). Kept by the device's
@@ -254,6 +311,62 @@ mod tests {
         quiet.work_for(&d);
         quiet.started(&o, &d, &one);
         assert!(!quiet.is_quiet(&o, &d, &p));
+    }
+
+    #[test]
+    fn a_run_queued_here_is_the_one_to_take_of_a_known_desktop() {
+        let quiet = QuietDevices::default();
+        let (o, d, p) = ids("alice", "desk", "p1");
+        let (bob, laptop, p2) = ids("bob", "laptop", "p2");
+        let [one, two, three] =
+            [1u128, 2, 3].map(|n| CommandId::from_uuid(uuid::Uuid::from_u128(n)));
+        // Not known: nothing to tell, and nothing kept.
+        quiet.queued_here(&o, &d, &p, one);
+        assert_eq!(quiet.only_run(&o, &d, &p), None);
+        assert_eq!(quiet.len(), 0);
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &[]);
+        assert_eq!(quiet.only_run(&o, &d, &p), None, "quiet: no run");
+        quiet.queued_here(&o, &d, &p, one);
+        assert!(!quiet.is_quiet(&o, &d, &p));
+        assert_eq!(quiet.only_run(&o, &d, &p), Some(one));
+        assert_eq!(quiet.only_run(&bob, &d, &p), None, "another owner");
+        assert_eq!(quiet.only_run(&o, &d, &p2), None, "another project");
+        assert_eq!(quiet.only_run(&o, &laptop, &p), None, "another device");
+        // Two to take: their order is the store's.
+        quiet.queued_here(&o, &d, &p, two);
+        assert_eq!(quiet.only_run(&o, &d, &p), None);
+        quiet.started(&o, &d, &one);
+        assert_eq!(quiet.only_run(&o, &d, &p), Some(two));
+        quiet.started(&o, &d, &two);
+        assert!(quiet.is_quiet(&o, &d, &p));
+        // Work in another project, or of another owner's desktop of that
+        // name, forgets the desktop.
+        quiet.queued_here(&o, &d, &p2, three);
+        assert_eq!(quiet.len(), 0);
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &[]);
+        quiet.queued_here(&bob, &d, &p, three);
+        assert_eq!(quiet.len(), 0);
+        // A look under way when a run is queued is not kept.
+        let look = quiet.look();
+        quiet.queued_here(&o, &laptop, &p, three);
+        quiet.found(look, &o, &d, &p, &[]);
+        assert_eq!(quiet.len(), 0);
+    }
+
+    #[test]
+    fn a_full_list_to_take_forgets_its_desktop_when_another_run_comes() {
+        let quiet = QuietDevices::default();
+        let (o, d, p) = ids("alice", "desk", "p1");
+        let many: Vec<CommandId> = (0..MAX_TO_TAKE as u128)
+            .map(|n| CommandId::from_uuid(uuid::Uuid::from_u128(n)))
+            .collect();
+        let look = quiet.look();
+        quiet.found(look, &o, &d, &p, &many);
+        assert_eq!(quiet.len(), 1);
+        quiet.queued_here(&o, &d, &p, CommandId::from_uuid(uuid::Uuid::from_u128(99)));
+        assert_eq!(quiet.len(), 0);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use serde_json::json;
 
 use super::{Advancing, StoreCalls, World, completed, exec, held_sync, p1};
@@ -16,6 +17,16 @@ use crate::ids::CommandId;
 use crate::queue::QueueConfig;
 use crate::signals::Topic;
 use crate::store::{LayeredStore, Store};
+use crate::time::Sleeper;
+
+/// A sleeper whose sleep never ends: a hold on it ends only when woken.
+struct Waits;
+
+impl Sleeper for Waits {
+    fn sleep(&self, _: std::time::Duration) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::pending())
+    }
+}
 
 fn ids(commands: &[CommandRecord]) -> Vec<CommandId> {
     commands.iter().map(|c| c.id).collect()
@@ -59,11 +70,13 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
         idle(made, "an idle desktop's next held sync");
     }
 
-    // A run queued here: the next held sync reads it at once.
+    // A run queued here: the next held sync hands it out at once, from
+    // this queue's copy of it.
     let queued = a.run(&a.agent, 1, "quiet-run-1").await;
     let (commands, made) = sync().await;
     assert_eq!(ids(&commands), [queued.id]);
-    assert_eq!(made, 1, "a held sync after a run was queued");
+    assert_eq!(commands[0], queued, "the run as it was queued");
+    idle(made, "a held sync after a run was queued here");
     a.queue
         .start(&a.device, &queued.id, &exec("quiet-e1"))
         .await
@@ -83,7 +96,7 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
     let cancelled = a.run(&a.agent, 1, "quiet-run-2").await;
     let (commands, made) = sync().await;
     assert_eq!(ids(&commands), [cancelled.id]);
-    assert_eq!(made, 1, "a held sync after a second run was queued");
+    idle(made, "a held sync after a second run was queued here");
     a.queue
         .cancel_graph_run(&a.agent, &cancelled.id)
         .await
@@ -93,6 +106,37 @@ pub async fn quiet_desktops(store: Arc<dyn Store>) {
     assert!(made >= 1, "the look after a run cancelled while queued");
     let (_, made) = sync().await;
     idle(made, "quiet again");
+
+    // A held sync waiting when a run is queued here: woken, it hands the
+    // run out from this queue's copy. Two runs queued: their order is the
+    // store's to tell.
+    let waiting = a.queue.sync_held(&a.device, &held, |hold| hold, &Waits);
+    let before = reads.count();
+    let (answer, woke) = futures::join!(waiting, async { a.run(&a.agent, 1, "quiet-run-3").await });
+    let answer = answer.expect("held sync");
+    assert_eq!(ids(&answer.commands), [woke.id]);
+    idle(reads.count() - before, "the held sync a run woke");
+    let (commands, made) = sync().await;
+    assert_eq!(ids(&commands), [woke.id], "still queued: handed out again");
+    idle(made, "the one run still to take");
+    let second = a.run(&a.agent, 1, "quiet-run-4").await;
+    let (commands, made) = sync().await;
+    assert_eq!(ids(&commands), [woke.id, second.id]);
+    assert_eq!(made, 1, "two runs to take: the store tells their order");
+    for (n, run) in [woke.id, second.id].iter().enumerate() {
+        let exec_id = exec(&format!("quiet-e{}", n + 3));
+        a.queue
+            .start(&a.device, run, &exec_id)
+            .await
+            .expect("start");
+        a.queue
+            .complete(&a.device, run, &completed(exec_id.as_str(), json!({})))
+            .await
+            .expect("complete");
+    }
+    let (commands, made) = sync().await;
+    assert!(commands.is_empty());
+    idle(made, "both runs started here");
 
     // Work for another desktop leaves this one quiet; work for this one
     // notified by another process, or every waiter woken (a forwarder that
