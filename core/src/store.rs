@@ -64,6 +64,16 @@ pub enum InsertOutcome {
     KeyTaken(IdempotencyRecord),
 }
 
+/// Result of [`Store::record_sync_within`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoundedSync {
+    /// The sync was recorded.
+    Recorded,
+    /// The sync would have shared the device into one project more than
+    /// allowed; nothing was written.
+    TooManyProjects,
+}
+
 /// Result of [`Store::insert_command_if_shared`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GuardedInsert {
@@ -378,6 +388,42 @@ pub trait Store: Send + Sync {
             .await?;
         self.touch_device(owner, device, DeviceContact::Sync { long_poll }, now)
             .await
+    }
+
+    /// [`record_sync`](Self::record_sync), unless the sync would make
+    /// `device` share into more than `max_projects` projects of `owner`:
+    /// `sessions` is not empty, `device` shares nothing to `project` yet,
+    /// and it shares into `max_projects` other projects already. Then
+    /// nothing is written and [`BoundedSync::TooManyProjects`] is returned.
+    /// An empty list (un-sharing) is always recorded.
+    ///
+    /// The default asks [`shared_projects`](Self::shared_projects), then
+    /// records: two calls, between which another process may share this
+    /// device into one more project. A store that can check inside the
+    /// write (the SQLite store does, and only when the device shares
+    /// nothing to `project` yet) saves a read per sync by overriding it.
+    #[allow(clippy::too_many_arguments)]
+    async fn record_sync_within(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        max_projects: usize,
+        now: Timestamp,
+    ) -> Result<BoundedSync, StoreError> {
+        if !sessions.is_empty() {
+            let shared = self
+                .shared_projects(owner, device, max_projects.saturating_add(1))
+                .await?;
+            if shared.len() >= max_projects && !shared.contains(project) {
+                return Ok(BoundedSync::TooManyProjects);
+            }
+        }
+        self.record_sync(owner, project, device, sessions, long_poll, now)
+            .await?;
+        Ok(BoundedSync::Recorded)
     }
 
     /// The projects of `owner` that `device` currently shares at least one

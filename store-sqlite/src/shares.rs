@@ -20,6 +20,7 @@ use rusqlite::{Connection, params};
 
 use crate::cache::MetaCache;
 use crate::database::{DbError, Statements};
+use crate::store::sql_limit;
 
 /// Records a device's contact: its last sign of life and, for a sync, when
 /// it synced and whether it long-polls (`?3` NULL for another contact).
@@ -68,6 +69,20 @@ pub(crate) struct SyncWrite {
     pub(crate) long_poll: bool,
     /// Milliseconds since the epoch.
     pub(crate) now: i64,
+    /// Most projects the device may share into, checked when the sync
+    /// shares into a project it shares nothing to yet (`None`: unchecked).
+    pub(crate) max_projects: Option<usize>,
+}
+
+/// The projects device `?2` of owner `?1` shares into, in ascending order
+/// (the device's index; the limit is a literal, see [`sql_limit`]).
+pub(crate) fn shared_projects_sql(limit: usize) -> String {
+    format!(
+        "SELECT DISTINCT project FROM shared_sessions INDEXED BY shared_sessions_by_device
+         WHERE owner = ?1 AND device = ?2
+         ORDER BY project LIMIT {}",
+        sql_limit(limit)
+    )
 }
 
 /// The sessions' rows as stored: each id with its metadata's JSON, sorted
@@ -115,12 +130,16 @@ pub(crate) fn replace(
 }
 
 /// Applies `sync` inside the writer's transaction: the shares (their
-/// stamps only, when they are what is stored), then the contact.
+/// stamps only, when they are what is stored), then the contact. False,
+/// with nothing written, when the sync would share the device into a
+/// project beyond [`SyncWrite::max_projects`]: looked at only when the
+/// device shares nothing to this project yet, so a repeated sync (most of
+/// them) reads nothing more.
 pub(crate) fn record_sync(
     conn: &Connection,
     statements: &Statements,
     sync: &SyncWrite,
-) -> Result<(), DbError> {
+) -> Result<bool, DbError> {
     let key = (&sync.owner, &sync.project, &sync.device);
     let (owner, project, device) = (
         sync.owner.as_str(),
@@ -134,6 +153,22 @@ pub(crate) fn record_sync(
             Ok((row.get(0)?, row.get(1)?))
         })?
         .collect::<Result<_, _>>()?;
+    if let Some(max) = sync.max_projects
+        && stored.is_empty()
+        && !sync.shares.is_empty()
+    {
+        // The project is not among those the device shares into.
+        statements.add(1);
+        let mut select = conn.prepare_cached(&shared_projects_sql(max))?;
+        let mut rows = select.query(params![owner, device])?;
+        let mut shared = 0;
+        while rows.next()?.is_some() {
+            shared += 1;
+        }
+        if shared >= max {
+            return Ok(false);
+        }
+    }
     stored.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let unchanged = stored.len() == sync.shares.len()
         && stored
@@ -157,7 +192,7 @@ pub(crate) fn record_sync(
         sync.now,
         sync.long_poll
     ])?;
-    Ok(())
+    Ok(true)
 }
 
 /// The share of session `?3` of owner `?1` in project `?2`: the smallest

@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 use graph_relay_core::outbox::{Outbox, OutboxError, OutboxItem};
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, IdempotencyRecord, InsertOutcome,
-    PruneReport, PruneRequest, Store, StoreError,
+    BoundedSync, DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, GuardedInsert,
+    IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use graph_relay_store_sqlite::{SqliteOutbox, SqliteStore};
@@ -131,6 +131,54 @@ impl Store for OnTempFile<SqliteStore> {
     ) -> Result<(), StoreError> {
         self.inner
             .replace_shared_sessions(owner, project, device, sessions, now)
+            .await
+    }
+    // The store's own syncs and guarded inserts, not the trait's defaults:
+    // the suite checks what the SQLite store does.
+    async fn record_sync(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .record_sync(owner, project, device, sessions, long_poll, now)
+            .await
+    }
+    async fn record_sync_within(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        max_projects: usize,
+        now: Timestamp,
+    ) -> Result<BoundedSync, StoreError> {
+        self.inner
+            .record_sync_within(
+                owner,
+                project,
+                device,
+                sessions,
+                long_poll,
+                max_projects,
+                now,
+            )
+            .await
+    }
+    async fn insert_command_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<GuardedInsert, StoreError> {
+        self.inner
+            .insert_command_if_shared(command, key, projects, now)
             .await
     }
     async fn shared_projects(

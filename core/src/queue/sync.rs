@@ -13,7 +13,7 @@ use crate::ids::{CommandId, ProjectId};
 use crate::limits::MAX_SESSIONS_PER_SYNC;
 use crate::principal::Device;
 use crate::session::SessionMeta;
-use crate::store::{DeviceContact, StoreError};
+use crate::store::{BoundedSync, DeviceContact, StoreError};
 use std::time::Duration;
 
 #[cfg(doc)]
@@ -106,20 +106,25 @@ impl Queue {
         validate_sessions(&request.sessions)?;
         let now = self.clock.now();
         if !self.sync_written_recently(device, request, now) {
-            if !request.sessions.is_empty() {
-                self.check_project_bound(device, &request.project).await?;
-            }
             let long_poll = self.long_polls_after(device, request).await?;
-            self.store
-                .record_sync(
+            // A share into one project more than allowed is refused; a
+            // project the device already shares into is always fine.
+            let limit = self.config.max_projects_per_device;
+            let recorded = self
+                .store
+                .record_sync_within(
                     &device.owner,
                     &request.project,
                     &device.id,
                     &request.sessions,
                     long_poll,
+                    limit,
                     now,
                 )
                 .await?;
+            if recorded == BoundedSync::TooManyProjects {
+                return Err(SyncError::TooManyProjects { limit });
+            }
             self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
             self.remember_sync(device, request, long_poll, now);
         }
@@ -292,25 +297,5 @@ impl Queue {
         let id = quiet.only_run(&device.owner, &device.id, project)?;
         let copy = self.current_copy(Party::Device(device), &id)?;
         (copy.status == CommandStatus::Queued && copy.project == *project).then(|| vec![copy])
-    }
-
-    /// Refuses a share into one project more than
-    /// [`QueueConfig::max_projects_per_device`]; a project the device
-    /// already shares into is always fine.
-    async fn check_project_bound(
-        &self,
-        device: &Device,
-        project: &ProjectId,
-    ) -> Result<(), SyncError> {
-        let limit = self.config.max_projects_per_device;
-        let shared = self
-            .store
-            .shared_projects(&device.owner, &device.id, limit.saturating_add(1))
-            .await?;
-        if shared.len() < limit || shared.contains(project) {
-            Ok(())
-        } else {
-            Err(SyncError::TooManyProjects { limit })
-        }
     }
 }

@@ -117,6 +117,32 @@ impl<L: StoreLayer> Store for LayeredStore<L> {
             .await
     }
 
+    async fn record_sync_within(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        max_projects: usize,
+        now: Timestamp,
+    ) -> Result<BoundedSync, StoreError> {
+        self.layer
+            .around(
+                "record_sync",
+                Box::pin(self.inner.record_sync_within(
+                    owner,
+                    project,
+                    device,
+                    sessions,
+                    long_poll,
+                    max_projects,
+                    now,
+                )),
+            )
+            .await
+    }
+
     async fn command_for_agent(
         &self,
         owner: &OwnerId,

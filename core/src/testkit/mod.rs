@@ -56,7 +56,7 @@ use crate::queue::{
 };
 use crate::session::SessionMeta;
 use crate::store::{
-    DeviceContact, DeviceTouch, IdempotencyRecord, InsertOutcome, PruneRequest, Store,
+    BoundedSync, DeviceContact, DeviceTouch, IdempotencyRecord, InsertOutcome, PruneRequest, Store,
 };
 use crate::time::{Clock, ManualClock, SeededIds, Timestamp};
 
@@ -1125,6 +1125,87 @@ pub async fn project_bound(store: Arc<dyn Store>) {
             .is_empty(),
         "nothing was shared"
     );
+    // The store refuses it by itself too, and writes nothing, not even
+    // the contact; the same sync within a larger bound is recorded.
+    let seen = || {
+        let store = store.clone();
+        let (owner, device) = (w.device.owner.clone(), w.device.id.clone());
+        async move {
+            store
+                .device(&owner, &device)
+                .await
+                .expect("device")
+                .expect("known")
+        }
+    };
+    let before = seen().await;
+    w.advance(1);
+    let p4 = project("pd");
+    let refused = store
+        .record_sync_within(
+            &w.device.owner,
+            &p4,
+            &w.device.id,
+            &[meta(1)],
+            true,
+            3,
+            w.clock.now(),
+        )
+        .await
+        .expect("record");
+    assert_eq!(refused, BoundedSync::TooManyProjects);
+    assert_eq!(seen().await, before, "nothing written");
+    assert_eq!(
+        store
+            .shared_projects(&w.device.owner, &w.device.id, 10)
+            .await
+            .expect("projects")
+            .len(),
+        3
+    );
+    for (project, sessions, bound) in [
+        (project("pa"), vec![meta(1)], 3),
+        (project("pa"), vec![meta(1), meta(2)], 3),
+        (p4.clone(), vec![], 3),
+        (p4.clone(), vec![meta(1)], 4),
+    ] {
+        let recorded = store
+            .record_sync_within(
+                &w.device.owner,
+                &project,
+                &w.device.id,
+                &sessions,
+                true,
+                bound,
+                w.clock.now(),
+            )
+            .await
+            .expect("record");
+        assert_eq!(recorded, BoundedSync::Recorded, "{project:?} {bound}");
+    }
+    assert_ne!(seen().await, before, "the contact moved");
+    store
+        .record_sync(
+            &w.device.owner,
+            &p4,
+            &w.device.id,
+            &[],
+            false,
+            w.clock.now(),
+        )
+        .await
+        .expect("un-share");
+    store
+        .record_sync(
+            &w.device.owner,
+            &project("pa"),
+            &w.device.id,
+            &[meta(1)],
+            false,
+            w.clock.now(),
+        )
+        .await
+        .expect("as before");
     // Re-syncing a project it already shares into is fine, and so is an
     // empty sync of a new one (it shares nothing).
     w.advance(2);

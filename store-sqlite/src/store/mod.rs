@@ -10,8 +10,8 @@ use graph_relay_core::ids::{
 };
 use graph_relay_core::session::{SessionMeta, SharedSession};
 use graph_relay_core::store::{
-    DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, GuardedInsert, IdempotencyRecord,
-    InsertOutcome, PruneReport, PruneRequest, Store, StoreError,
+    BoundedSync, DeviceContact, DeviceRecord, DeviceTouch, ExternalWrites, GuardedInsert,
+    IdempotencyRecord, InsertOutcome, PruneReport, PruneRequest, Store, StoreError,
 };
 use graph_relay_core::time::Timestamp;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -121,15 +121,6 @@ fn expired_keys_sql(batch: i64) -> String {
     )
 }
 
-/// The projects a device shares into (see [`Store::shared_projects`]).
-fn shared_projects_sql(limit: impl std::fmt::Display) -> String {
-    format!(
-        "SELECT DISTINCT project FROM shared_sessions INDEXED BY shared_sessions_by_device
-         WHERE owner = ?1 AND device = ?2
-         ORDER BY project LIMIT {limit}"
-    )
-}
-
 /// A durable [`Store`] in one SQLite file. See the crate docs for the design.
 ///
 /// Cheap to share behind an `Arc`; several stores (in one or several
@@ -218,6 +209,16 @@ impl SqliteStore {
             self.records.put(command.id, entry);
         }
         Ok(outcome)
+    }
+
+    /// Applies `sync` in a write transaction: true when it was recorded,
+    /// false when its project bound refused it.
+    async fn write_sync(&self, sync: shares::SyncWrite) -> Result<bool, StoreError> {
+        let statements = Arc::clone(self.db.statements());
+        self.db
+            .write(move |conn| shares::record_sync(conn, &statements, &sync))
+            .await
+            .map_err(store_error)
     }
 
     /// The first command `sql` selects with `params` (the query names its
@@ -523,12 +524,37 @@ impl Store for SqliteStore {
             shares: shares::encode(sessions).map_err(store_error)?,
             long_poll,
             now: millis(now)?,
+            max_projects: None,
         };
-        let statements = Arc::clone(self.db.statements());
-        self.db
-            .write(move |conn| shares::record_sync(conn, &statements, &sync))
-            .await
-            .map_err(store_error)
+        self.write_sync(sync).await.map(|_| ())
+    }
+
+    async fn record_sync_within(
+        &self,
+        owner: &OwnerId,
+        project: &ProjectId,
+        device: &DeviceId,
+        sessions: &[SessionMeta],
+        long_poll: bool,
+        max_projects: usize,
+        now: Timestamp,
+    ) -> Result<BoundedSync, StoreError> {
+        // The bound is checked in the sync's own write transaction, and
+        // only when the device shares nothing to the project yet.
+        let sync = shares::SyncWrite {
+            owner: owner.clone(),
+            project: project.clone(),
+            device: device.clone(),
+            shares: shares::encode(sessions).map_err(store_error)?,
+            long_poll,
+            now: millis(now)?,
+            max_projects: Some(max_projects),
+        };
+        Ok(if self.write_sync(sync).await? {
+            BoundedSync::Recorded
+        } else {
+            BoundedSync::TooManyProjects
+        })
     }
 
     async fn shared_projects(
@@ -537,11 +563,10 @@ impl Store for SqliteStore {
         device: &DeviceId,
         limit: usize,
     ) -> Result<Vec<ProjectId>, StoreError> {
-        let limit = sql_limit(limit);
         self.db
             .read(|conn| {
                 self.db.statements().add(1);
-                let mut stmt = conn.prepare_cached(&shared_projects_sql(limit))?;
+                let mut stmt = conn.prepare_cached(&shares::shared_projects_sql(limit))?;
                 let mut rows = stmt.query(params![owner.as_str(), device.as_str()])?;
                 let mut projects = Vec::new();
                 while let Some(row) = rows.next()? {

@@ -62,7 +62,7 @@ fn per_sync_statements_search_by_every_key_column() {
             "shared_sessions_by_device (device=? AND owner=? AND project=?)",
         ),
         (
-            shared_projects_sql(101),
+            shares::shared_projects_sql(101),
             "shared_sessions_by_device (device=? AND owner=?)",
         ),
         (
