@@ -140,7 +140,7 @@ impl Signals {
     /// through the forwarder elsewhere) for run `id`, which this process
     /// just queued there in `project`: [`Signals::notify`] of
     /// [`Topic::DeviceWork`], except that the desktop's look kept in memory
-    /// takes the run in rather than being forgotten (see [`QuietDevices`]).
+    /// takes the run in rather than being forgotten.
     pub fn notify_queued(
         &self,
         owner: &OwnerId,
