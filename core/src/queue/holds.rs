@@ -189,11 +189,9 @@ impl Queue {
                     &*self.clock,
                     sleeper,
                     || async {
-                        let commands =
-                            match self.queued_from_memory(device, &request.project, false) {
-                                Some(commands) => commands,
-                                None => self.queued_for(device, &request.project).await?,
-                            };
+                        let commands = self
+                            .queued_remembered(device, &request.project, false)
+                            .await?;
                         Ok::<_, StoreError>(look(commands))
                     },
                 )

@@ -132,13 +132,12 @@ impl Queue {
             self.close_after_restart(device, request.running.as_ref())
                 .await?;
         }
-        let remembered = match look {
-            Look::QuietFromMemory => self.queued_from_memory(device, &request.project, true),
-            Look::Store => None,
-        };
-        let queued = match remembered {
-            Some(queued) => queued,
-            None => self.queued_for(device, &request.project).await?,
+        let queued = match look {
+            Look::QuietFromMemory => {
+                self.queued_remembered(device, &request.project, true)
+                    .await?
+            }
+            Look::Store => self.queued_for(device, &request.project).await?,
         };
         let commands = self.decline_unshared(device, request, queued).await?;
         let poll_after = if request.long_poll {
@@ -267,6 +266,20 @@ impl Queue {
         Ok(queued)
     }
 
+    /// What is queued for `device` in `project`: from memory when it tells
+    /// ([`Queue::queued_from_memory`] with `quiet_too`), else from the store.
+    pub(super) async fn queued_remembered(
+        &self,
+        device: &Device,
+        project: &ProjectId,
+        quiet_too: bool,
+    ) -> Result<Vec<CommandRecord>, StoreError> {
+        match self.queued_from_memory(device, project, quiet_too) {
+            Some(queued) => Ok(queued),
+            None => self.queued_for(device, project).await,
+        }
+    }
+
     /// What is queued for `device` in `project`, told without reading the
     /// store, or `None` (read it). Only while every write of another
     /// process reaches this one as a notification:
@@ -281,7 +294,7 @@ impl Queue {
     /// A hold's later looks pass `quiet_too = false`: they come after a
     /// wake-up, or after its re-look interval, the safety net that reads
     /// the store.
-    pub(super) fn queued_from_memory(
+    fn queued_from_memory(
         &self,
         device: &Device,
         project: &ProjectId,

@@ -121,6 +121,27 @@ fn expired_keys_sql(batch: i64) -> String {
     )
 }
 
+/// The write job of a sync of `device` to `project`, its project bound
+/// unchecked.
+fn sync_write(
+    owner: &OwnerId,
+    project: &ProjectId,
+    device: &DeviceId,
+    sessions: &[SessionMeta],
+    long_poll: bool,
+    now: Timestamp,
+) -> Result<shares::SyncWrite, StoreError> {
+    Ok(shares::SyncWrite {
+        owner: owner.clone(),
+        project: project.clone(),
+        device: device.clone(),
+        shares: shares::encode(sessions).map_err(store_error)?,
+        long_poll,
+        now: millis(now)?,
+        max_projects: None,
+    })
+}
+
 /// A durable [`Store`] in one SQLite file. See the crate docs for the design.
 ///
 /// Cheap to share behind an `Arc`; several stores (in one or several
@@ -517,15 +538,7 @@ impl Store for SqliteStore {
         long_poll: bool,
         now: Timestamp,
     ) -> Result<(), StoreError> {
-        let sync = shares::SyncWrite {
-            owner: owner.clone(),
-            project: project.clone(),
-            device: device.clone(),
-            shares: shares::encode(sessions).map_err(store_error)?,
-            long_poll,
-            now: millis(now)?,
-            max_projects: None,
-        };
+        let sync = sync_write(owner, project, device, sessions, long_poll, now)?;
         self.write_sync(sync).await.map(|_| ())
     }
 
@@ -542,13 +555,8 @@ impl Store for SqliteStore {
         // The bound is checked in the sync's own write transaction, and
         // only when the device shares nothing to the project yet.
         let sync = shares::SyncWrite {
-            owner: owner.clone(),
-            project: project.clone(),
-            device: device.clone(),
-            shares: shares::encode(sessions).map_err(store_error)?,
-            long_poll,
-            now: millis(now)?,
             max_projects: Some(max_projects),
+            ..sync_write(owner, project, device, sessions, long_poll, now)?
         };
         Ok(if self.write_sync(sync).await? {
             BoundedSync::Recorded
