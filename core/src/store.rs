@@ -264,8 +264,9 @@ pub trait Store: Send + Sync {
     /// [`KeyTaken`](InsertOutcome::KeyTaken) whether or not the share
     /// changed: the queue answers a retry from its key either way.
     ///
-    /// The queue calls it when it built `command` from a session it looked
-    /// up for an earlier run, to skip the look-up. The default looks the
+    /// The queue calls it when it built `command` on a share it guessed
+    /// (the session's share for an earlier run, or the one a sync uploaded
+    /// it to), to skip the look-up. The default looks the
     /// session up and then inserts: two calls, as many as a fresh look-up
     /// costs, and the same race with a concurrent un-share. A store that can
     /// check and insert in one statement (the Postgres store does) saves

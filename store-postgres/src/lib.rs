@@ -62,8 +62,9 @@
 //! lock and replaces them in a transaction.
 //!
 //! ## A run is one statement
-//! The queue keeps the share each session resolved to for its last run and
-//! builds the next run's command from it;
+//! The queue keeps the share each session resolved to for its last run,
+//! and the share each sync it wrote uploaded the session to, and builds
+//! the run's command on it;
 //! [`insert_command_if_shared`](graph_relay_core::store::Store::insert_command_if_shared)
 //! then writes the key and the command only if the session, looked up in
 //! the same statement exactly as

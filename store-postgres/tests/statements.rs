@@ -17,16 +17,17 @@
 //!
 //! `start` and `complete` do not read the command: the queue's
 //! compare-and-swap starts from the copy it handed out or wrote last. The
-//! run looks its session up (the bracketed statement) only the first time
-//! the queue queues that session, or after the share changed: then the
-//! queue builds the command from the share it found last, and on Postgres
-//! the insert checks that share in its own statement
+//! run looks its session up (the bracketed statement) only when the queue
+//! has no guess of its share: none from a sync it wrote, which uploaded
+//! the session, nor from an earlier run of it; or after the store refused
+//! the guess. Otherwise the queue builds the command on the guessed share,
+//! and on Postgres the insert checks that share in its own statement
 //! (`Store::insert_command_if_shared`; SQLite runs the same look-up inside
 //! the insert's write transaction, so its count stays the same). The
 //! device's liveness (the ticket's pickup hint, the lease of `start`) is
 //! read once per touch interval: the queue keeps what it read and what it
 //! wrote. The parenthesized statements run on a desk's first lifecycle
-//! (7 against 14, with the look-up) and not on the next ones within the
+//! (6 against 14; 7 with the look-up) and not on the next ones within the
 //! touch interval (4 against 12). A desk quiet for longer also has its
 //! sync write (8 against 24): the project bound, then on Postgres one statement that
 //! finds the sessions unchanged, moves their stamps and records the
@@ -88,10 +89,10 @@ async fn a_lifecycle_sends_a_pinned_number_of_statements() {
     // The desk's first lifecycle: its sync (by `desks`) recorded the
     // contact, which counts as the touch interval's, so `start` does not
     // record it again.
-    // The run looks its session up: the queue has not queued it before.
-    assert_eq!(counted(&store, lifecycle(&w, &desk, 0)).await, 6);
-    // Within the touch interval nothing records it again, and the run's
-    // insert checks the share it found last instead of looking it up.
+    // The run's insert checks the share the desk's sync uploaded instead
+    // of looking the session up first, and reads the device.
+    assert_eq!(counted(&store, lifecycle(&w, &desk, 0)).await, 5);
+    // Within the touch interval nothing records it again.
     assert_eq!(counted(&store, lifecycle(&w, &desk, 1)).await, 4);
     // Later, the sync writes again, after checking the project bound: the
     // sessions are those stored, so one statement moves their stamps and

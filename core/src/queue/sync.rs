@@ -127,6 +127,13 @@ impl Queue {
             }
             self.device_contacted(device, DeviceContact::Sync { long_poll }, now);
             self.remember_sync(device, request, long_poll, now);
+            // The next run of one of these sessions is guessed onto this share.
+            self.session_guesses.put_synced(
+                &device.owner,
+                &device.id,
+                &request.project,
+                &request.sessions,
+            );
         }
         if request.restarted {
             self.close_after_restart(device, request.running.as_ref())

@@ -3,18 +3,20 @@
 //! where a fresh look-up would put it, whatever changed in between (the
 //! share gone, moved to another device or project, a smaller device id
 //! sharing it too, a new slug), and a retried key still gets its ticket.
+//! The first run of a session this queue saw a sync upload needs no
+//! look-up; a sync's guess the store refuses costs one.
 
 use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{World, meta, p1, p2, run_args};
+use super::{StoreCalls, World, meta, p1, p2, run_args};
 use crate::command::CommandRecord;
 use crate::ids::{CommandId, IdempotencyKey, ProjectId};
 use crate::principal::Device;
 use crate::queue::{RunError, SyncRequest};
 use crate::session::SessionMeta;
-use crate::store::{GuardedInsert, IdempotencyRecord, Store};
+use crate::store::{GuardedInsert, IdempotencyRecord, LayeredStore, Store};
 use crate::time::Clock;
 
 /// `device` shares exactly `sessions` to `project`.
@@ -49,11 +51,17 @@ async fn run(w: &World, key: &str) -> CommandRecord {
 
 /// See the module docs.
 pub async fn guessed_shares(store: Arc<dyn Store>) {
-    let w = World::new(store);
+    let counted = Arc::new(LayeredStore::new(
+        store,
+        StoreCalls::of("find_shared_session"),
+    ));
+    let lookups = || counted.layer().count();
+    let w = World::new(counted.clone());
     let (desktop, laptop) = (&w.device, &w.other_device);
     share(&w, desktop, p1(), vec![meta(1)]).await;
     let first = run(&w, "guess-01").await;
     assert_eq!((&first.project, &first.device), (&p1(), &desktop.id));
+    assert_eq!(lookups(), 0, "the sync's share is the guess");
     // The same share again: the queue's guess holds.
     let again = run(&w, "guess-02").await;
     assert_eq!((&again.device, &*again.slug), (&desktop.id, "graph-1"));
@@ -75,6 +83,17 @@ pub async fn guessed_shares(store: Arc<dyn Store>) {
     // The desktop shares it too: the smaller device id wins again.
     share(&w, desktop, p1(), vec![meta(1)]).await;
     assert_eq!(run(&w, "guess-05").await.device, desktop.id);
+    assert_eq!(lookups(), 0, "every guess so far came from a sync");
+
+    // The laptop's sync comes last (a new one: it shares a second
+    // session), but the desktop's share still comes first: the store
+    // refuses the sync's guess and the run looks it up, once; the next run
+    // takes what it found.
+    share(&w, laptop, p1(), vec![meta(1), meta(2)]).await;
+    assert_eq!(run(&w, "guess-05b").await.device, desktop.id);
+    assert_eq!(lookups(), 1, "one look-up after the refused guess");
+    assert_eq!(run(&w, "guess-05c").await.device, desktop.id);
+    assert_eq!(lookups(), 1, "then the look-up's answer is the guess");
 
     // Only in the agent's second project: found there; then back in the
     // first, which comes first.
