@@ -128,18 +128,24 @@ async fn a_scrape_after_a_run_shows_the_figures_moved() {
         "{text}"
     );
     // The store's calls were timed, by Store method: the run was inserted
-    // once, its claim and its completion updated it.
+    // once (on the share the worker's sync uploaded, checked by the
+    // insert), its claim and its completion updated it.
     let store_count = |text: &str, operation: &str| {
         sample(
             text,
             &format!(r#"graph_relay_store_operation_seconds_count{{operation="{operation}"}}"#),
         )
     };
-    let inserts = store_count(&before, "insert_command").unwrap_or(0.0);
+    let inserts = store_count(&before, "insert_command_if_shared").unwrap_or(0.0);
     assert_eq!(
-        store_count(&text, "insert_command"),
+        store_count(&text, "insert_command_if_shared"),
         Some(inserts + 1.0),
         "{text}"
+    );
+    assert_eq!(
+        store_count(&text, "find_shared_session"),
+        store_count(&before, "find_shared_session"),
+        "no look-up of the session: {text}"
     );
     assert!(
         store_count(&text, "update_command").is_some_and(|n| n >= 2.0),
