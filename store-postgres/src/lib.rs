@@ -88,11 +88,14 @@
 //! new run of one, the start of another and the result of a third), and
 //! the look-ups of a command by id, of a device's queued commands and of
 //! a shared session. The writes have one lane, the look-ups two (one
-//! with a pool of fewer than 8 connections): a request that finds a lane
-//! free and nothing of its kind waiting runs at once, alone, with the same
-//! single-row statement as ever; requests that arrive while every lane is
-//! busy wait for the next lane and then go together as one statement,
-//! their rows as arrays, one per column. A batch of writes is one
+//! with a pool of fewer than 8 connections). A request that finds a lane
+//! free leads: it lets the scheduler run once, so that the requests woken
+//! with it (a burst) queue meanwhile, and then runs everything queued as
+//! one statement, their rows as arrays, one per column (a lone request
+//! runs the same single-row statement as ever, and a batch of
+//! compare-and-swaps alone a statement of its own, smaller than the mixed
+//! one). Requests that arrive while every lane is busy wait and go
+//! together in the next batch. A batch of writes is one
 //! transaction, so one commit and one flush of the WAL for all of them,
 //! whatever their kinds, and while it waits for the disk the next writes
 //! gather for the next batch. It answers each request on its own: an insert whose key is live or a swap whose revision moved is
@@ -103,7 +106,8 @@
 //! [`StoreError::Backend`](graph_relay_core::store::StoreError), which the
 //! caller may retry. An answer is sent only after the statement returned,
 //! so a write that returned is committed. The quieter the server, the
-//! smaller the batches; a lone request costs what it did.
+//! smaller the batches; a lone request costs one more turn of the
+//! scheduler.
 //!
 //! [`PostgresStore::statements_executed`] counts a batch as one statement,
 //! however many requests it answers.

@@ -3,31 +3,36 @@
 //! trip, a statement's execution and, for writes, a commit and its flush of
 //! the WAL.
 //!
-//! Each kind has a few lanes ([`WRITE_LANES`], [`lanes`]): at most that many of its
-//! statements run at once, each on a pooled connection. A request that
-//! finds a lane free and no other request of its kind waiting runs at
-//! once, alone, in the caller's own task (as a direct query would). A
-//! request that finds every lane busy is queued for the kind's gathering
-//! task instead, which waits for a lane and then takes everything queued
-//! meanwhile (up to [`BatchKind::MAX_BATCH`] requests) as one batch. The
-//! busier the store, the larger the batches; a quiet store pays nothing for
-//! them.
+//! Every request joins its kind's queue. Each kind has a few lanes
+//! ([`WRITE_LANES`], [`lanes`]): at most that many of its statements run at
+//! once, each on a pooled connection. A request that finds a lane free
+//! takes it and leads: it lets the scheduler run once (so that the requests
+//! woken with it, a burst, join the queue meanwhile), then takes everything
+//! queued (up to [`BatchKind::MAX_BATCH`] requests) as one batch and runs it
+//! in its own task, with no hand-over to another task on the way. A request
+//! that finds every lane busy only waits: whoever holds a lane looks at the
+//! queue when it lets go, and if requests are waiting, a draining task
+//! takes them in batches until the queue is empty. The busier the store,
+//! the larger the batches; a quiet store pays one turn of the scheduler
+//! for them.
 //!
-//! The gathering task is started by the first queued request, on the Tokio
-//! runtime of that call, and ends once every handle is dropped; each batch
-//! runs in a task of its own. If the runtime shut down (a store kept across
-//! runtimes, as tests do), the next queued request starts a new gathering
-//! task on the runtime of its call; a request whose batch was dropped with
-//! its runtime is answered with an error.
+//! A leader whose caller stops waiting (its future is dropped) does not
+//! take the others' answers with it: its batch carries on in a task of its
+//! own. The draining task runs on the Tokio runtime of the call that
+//! started it; if that runtime shut down (a store kept across runtimes, as
+//! tests do), the next request leads on its own runtime, and a request
+//! whose batch was dropped with its runtime is answered with an error.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+use std::sync::atomic::{Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
 use graph_relay_core::store::StoreError;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 pub(crate) mod reads;
 #[cfg(test)]
@@ -56,17 +61,15 @@ pub(crate) trait BatchKind: Send + Sync + 'static {
 /// A kind's lanes and queue, shared by a store and its clones.
 pub(crate) struct Batcher<K: BatchKind> {
     shared: Arc<Shared<K>>,
-    /// The queue of the gathering task, once one was started.
-    jobs: Mutex<Option<mpsc::UnboundedSender<K::Job>>>,
 }
 
-/// What the callers and the gathering task share.
-struct Shared<K> {
+/// What the requests of a kind share.
+struct Shared<K: BatchKind> {
     kind: K,
     /// One permit per lane.
     lanes: Arc<Semaphore>,
-    /// Jobs queued and not yet taken into a batch.
-    queued: AtomicUsize,
+    /// Jobs not yet taken into a batch, oldest first.
+    queue: Mutex<VecDeque<K::Job>>,
 }
 
 /// Most lanes of the look-ups (and, until the writes were gathered in one
@@ -115,57 +118,151 @@ impl<K: BatchKind> Batcher<K> {
             shared: Arc::new(Shared {
                 kind,
                 lanes: Arc::new(Semaphore::new(lanes.max(1))),
-                queued: AtomicUsize::new(0),
+                queue: Mutex::new(VecDeque::new()),
             }),
-            jobs: Mutex::new(None),
         }
     }
 
-    /// Runs `job` now if a lane is free and nothing else waits, else queues
-    /// it for the next batch; either way its answer goes where the job says.
+    /// Queues `job` and, if a lane is free, leads a batch with it; either
+    /// way its answer goes where the job says.
     pub(crate) async fn run(&self, job: K::Job) -> Result<(), StoreError> {
-        if self.shared.queued.load(Ordering::Acquire) == 0
-            && let Ok(_lane) = self.shared.lanes.try_acquire()
-        {
-            self.shared.kind.run(vec![job]).await;
+        self.shared.queue()?.push_back(job);
+        // Paired with the fence in `Lane::drop`: either this request sees
+        // the lane its holder let go, or the holder sees this job queued.
+        fence(Ordering::SeqCst);
+        let Ok(permit) = Arc::clone(&self.shared.lanes).try_acquire_owned() else {
             return Ok(());
-        }
-        self.submit(job)
+        };
+        let lane = Lane {
+            shared: Arc::clone(&self.shared),
+            permit: Some(permit),
+        };
+        tokio::task::yield_now().await;
+        Detached::new(lead(lane)).await;
+        Ok(())
+    }
+}
+
+impl<K: BatchKind> Shared<K> {
+    /// The queue; a poisoned lock means a batch panicked while gathering.
+    fn queue(&self) -> Result<MutexGuard<'_, VecDeque<K::Job>>, StoreError> {
+        self.queue
+            .lock()
+            .map_err(|_| StoreError::Backend("a Postgres batch queue was poisoned".into()))
     }
 
-    /// Queues `job` for the gathering task, starting the task if none runs.
-    fn submit(&self, job: K::Job) -> Result<(), StoreError> {
-        let mut jobs = self
-            .jobs
-            .lock()
-            .map_err(|_| StoreError::Backend("a Postgres batch queue was poisoned".into()))?;
-        self.shared.queued.fetch_add(1, Ordering::AcqRel);
-        let job = match jobs.as_ref() {
-            Some(tx) => match tx.send(job) {
-                Ok(()) => return Ok(()),
-                // The task was dropped with its runtime.
-                Err(mpsc::error::SendError(job)) => job,
-            },
-            None => job,
+    /// The next batch: the queued jobs in order, up to
+    /// [`BatchKind::MAX_BATCH`]; a job whose exclusive value is already in
+    /// the batch stays queued, in its place, for the next one.
+    fn take(&self) -> Vec<K::Job> {
+        let Ok(mut queue) = self.queue() else {
+            return Vec::new();
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(StoreError::Backend(
-                "the Postgres store must be used inside a Tokio runtime".into(),
-            ));
+        let mut batch = Vec::new();
+        let mut left = VecDeque::new();
+        let mut taken: HashSet<K::Exclusive> = HashSet::new();
+        while let Some(job) = queue.pop_front() {
+            if batch.len() == K::MAX_BATCH {
+                queue.push_front(job);
+                break;
+            }
+            if K::exclusive(&job).is_none_or(|value| taken.insert(value)) {
+                batch.push(job);
+            } else {
+                left.push_back(job);
+            }
+        }
+        while let Some(job) = left.pop_back() {
+            queue.push_front(job);
+        }
+        batch
+    }
+
+    fn has_queued(&self) -> bool {
+        self.queue().is_ok_and(|queue| !queue.is_empty())
+    }
+}
+
+/// A lane held, and the duty that comes with it: whoever lets a lane go
+/// while jobs are queued sees that they are run.
+struct Lane<K: BatchKind> {
+    shared: Arc<Shared<K>>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<K: BatchKind> Drop for Lane<K> {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        fence(Ordering::SeqCst);
+        if self.shared.has_queued()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(drain(Arc::clone(&self.shared)));
+        }
+    }
+}
+
+/// One batch from the queue, run while holding `lane`.
+async fn lead<K: BatchKind>(lane: Lane<K>) {
+    let batch = lane.shared.take();
+    if !batch.is_empty() {
+        lane.shared.kind.run(batch).await;
+    }
+}
+
+/// The draining task: batches from the queue on one lane until it finds
+/// the queue empty (and then, as it lets the lane go, looks once more).
+async fn drain<K: BatchKind>(shared: Arc<Shared<K>>) {
+    // The semaphore is never closed.
+    let Ok(permit) = Arc::clone(&shared.lanes).acquire_owned().await else {
+        return;
+    };
+    let lane = Lane {
+        shared,
+        permit: Some(permit),
+    };
+    loop {
+        let batch = lane.shared.take();
+        if batch.is_empty() {
+            return;
+        }
+        lane.shared.kind.run(batch).await;
+    }
+}
+
+/// A future that, if dropped before it finished, finishes in a task of its
+/// own: a leader's batch answers every job in it even when the leader's
+/// caller stops waiting.
+struct Detached<F: Future<Output = ()> + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future<Output = ()> + Send + 'static> Detached<F> {
+    fn new(future: F) -> Self {
+        Self(Some(Box::pin(future)))
+    }
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Future for Detached<F> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(future) = self.0.as_mut() else {
+            return Poll::Ready(());
         };
-        // Whatever the previous task had queued went with it (answered
-        // with an error): only this job waits now, so lone requests may go
-        // straight out again once it is taken.
-        self.shared.queued.store(1, Ordering::Release);
-        let (tx, rx) = mpsc::unbounded_channel();
-        runtime.spawn(gathering(Arc::clone(&self.shared), rx));
-        let sent = tx.send(job).map_err(|_| {
-            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-            StoreError::Backend("a Postgres batch task stopped as it started".into())
-        });
-        *jobs = Some(tx);
-        sent
+        let done = future.as_mut().poll(cx);
+        if done.is_ready() {
+            self.0 = None;
+        }
+        done
+    }
+}
+
+impl<F: Future<Output = ()> + Send + 'static> Drop for Detached<F> {
+    fn drop(&mut self) {
+        if let Some(future) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(future);
+        }
     }
 }
 
@@ -187,66 +284,4 @@ pub(crate) fn same_error(error: &StoreError) -> StoreError {
         StoreError::Backend(m) => StoreError::Backend(m.clone()),
         StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
     }
-}
-
-/// The gathering task: waits for a job, then for a lane, then takes what
-/// is queued as one batch and runs it in a task of its own.
-async fn gathering<K: BatchKind>(
-    shared: Arc<Shared<K>>,
-    mut jobs: mpsc::UnboundedReceiver<K::Job>,
-) {
-    // Jobs that could not join the last batch: they open the next.
-    let mut held: Vec<K::Job> = Vec::new();
-    loop {
-        let first = if held.is_empty() {
-            match jobs.recv().await {
-                Some(job) => Some(job),
-                // Every handle is gone and nothing is held.
-                None => return,
-            }
-        } else {
-            None
-        };
-        // The semaphore is never closed.
-        let Ok(lane) = Arc::clone(&shared.lanes).acquire_owned().await else {
-            return;
-        };
-        let batch = gather::<K>(&mut jobs, &mut held, first);
-        shared.queued.fetch_sub(batch.len(), Ordering::AcqRel);
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            shared.kind.run(batch).await;
-            drop(lane);
-        });
-    }
-}
-
-/// A batch: the held jobs, then `first`, then the jobs waiting in `jobs`,
-/// up to [`BatchKind::MAX_BATCH`]; a job whose exclusive value is already
-/// in the batch is held for the next one.
-fn gather<K: BatchKind>(
-    jobs: &mut mpsc::UnboundedReceiver<K::Job>,
-    held: &mut Vec<K::Job>,
-    first: Option<K::Job>,
-) -> Vec<K::Job> {
-    let mut batch = Vec::new();
-    let mut taken: HashSet<K::Exclusive> = HashSet::new();
-    let mut admit = |job: K::Job, batch: &mut Vec<K::Job>, held: &mut Vec<K::Job>| {
-        let first_of_its_value = K::exclusive(&job).is_none_or(|value| taken.insert(value));
-        if first_of_its_value && batch.len() < K::MAX_BATCH {
-            batch.push(job);
-        } else {
-            held.push(job);
-        }
-    };
-    for job in std::mem::take(held).into_iter().chain(first) {
-        admit(job, &mut batch, held);
-    }
-    while batch.len() < K::MAX_BATCH {
-        match jobs.try_recv() {
-            Ok(job) => admit(job, &mut batch, held),
-            Err(_) => break,
-        }
-    }
-    batch
 }

@@ -2,11 +2,10 @@
 //! request is told.
 //!
 //! Each test runs on a current-thread runtime, where the requests that one
-//! `join_all` starts are all under way before any of them gets an answer:
-//! the first requests of a kind take the free lanes ([`WRITE_LANES`],
-//! [`lanes`]) and run alone, the rest
-//! are queued and, once a lane frees, go as one batch. So the statements
-//! a test counts are exact.
+//! `join_all` starts are all queued before any of them runs: the first
+//! takes a lane, lets the scheduler run once (the others queue meanwhile)
+//! and leads them all as one batch. So the statements a test counts are
+//! exact.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +17,6 @@ use graph_relay_core::store::{GuardedInsert, IdempotencyRecord, InsertOutcome, S
 use graph_relay_core::testkit::{World, exec, gs, p1};
 use graph_relay_core::time::Clock;
 
-use super::{WRITE_LANES, lanes};
 use crate::PostgresStore;
 use crate::testing::{TestSchema, url};
 
@@ -69,7 +67,7 @@ async fn insert_all(
 
 #[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[test]
-fn concurrent_inserts_beyond_the_lanes_are_one_statement() {
+fn concurrent_inserts_are_one_statement() {
     let schema = TestSchema::new(&url());
     block_on(async {
         let store = schema.store().await.expect("connect");
@@ -78,9 +76,8 @@ fn concurrent_inserts_beyond_the_lanes_are_one_statement() {
         insert_all(&store, &w, 1..=16).await;
         assert_eq!(
             store.statements_executed() - before,
-            WRITE_LANES as u64 + 1,
-            "the first inserts run alone, the other {} together",
-            16 - WRITE_LANES
+            1,
+            "16 inserts in flight at once are one batch"
         );
         assert_eq!(store.command_count().await.expect("count"), 16);
     });
@@ -104,7 +101,6 @@ fn a_failed_swap_in_a_batch_fails_alone() {
         let mut stale = started(&commands[7]);
         stale.revision = 5;
         updates.push(stale);
-        assert!(updates.len() > WRITE_LANES + 3);
 
         let before = store.statements_executed();
         let outcomes: Vec<bool> = join_all(updates.iter().map(|u| store.update_command(u)))
@@ -112,7 +108,7 @@ fn a_failed_swap_in_a_batch_fails_alone() {
             .into_iter()
             .map(|o| o.expect("no backend error"))
             .collect();
-        assert_eq!(store.statements_executed() - before, WRITE_LANES as u64 + 1);
+        assert_eq!(store.statements_executed() - before, 1, "one batch");
         assert_eq!(outcomes[..6], [true; 6]);
         assert_eq!(
             u8::from(outcomes[6]) + u8::from(outcomes[7]),
@@ -226,10 +222,7 @@ fn inserts_and_swaps_in_flight_together_are_one_statement() {
         let mut swaps: Vec<CommandRecord> = queued.iter().map(started).collect();
         // A stale revision in the batch writes nothing, alone.
         swaps[7].revision = 5;
-        // Fillers take the lanes; then new runs and swaps go together.
-        let fresh: Vec<_> = (10..10 + WRITE_LANES as u128 + 8)
-            .map(|n| command(&w, n))
-            .collect();
+        let fresh: Vec<_> = (10..18).map(|n| command(&w, n)).collect();
         let now = w.clock.now();
         let before = store.statements_executed();
         let (inserted, swapped) = futures::join!(
@@ -238,8 +231,8 @@ fn inserts_and_swaps_in_flight_together_are_one_statement() {
         );
         assert_eq!(
             store.statements_executed() - before,
-            WRITE_LANES as u64 + 1,
-            "the fillers alone, then the inserts and swaps together"
+            1,
+            "the inserts and swaps together"
         );
         for outcome in inserted {
             assert_eq!(outcome.expect("insert"), InsertOutcome::Inserted);
@@ -307,13 +300,10 @@ fn a_refused_batch_runs_again_write_by_write() {
         let store = schema.store().await.expect("connect");
         let w = World::new(Arc::new(store.clone()));
         let existing = insert_all(&store, &w, 1..=1).await.remove(0);
-        // Fillers take the lanes; the batch holds two good inserts around
-        // one that reuses the id of a stored command under a fresh key,
-        // which makes the server refuse the whole statement.
-        let mut rows: Vec<_> = (10..10 + WRITE_LANES as u128)
-            .map(|n| command(&w, n))
-            .collect();
-        rows.push(command(&w, 20));
+        // The batch holds good inserts around one that reuses the id of a
+        // stored command under a fresh key, which makes the server refuse
+        // the whole statement.
+        let mut rows = vec![command(&w, 10), command(&w, 20)];
         let (mut clash, mut clash_key) = command(&w, 21);
         clash.id = existing.id;
         clash_key.command = existing.id;
@@ -388,8 +378,12 @@ fn a_store_outlives_the_runtime_that_started_its_batches() {
     let (store, w) = block_on(async {
         let store = schema.store().await.expect("connect");
         let w = World::new(Arc::new(store.clone()));
-        // Enough at once to start the gathering tasks on this runtime.
-        insert_all(&store, &w, 1..=8).await;
+        // A batch led on this runtime, and one drained by a task of it.
+        let (_, _) = futures::join!(insert_all(&store, &w, 1..=4), async {
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            insert_all(&store, &w, 5..=8).await
+        });
         (store, w)
     });
     block_on(async {
@@ -415,12 +409,11 @@ fn concurrent_look_ups_are_one_statement_per_kind() {
         let project = [p1()];
         let (found_ids, missing_id) = ([gs(2), gs(1)], gs(1));
 
-        // Fillers take the lanes; then a batch of every kind of look-up.
-        let fillers = (0..lanes(store.pool().status().max_size))
-            .map(|n| store.command_for_agent(owner, &w.agent.id, &commands[n].id));
+        // A batch of every kind of look-up, some of them the same.
+        let again = (0..2).map(|n| store.command_for_agent(owner, &w.agent.id, &commands[n].id));
         let before = store.statements_executed();
-        let (fillers, by_agent, by_device, by_owner, queued, found, missing) = futures::join!(
-            join_all(fillers),
+        let (again, by_agent, by_device, by_owner, queued, found, missing) = futures::join!(
+            join_all(again),
             join_all(
                 commands
                     .iter()
@@ -448,11 +441,11 @@ fn concurrent_look_ups_are_one_statement_per_kind() {
         );
         assert_eq!(
             store.statements_executed() - before,
-            lanes(store.pool().status().max_size) as u64 + 3,
-            "the fillers alone, then one statement per kind of look-up"
+            3,
+            "one statement per kind of look-up"
         );
-        for (filler, command) in fillers.into_iter().zip(&commands) {
-            assert_eq!(filler.expect("read").as_ref(), Some(command));
+        for (found, command) in again.into_iter().zip(&commands) {
+            assert_eq!(found.expect("read").as_ref(), Some(command));
         }
         for (found, command) in by_agent.into_iter().zip(&commands) {
             assert_eq!(found.expect("read").as_ref(), Some(command));
@@ -476,5 +469,57 @@ fn concurrent_look_ups_are_one_statement_per_kind() {
             None,
             "another owner's project of the same name"
         );
+    });
+}
+
+/// Requests that arrive while a batch runs wait for it, then go together
+/// as the next batch (taken by a draining task).
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn requests_arriving_during_a_batch_are_the_next_batch() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let before = store.statements_executed();
+        let (first, second) = futures::join!(insert_all(&store, &w, 1..=4), async {
+            // The first batch's leader takes its batch and sends it.
+            tokio::task::yield_now().await;
+            tokio::task::yield_now().await;
+            insert_all(&store, &w, 5..=12).await
+        });
+        assert_eq!((first.len(), second.len()), (4, 8));
+        assert_eq!(store.statements_executed() - before, 2, "two batches");
+        assert_eq!(store.command_count().await.expect("count"), 12);
+    });
+}
+
+/// A leader whose caller stops waiting while its batch runs (a client
+/// that hung up) does not take the other requests' answers with it: the
+/// batch finishes in a task of its own, its write included.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn a_leader_that_stops_waiting_leaves_its_batch_to_finish() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let rows: Vec<_> = (1..=6).map(|n| command(&w, n)).collect();
+        let now = w.clock.now();
+        let (leader, others) = rows.split_first().expect("rows");
+        let mut leader = Box::pin(store.insert_command(&leader.0, &leader.1, now));
+        let mut others = Box::pin(join_all(
+            others.iter().map(|(c, k)| store.insert_command(c, k, now)),
+        ));
+        // The leader takes the lane and lets the others queue; then it
+        // takes them all and sends the batch.
+        assert!(futures::poll!(leader.as_mut()).is_pending());
+        assert!(futures::poll!(others.as_mut()).is_pending());
+        assert!(futures::poll!(leader.as_mut()).is_pending());
+        drop(leader);
+        for outcome in others.await {
+            assert_eq!(outcome.expect("insert"), InsertOutcome::Inserted);
+        }
+        assert_eq!(store.command_count().await.expect("count"), 6);
     });
 }

@@ -146,3 +146,21 @@ pub(crate) const UPDATE_ONE: &str = "UPDATE commands SET
         status = $3, finished_at = $4, revision = $5, record = $6, lease_expires_at = $7
     WHERE id = $1 AND revision = $2
     RETURNING 1::int8";
+
+/// Compare-and-swaps alone, as arrays: `$1..$8` are the columns of
+/// [`WRITES`]' `$18..$25`.
+pub(crate) const UPDATES: &str = "UPDATE commands AS c SET
+        status = u.status, finished_at = u.finished_at, revision = u.revision,
+        record = u.record, lease_expires_at = u.lease_expires_at
+    FROM (
+        SELECT u.*, t.tid FROM unnest(
+            (SELECT $1::int8[]), (SELECT $2::uuid[]), (SELECT $3::int8[]),
+            (SELECT $4::text[]), (SELECT $5::int8[]), (SELECT $6::int8[]),
+            (SELECT $7::text[]), (SELECT $8::int8[]))
+            AS u(pos, id, previous, status, finished_at, revision, record, lease_expires_at)
+        CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
+            OFFSET 0) AS t
+    ) AS u
+    WHERE c.ctid = u.tid
+    RETURNING u.pos";

@@ -37,7 +37,7 @@ use graph_relay_core::store::StoreError;
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
-use super::write_sql::{INSERT_ONE, UPDATE_ONE, WRITES};
+use super::write_sql::{INSERT_ONE, UPDATE_ONE, UPDATES, WRITES};
 use super::{BatchKind, Batcher, answer, same_error};
 use crate::errors::{describe, pool_error};
 use crate::rows::{StatementCounter, backend};
@@ -202,6 +202,20 @@ impl<'a> Columns<'a> {
         c
     }
 
+    /// `$1..$8` of [`UPDATES`]: the compare-and-swaps' columns only.
+    fn update_params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
+            &self.update_pos,
+            &self.update_id,
+            &self.previous,
+            &self.update_status,
+            &self.update_finished_at,
+            &self.update_revision,
+            &self.update_record,
+            &self.update_lease,
+        ]
+    }
+
     /// `$1..$28` of [`WRITES`].
     fn params(&self) -> [&(dyn ToSql + Sync); 28] {
         [
@@ -292,6 +306,12 @@ async fn query(
                 &r.lease_expires_at,
             ];
             client.query(&statement, &params).await
+        }
+        _ if rows.iter().all(|r| matches!(r, Write::Update(_))) => {
+            let statement = client.prepare_cached(UPDATES).await?;
+            statements.sent(1);
+            let columns = Columns::new(rows);
+            client.query(&statement, &columns.update_params()).await
         }
         _ => {
             let statement = client.prepare_cached(WRITES).await?;
