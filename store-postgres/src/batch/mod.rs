@@ -28,7 +28,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::atomic::{Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
 use graph_relay_core::store::StoreError;
@@ -125,13 +125,13 @@ impl<K: BatchKind> Batcher<K> {
 
     /// Queues `job` and, if a lane is free, leads a batch with it; either
     /// way its answer goes where the job says.
-    pub(crate) async fn run(&self, job: K::Job) -> Result<(), StoreError> {
-        self.shared.queue()?.push_back(job);
+    pub(crate) async fn run(&self, job: K::Job) {
+        self.shared.queue().push_back(job);
         // Paired with the fence in `Lane::drop`: either this request sees
         // the lane its holder let go, or the holder sees this job queued.
         fence(Ordering::SeqCst);
         let Ok(permit) = Arc::clone(&self.shared.lanes).try_acquire_owned() else {
-            return Ok(());
+            return;
         };
         let lane = Lane {
             shared: Arc::clone(&self.shared),
@@ -139,25 +139,23 @@ impl<K: BatchKind> Batcher<K> {
         };
         tokio::task::yield_now().await;
         Detached::new(lead(lane)).await;
-        Ok(())
     }
 }
 
 impl<K: BatchKind> Shared<K> {
-    /// The queue; a poisoned lock means a batch panicked while gathering.
-    fn queue(&self) -> Result<MutexGuard<'_, VecDeque<K::Job>>, StoreError> {
-        self.queue
-            .lock()
-            .map_err(|_| StoreError::Backend("a Postgres batch queue was poisoned".into()))
+    /// The queue. A panic while the lock is held (nothing under it panics
+    /// but a failed allocation) can at worst drop the jobs taken out of it
+    /// at that moment, whose callers then hear an error; what is left is a
+    /// whole queue, so a poisoned lock is taken as it is.
+    fn queue(&self) -> MutexGuard<'_, VecDeque<K::Job>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The next batch: the queued jobs in order, up to
     /// [`BatchKind::MAX_BATCH`]; a job whose exclusive value is already in
     /// the batch stays queued, in its place, for the next one.
     fn take(&self) -> Vec<K::Job> {
-        let Ok(mut queue) = self.queue() else {
-            return Vec::new();
-        };
+        let mut queue = self.queue();
         let mut batch = Vec::new();
         let mut left = VecDeque::new();
         let mut taken: HashSet<K::Exclusive> = HashSet::new();
@@ -179,7 +177,7 @@ impl<K: BatchKind> Shared<K> {
     }
 
     fn has_queued(&self) -> bool {
-        self.queue().is_ok_and(|queue| !queue.is_empty())
+        !self.queue().is_empty()
     }
 }
 

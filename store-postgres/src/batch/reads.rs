@@ -220,7 +220,7 @@ impl Reader {
         lookup: CommandLookup,
     ) -> Result<Option<CommandRecord>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.run(Lookup::Command(lookup, reply)).await?;
+        self.0.run(Lookup::Command(lookup, reply)).await;
         answer(outcome).await
     }
 
@@ -230,7 +230,7 @@ impl Reader {
         lookup: QueuedLookup,
     ) -> Result<Vec<CommandRecord>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.run(Lookup::Queued(lookup, reply)).await?;
+        self.0.run(Lookup::Queued(lookup, reply)).await;
         answer(outcome).await
     }
 
@@ -240,7 +240,7 @@ impl Reader {
         lookup: SessionLookup,
     ) -> Result<Option<SharedSession>, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.run(Lookup::Session(lookup, reply)).await?;
+        self.0.run(Lookup::Session(lookup, reply)).await;
         answer(outcome).await
     }
 }

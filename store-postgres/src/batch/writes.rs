@@ -451,7 +451,7 @@ impl Writer {
 
     async fn write(&self, write: Write) -> Result<bool, StoreError> {
         let (reply, outcome) = oneshot::channel();
-        self.0.run((write, reply)).await?;
+        self.0.run((write, reply)).await;
         answer(outcome).await
     }
 }
