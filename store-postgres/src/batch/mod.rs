@@ -19,9 +19,10 @@
 //! A leader whose caller stops waiting (its future is dropped) does not
 //! take the others' answers with it: its batch carries on in a task of its
 //! own. The draining task runs on the Tokio runtime of the call that
-//! started it; if that runtime shut down (a store kept across runtimes, as
-//! tests do), the next request leads on its own runtime, and a request
-//! whose batch was dropped with its runtime is answered with an error.
+//! started it. If that runtime shut down (a store kept across runtimes, as
+//! tests do), a request whose batch was dropped with it is answered with
+//! an error, and the requests still queued go in the batch of the next
+//! request, which leads on its own runtime.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
