@@ -2,8 +2,32 @@
 //! a batch of any mix of inserts and compare-and-swaps, and one for each
 //! kind of write alone.
 
-/// A batch of writes: `$1..$17` and `$26..$28` are the inserts' columns,
-/// `$18..$25` the compare-and-swaps', each column an array. The first
+/// The compare-and-swaps of a batch, `$1..$8` their columns as arrays (the
+/// position, then the command, its previous revision and what a swap
+/// writes): the whole of [`UPDATES`] and the `swapped` step of [`WRITES`],
+/// one text for both.
+macro_rules! swaps {
+    () => {
+        "UPDATE commands AS c SET
+        status = u.status, finished_at = u.finished_at, revision = u.revision,
+        record = u.record, lease_expires_at = u.lease_expires_at
+    FROM (
+        SELECT u.*, t.tid FROM unnest(
+            (SELECT $1::int8[]), (SELECT $2::uuid[]), (SELECT $3::int8[]),
+            (SELECT $4::text[]), (SELECT $5::int8[]), (SELECT $6::int8[]),
+            (SELECT $7::text[]), (SELECT $8::int8[]))
+            AS u(pos, id, previous, status, finished_at, revision, record, lease_expires_at)
+        CROSS JOIN LATERAL (
+            SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
+            OFFSET 0) AS t
+    ) AS u
+    WHERE c.ctid = u.tid
+    RETURNING u.pos"
+    };
+}
+
+/// A batch of writes: `$1..$8` are the compare-and-swaps' columns (those of
+/// [`UPDATES`]), `$9..$28` the inserts', each column an array. The first
 /// column of each kind is the write's position in the batch (from 1); the
 /// statement returns the position of every write that took effect.
 ///
@@ -51,13 +75,14 @@
 /// on the batch's size, and Postgres settles on one generic plan after the
 /// first few executions instead of planning every batch again (measured:
 /// planning took as long as executing a batch of six writes).
-pub(crate) const WRITES: &str = "WITH i AS (
+pub(crate) const WRITES: &str = concat!(
+    "WITH i AS (
         SELECT * FROM unnest(
-            (SELECT $1::int8[]), (SELECT $2::uuid[]), (SELECT $3::text[]), (SELECT $4::text[]),
-            (SELECT $5::text[]), (SELECT $6::text[]), (SELECT $7::text[]), (SELECT $8::text[]),
-            (SELECT $9::int8[]), (SELECT $10::int8[]), (SELECT $11::text[]), (SELECT $12::text[]),
-            (SELECT $13::int8[]), (SELECT $14::int8[]), (SELECT $15::int8[]), (SELECT $16::text[]),
-            (SELECT $17::int8[]), (SELECT $26::text[]), (SELECT $27::text[]),
+            (SELECT $9::int8[]), (SELECT $10::uuid[]), (SELECT $11::text[]), (SELECT $12::text[]),
+            (SELECT $13::text[]), (SELECT $14::text[]), (SELECT $15::text[]), (SELECT $16::text[]),
+            (SELECT $17::int8[]), (SELECT $18::int8[]), (SELECT $19::text[]), (SELECT $20::text[]),
+            (SELECT $21::int8[]), (SELECT $22::int8[]), (SELECT $23::int8[]), (SELECT $24::text[]),
+            (SELECT $25::int8[]), (SELECT $26::text[]), (SELECT $27::text[]),
             (SELECT $28::text[]))
             AS i(pos, id, owner, agent, key, project, device, fingerprint, expires_at, now,
                  idempotency_key, status, created_at, finished_at, revision, record,
@@ -91,25 +116,14 @@ pub(crate) const WRITES: &str = "WITH i AS (
         ORDER BY i.pos
         RETURNING id
     ), swapped AS (
-        UPDATE commands AS c SET
-            status = u.status, finished_at = u.finished_at, revision = u.revision,
-            record = u.record, lease_expires_at = u.lease_expires_at
-        FROM (
-            SELECT u.*, t.tid FROM unnest(
-                (SELECT $18::int8[]), (SELECT $19::uuid[]), (SELECT $20::int8[]),
-                (SELECT $21::text[]), (SELECT $22::int8[]), (SELECT $23::int8[]),
-                (SELECT $24::text[]), (SELECT $25::int8[]))
-                AS u(pos, id, previous, status, finished_at, revision, record, lease_expires_at)
-            CROSS JOIN LATERAL (
-                SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
-                OFFSET 0) AS t
-        ) AS u
-        WHERE c.ctid = u.tid
-        RETURNING u.pos
+        ",
+    swaps!(),
+    "
     )
     SELECT i.pos FROM inserted JOIN i ON i.id = inserted.id
     UNION ALL
-    SELECT pos FROM swapped";
+    SELECT pos FROM swapped"
+);
 
 /// An insert alone: `$1..$19` are its columns, as scalars (those of
 /// [`WRITES`] without the position). A batch of one write runs the
@@ -147,20 +161,7 @@ pub(crate) const UPDATE_ONE: &str = "UPDATE commands SET
     WHERE id = $1 AND revision = $2
     RETURNING 1::int8";
 
-/// Compare-and-swaps alone, as arrays: `$1..$8` are the columns of
-/// [`WRITES`]' `$18..$25`.
-pub(crate) const UPDATES: &str = "UPDATE commands AS c SET
-        status = u.status, finished_at = u.finished_at, revision = u.revision,
-        record = u.record, lease_expires_at = u.lease_expires_at
-    FROM (
-        SELECT u.*, t.tid FROM unnest(
-            (SELECT $1::int8[]), (SELECT $2::uuid[]), (SELECT $3::int8[]),
-            (SELECT $4::text[]), (SELECT $5::int8[]), (SELECT $6::int8[]),
-            (SELECT $7::text[]), (SELECT $8::int8[]))
-            AS u(pos, id, previous, status, finished_at, revision, record, lease_expires_at)
-        CROSS JOIN LATERAL (
-            SELECT ctid AS tid FROM commands WHERE id = u.id AND revision = u.previous
-            OFFSET 0) AS t
-    ) AS u
-    WHERE c.ctid = u.tid
-    RETURNING u.pos";
+/// Compare-and-swaps alone, as arrays: the swaps of [`WRITES`] without its
+/// inserts, so a batch of only starts and results runs a plan of its own
+/// size.
+pub(crate) const UPDATES: &str = swaps!();

@@ -202,7 +202,8 @@ impl<'a> Columns<'a> {
         c
     }
 
-    /// `$1..$8` of [`UPDATES`]: the compare-and-swaps' columns only.
+    /// `$1..$8` of [`UPDATES`], which are also those of [`WRITES`]: the
+    /// compare-and-swaps' columns.
     fn update_params(&self) -> [&(dyn ToSql + Sync); 8] {
         [
             &self.update_pos,
@@ -216,9 +217,10 @@ impl<'a> Columns<'a> {
         ]
     }
 
-    /// `$1..$28` of [`WRITES`].
-    fn params(&self) -> [&(dyn ToSql + Sync); 28] {
-        [
+    /// `$1..$28` of [`WRITES`]: the compare-and-swaps' columns, then the
+    /// inserts'.
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let inserts: [&(dyn ToSql + Sync); 20] = [
             &self.insert_pos,
             &self.id,
             &self.owner,
@@ -236,18 +238,11 @@ impl<'a> Columns<'a> {
             &self.revision,
             &self.record,
             &self.lease,
-            &self.update_pos,
-            &self.update_id,
-            &self.previous,
-            &self.update_status,
-            &self.update_finished_at,
-            &self.update_revision,
-            &self.update_record,
-            &self.update_lease,
             &self.guard_session,
             &self.guard_projects,
             &self.guard_slug,
-        ]
+        ];
+        self.update_params().into_iter().chain(inserts).collect()
     }
 }
 
