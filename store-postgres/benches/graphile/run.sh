@@ -6,8 +6,10 @@
 #
 # Each run prints `uptime`, then the lifecycles bench of this tree's store
 # (`new`), of the store at $BASELINE (`old`, when set: this tree's bench
-# built against that revision's store-postgres/src), and graphile-worker's
-# drain, one after the other; the end prints the medians of the runs.
+# built against that revision's store-postgres/src), graphile-worker's
+# drain, and the floor (`floor.sql` under pgbench: the least any store
+# must do for a lifecycle with graph-relay's durability), one after the
+# other; the end prints the medians of the runs.
 #
 # Environment: BASELINE (a git revision, e.g. the commit before a change),
 # BENCH_SECONDS (per round of the bench, default 2), GRAPHILE_JOBS (jobs per
@@ -66,6 +68,28 @@ if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); proce
 fi
 
 export BENCH_STORES=postgres BENCH_SECONDS=${BENCH_SECONDS:-2}
+url=${GRAPH_RELAY_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
+
+# The floor's table, afresh (dropped at the end).
+floor_table() { psql "$url" -q -v ON_ERROR_STOP=1 -f "$here/floor-table.sql"; }
+trap 'psql "$url" -q -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS graph_relay_floor CASCADE" >/dev/null 2>&1; rm -rf "$work"' EXIT
+
+# The floor's lifecycles/s with $1 in flight: the best of 3 rounds of
+# BENCH_SECONDS, each pgbench's transactions/s times $1.
+floor() {
+    local best=0 out tps
+    for _ in 1 2 3; do
+        out=$(pgbench -n -M prepared -c 1 -T "$BENCH_SECONDS" -D rows="$1" -f "$here/floor.sql" "$url" 2>&1)
+        tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
+        if [ -z "$tps" ] || grep -q 'error' <<<"$out"; then
+            echo "pgbench of floor.sql failed:" >&2
+            echo "$out" >&2
+            exit 1
+        fi
+        best=$(awk -v a="$best" -v b="$tps" -v n="$1" 'BEGIN { b *= n; print (b > a ? b : a) }')
+    done
+    printf '%.0f\n' "$best"
+}
 for run in $(seq 1 "$runs"); do
     echo
     echo "== run $run of $runs, $(date -u +%FT%TZ); uptime:$(uptime)"
@@ -74,6 +98,10 @@ for run in $(seq 1 "$runs"); do
         "$work/$build" --bench | tee "$work/$build.$run" | sed -n '/^store/,$p' | sed "s/^/$build: /"
     done
     (cd "$here" && "$node" drain.mjs "${GRAPHILE_JOBS:-20000}" 3) | tee "$work/graphile.$run" | sed -n '/^graphile/,$p'
+    floor_table
+    floor 16 > "$work/floor16.$run"
+    floor 64 > "$work/floor64.$run"
+    echo "floor (floor.sql, lifecycles/s): 16 in flight $(cat "$work/floor16.$run"), 64 in flight $(cat "$work/floor64.$run")"
     echo "uptime:$(uptime)"
 done
 
@@ -97,3 +125,5 @@ for concurrency in 16 64; do
     row+=("$(for f in "$work"/graphile.*; do awk -v c=$concurrency '$1 == c { print $2 }' "$f"; done | median)")
 done
 printf '%-22s %14s %14s %14s\n' "graphile-worker drain" "" "${row[@]}"
+printf '%-22s %14s %14s %14s\n' "floor (floor.sql)" "" \
+    "$(cat "$work"/floor16.* | median)" "$(cat "$work"/floor64.* | median)"
