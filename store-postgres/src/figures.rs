@@ -60,8 +60,7 @@ impl PostgresStore {
             .map_err(backend)?;
         let finished = client
             .prepare_cached(
-                "SELECT status, finished_at,
-                        (record::jsonb ->> 'created_at')::bigint,
+                "SELECT status, finished_at, created_at,
                         (record::jsonb ->> 'started_at')::bigint,
                         (record::jsonb ->> 'cancel_requested_at')::bigint
                  FROM commands WHERE finished_at > $1 AND finished_at <= $2",
@@ -149,7 +148,7 @@ finished AS (
 ),
 pickups AS (
     SELECT coalesce(json_agg(json_build_array(created, started)), '[]') AS list
-    FROM (SELECT (record::jsonb ->> 'created_at')::bigint AS created,
+    FROM (SELECT created_at AS created,
                  (record::jsonb ->> 'started_at')::bigint AS started
           FROM commands WHERE finished_at >= $1 OR (finished_at IS NULL AND status = 'running')) AS p
     WHERE started >= $1 AND created IS NOT NULL

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use graph_relay_core::command::CommandRecord;
-use graph_relay_core::ids::{DeviceId, ProjectId};
+use graph_relay_core::command::{CommandRecord, CommandStatus, RecordHead};
+use graph_relay_core::ids::{AgentId, CommandId, DeviceId, IdempotencyKey, OwnerId, ProjectId};
 use graph_relay_core::session::SharedSession;
 use graph_relay_core::store::StoreError;
 use graph_relay_core::time::Timestamp;
@@ -29,30 +29,76 @@ impl StatementCounter {
     }
 }
 
-/// A row of `id, agent, device, status, revision, record, owner`: the JSON
-/// record, checked against the columns.
+/// The columns a command is read from, in the order [`decode_command`]
+/// reads them, each prefixed with `$prefix` (a table alias and its dot, or
+/// nothing): the record's head in columns of its own and its body.
+macro_rules! command_columns {
+    ($prefix:literal) => {
+        concat!(
+            $prefix,
+            "id, ",
+            $prefix,
+            "agent, ",
+            $prefix,
+            "owner, ",
+            $prefix,
+            "project, ",
+            $prefix,
+            "device, ",
+            $prefix,
+            "idempotency_key, ",
+            $prefix,
+            "status, ",
+            $prefix,
+            "created_at, ",
+            $prefix,
+            "finished_at, ",
+            $prefix,
+            "lease_expires_at, ",
+            $prefix,
+            "revision, ",
+            $prefix,
+            "record"
+        )
+    };
+}
+pub(crate) use command_columns;
+
+/// A row of [`command_columns`] (any columns after them are left alone):
+/// the head from its columns, the rest from the `record` column, which
+/// holds the record's body, or the whole record in a row written before
+/// schema 6 (whose head fields are then ignored for the columns').
 pub(crate) fn decode_command(row: &Row) -> Result<CommandRecord, StoreError> {
     let id: uuid::Uuid = row.try_get(0).map_err(corrupt)?;
-    let agent: &str = row.try_get(1).map_err(corrupt)?;
-    let device: &str = row.try_get(2).map_err(corrupt)?;
-    let status: &str = row.try_get(3).map_err(corrupt)?;
-    let rev: i64 = row.try_get(4).map_err(corrupt)?;
-    let json: &str = row.try_get(5).map_err(corrupt)?;
-    let owner: &str = row.try_get(6).map_err(corrupt)?;
-    let record: CommandRecord = serde_json::from_str(json)
-        .map_err(|e| StoreError::Corrupt(format!("command {id}: record: {e}")))?;
-    let consistent = record.id.as_uuid() == &id
-        && record.agent.as_str() == agent
-        && record.owner.as_str() == owner
-        && record.device.as_str() == device
-        && record.status.as_str() == status
-        && i64::try_from(record.revision).ok() == Some(rev);
-    if !consistent {
-        return Err(StoreError::Corrupt(format!(
-            "command {id}: the columns disagree with the stored record"
-        )));
-    }
-    Ok(record)
+    let column = |i: usize| -> Result<&str, StoreError> { row.try_get(i).map_err(corrupt) };
+    let bad = |name: &str, e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("command {id}: commands.{name}: {e}"))
+    };
+    let time = |i: usize| -> Result<Option<Timestamp>, StoreError> {
+        row.try_get::<_, Option<i64>>(i)
+            .map_err(corrupt)?
+            .map(timestamp)
+            .transpose()
+    };
+    let status = column(6)?;
+    let revision: i64 = row.try_get(10).map_err(corrupt)?;
+    let head = RecordHead {
+        id: CommandId::from_uuid(id),
+        agent: AgentId::parse(column(1)?).map_err(|e| bad("agent", &e))?,
+        owner: OwnerId::parse(column(2)?).map_err(|e| bad("owner", &e))?,
+        project: ProjectId::parse(column(3)?).map_err(|e| bad("project", &e))?,
+        device: DeviceId::parse(column(4)?).map_err(|e| bad("device", &e))?,
+        idempotency_key: IdempotencyKey::parse(column(5)?)
+            .map_err(|e| bad("idempotency_key", &e))?,
+        status: CommandStatus::parse(status)
+            .ok_or_else(|| bad("status", &format!("unknown status {status:?}")))?,
+        created_at: time(7)?.ok_or_else(|| bad("created_at", &"missing"))?,
+        finished_at: time(8)?,
+        lease_expires_at: time(9)?,
+        revision: u64::try_from(revision).map_err(|e| bad("revision", &e))?,
+    };
+    CommandRecord::from_parts(head, column(11)?)
+        .map_err(|e| StoreError::Corrupt(format!("command {id}: record: {e}")))
 }
 
 pub(crate) fn decode_session(row: &Row) -> Result<SharedSession, StoreError> {

@@ -23,7 +23,8 @@ use crate::batch::reads::{CommandLookup, QueuedLookup, Reader, SessionLookup};
 use crate::batch::writes::{CommandUpdate, NewCommand, ShareGuard, Writer};
 use crate::errors::{ConnectError, DropSchemaError, describe, pool_error};
 use crate::rows::{
-    StatementCounter, backend, corrupt, decode_command, decode_session, millis, timestamp,
+    StatementCounter, backend, command_columns, corrupt, decode_command, decode_session, millis,
+    timestamp,
 };
 use crate::schema;
 use crate::signal_bridge::SignalBridge;
@@ -517,9 +518,13 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE owner = $1 AND device = $2 AND finished_at IS NULL AND status = 'running'
-             LIMIT $3",
+            concat!(
+                "SELECT ",
+                command_columns!(""),
+                " FROM commands
+                 WHERE owner = $1 AND device = $2 AND finished_at IS NULL AND status = 'running'
+                 LIMIT $3"
+            ),
             &[&owner.as_str(), &device.as_str(), &sql_limit(limit)],
         )
         .await
@@ -531,10 +536,14 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> Result<Vec<CommandRecord>, StoreError> {
         self.commands(
-            "SELECT id, agent, device, status, revision, record, owner FROM commands
-             WHERE finished_at IS NULL AND status = 'running'
-               AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
-             ORDER BY lease_expires_at NULLS FIRST LIMIT $2",
+            concat!(
+                "SELECT ",
+                command_columns!(""),
+                " FROM commands
+                 WHERE finished_at IS NULL AND status = 'running'
+                   AND (lease_expires_at IS NULL OR lease_expires_at <= $1)
+                 ORDER BY lease_expires_at NULLS FIRST LIMIT $2"
+            ),
             &[&millis(now)?, &sql_limit(limit)],
         )
         .await
@@ -949,8 +958,9 @@ impl CommandRow {
             finished_at: c.finished_at.map(millis).transpose()?,
             lease_expires_at: c.lease_expires_at.map(millis).transpose()?,
             revision: revision(c.revision)?,
+            // The body only: the head is in the columns above (schema 6).
             record: c
-                .to_json()
+                .body_json()
                 .map_err(|e| StoreError::Backend(format!("encoding command {}: {e}", c.id)))?,
         })
     }

@@ -20,7 +20,9 @@ use tokio_postgres::Row;
 
 use super::{BatchKind, Batcher, answer, same_error};
 use crate::errors::pool_error;
-use crate::rows::{StatementCounter, backend, corrupt, decode_command, decode_session};
+use crate::rows::{
+    StatementCounter, backend, command_columns, corrupt, decode_command, decode_session,
+};
 
 /// Most look-ups in one batch.
 const MAX_BATCH: usize = 256;
@@ -33,8 +35,10 @@ const MAX_BATCH: usize = 256;
 /// plainly, the plan Postgres makes for a connection while the table is
 /// small (a hash join over a sequential scan) would be kept as the table
 /// grows (measured: a third of the server's time went to such scans).
-const COMMANDS: &str =
-    "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
+const COMMANDS: &str = concat!(
+    "SELECT ",
+    command_columns!("c."),
+    ", l.ord
     FROM unnest((SELECT $1::uuid[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::text[]))
         WITH ORDINALITY AS l(id, owner, agent, device, ord)
     CROSS JOIN LATERAL (
@@ -42,12 +46,15 @@ const COMMANDS: &str =
         WHERE c.id = l.id AND c.owner = l.owner
           AND (l.agent IS NULL OR c.agent = l.agent)
           AND (l.device IS NULL OR c.device = l.device)
-        OFFSET 0) AS c";
+        OFFSET 0) AS c"
+);
 
 /// A device's queued commands in a project, oldest first (by `created_at`,
 /// then insertion order), at most `limit` of them.
-const QUEUED: &str =
-    "SELECT c.id, c.agent, c.device, c.status, c.revision, c.record, c.owner, l.ord
+const QUEUED: &str = concat!(
+    "SELECT ",
+    command_columns!("c."),
+    ", l.ord
     FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]), (SELECT $4::int8[]))
         WITH ORDINALITY AS l(owner, project, device, size, ord)
     CROSS JOIN LATERAL (
@@ -55,7 +62,8 @@ const QUEUED: &str =
         WHERE owner = l.owner AND project = l.project AND device = l.device
           AND finished_at IS NULL AND status = 'queued'
         ORDER BY created_at, seq LIMIT l.size) AS c
-    ORDER BY l.ord, c.created_at, c.seq";
+    ORDER BY l.ord, c.created_at, c.seq"
+);
 
 /// A shared session by id: the first of the look-up's projects, in its
 /// order, that has it; within a project, the smallest device. Each
@@ -74,17 +82,25 @@ const SESSIONS: &str =
 /// of any kind runs the single statement: with one row to find, the batch
 /// statement's arrays and joins cost the server about half again as much
 /// (measured), and a lone look-up is the common case of a quiet server.
-const COMMAND_ONE: &str = "SELECT id, agent, device, status, revision, record, owner, 1::int8
+const COMMAND_ONE: &str = concat!(
+    "SELECT ",
+    command_columns!(""),
+    ", 1::int8
     FROM commands
     WHERE id = $1 AND owner = $2
-      AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR device = $4)";
+      AND ($3::text IS NULL OR agent = $3) AND ($4::text IS NULL OR device = $4)"
+);
 
 /// [`QUEUED`] for one look-up, `$1..$4` as scalars.
-const QUEUED_ONE: &str = "SELECT id, agent, device, status, revision, record, owner, 1::int8
+const QUEUED_ONE: &str = concat!(
+    "SELECT ",
+    command_columns!(""),
+    ", 1::int8
     FROM commands
     WHERE owner = $1 AND project = $2 AND device = $3
       AND finished_at IS NULL AND status = 'queued'
-    ORDER BY created_at, seq LIMIT $4";
+    ORDER BY created_at, seq LIMIT $4"
+);
 
 /// [`SESSIONS`] for one look-up: the owner, its projects in order, the id.
 const SESSION_ONE: &str = "SELECT s.project, s.device, s.synced_at, s.meta, 1::int8
