@@ -318,6 +318,21 @@ impl PostgresStore {
         ))
     }
 
+    /// One try of a guarded insert: whether the writer's statement wrote
+    /// it, without the look-ups that judge a refusal (which would retry
+    /// an insert the statement refused wrongly, and so hide it).
+    #[cfg(test)]
+    pub(crate) async fn insert_once_if_shared(
+        &self,
+        command: &CommandRecord,
+        key: &IdempotencyRecord,
+        projects: &[ProjectId],
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        let row = new_command(command, key, Some(projects), millis(now)?)?;
+        self.writer.insert(row).await
+    }
+
     /// The live key for (owner, agent, key) at `now`, if any.
     async fn live_key(
         &self,

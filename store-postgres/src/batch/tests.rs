@@ -14,7 +14,7 @@ use futures::future::join_all;
 use graph_relay_core::command::{CommandRecord, CommandStatus};
 use graph_relay_core::ids::IdempotencyKey;
 use graph_relay_core::store::{GuardedInsert, IdempotencyRecord, InsertOutcome, Store, StoreError};
-use graph_relay_core::testkit::{World, exec, gs, p1};
+use graph_relay_core::testkit::{World, exec, gs, p1, p2};
 use graph_relay_core::time::Clock;
 
 use crate::PostgresStore;
@@ -206,6 +206,83 @@ fn guarded_inserts_in_a_batch_are_judged_each_alone() {
                 .expect("insert"),
             InsertOutcome::Inserted
         );
+    });
+}
+
+/// Guarded inserts with different sessions and project lists, in one
+/// batch and then each alone: each session resolves in its own insert's
+/// projects, in their order, then to the smallest device, as the share
+/// look-up resolves it. Each insert is tried once: a refusal is not
+/// judged again by a fresh look-up, which would retry an insert that the
+/// statement refused wrongly and so hide it.
+#[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
+#[test]
+fn guarded_inserts_resolve_each_session_in_its_own_projects() {
+    let schema = TestSchema::new(&url());
+    block_on(async {
+        let store = schema.store().await.expect("connect");
+        let w = World::new(Arc::new(store.clone()));
+        let (desktop, laptop) = (&w.device, &w.other_device);
+        // Shares: session 1 in p2 by the desktop and in p1 by the laptop;
+        // session 2 in p1 by both.
+        w.sync(desktop, p2(), &[1]).await;
+        w.sync(desktop, p1(), &[2]).await;
+        w.sync(laptop, p1(), &[1, 2]).await;
+        // (session, project, device, the agent's projects, written?)
+        let cases = [
+            (1, p2(), desktop, vec![p2(), p1()], true),
+            (1, p1(), laptop, vec![p2(), p1()], false),
+            (1, p1(), laptop, vec![p1(), p2()], true),
+            (2, p1(), desktop, vec![p1()], true),
+            (2, p1(), laptop, vec![p1()], false),
+            (3, p1(), desktop, vec![p1(), p2()], false),
+            (1, p2(), desktop, vec![p1()], false),
+        ];
+        let now = w.clock.now();
+        let commands = |first: u128| -> Vec<_> {
+            (first..)
+                .zip(&cases)
+                .map(|(n, (session, project, device, _, _))| {
+                    let (mut command, key) = command(&w, n);
+                    command.graph_session_id = gs(*session);
+                    command.slug = format!("graph-{session}").into();
+                    command.project = project.clone();
+                    command.device = device.id.clone();
+                    (command, key)
+                })
+                .collect()
+        };
+        let check = async |rows: &[(CommandRecord, IdempotencyRecord)],
+                           wrote: Vec<Result<bool, StoreError>>| {
+            for (((command, _), wrote), case) in rows.iter().zip(wrote).zip(&cases) {
+                let expected = case.4;
+                assert_eq!(wrote.expect("no backend error"), expected, "{case:?}");
+                let stored = store
+                    .command_for_agent(&w.agent.owner, &w.agent.id, &command.id)
+                    .await
+                    .expect("read");
+                assert_eq!(stored.is_some(), expected, "{case:?}");
+            }
+        };
+
+        let batched = commands(1);
+        let before = store.statements_executed();
+        let wrote = join_all(
+            batched
+                .iter()
+                .zip(&cases)
+                .map(|((c, k), case)| store.insert_once_if_shared(c, k, &case.3, now)),
+        )
+        .await;
+        assert_eq!(store.statements_executed() - before, 1, "one batch");
+        check(&batched, wrote).await;
+
+        let alone = commands(101);
+        let mut wrote = Vec::new();
+        for ((c, k), case) in alone.iter().zip(&cases) {
+            wrote.push(store.insert_once_if_shared(c, k, &case.3, now).await);
+        }
+        check(&alone, wrote).await;
     });
 }
 
