@@ -297,8 +297,7 @@ impl PostgresStore {
         // its key either way. Without one, a guarded insert that wrote
         // nothing is judged by a fresh look-up of the share.
         for _ in 0..3 {
-            let row = new_command(command, key, guard, now)?;
-            if self.writer.insert(row).await? {
+            if self.insert_once(command, key, guard, now).await? {
                 return Ok(GuardedInsert::Checked(InsertOutcome::Inserted));
             }
             if let Some(existing) = self.live_key(&key.owner, &key.agent, &key.key, now).await? {
@@ -318,19 +317,19 @@ impl PostgresStore {
         ))
     }
 
-    /// One try of a guarded insert: whether the writer's statement wrote
-    /// it, without the look-ups that judge a refusal (which would retry
-    /// an insert the statement refused wrongly, and so hide it).
-    #[cfg(test)]
-    pub(crate) async fn insert_once_if_shared(
+    /// One try of an insert (`now` in ms): whether the writer's statement
+    /// wrote it. A refusal is judged by the caller; tests call this to see
+    /// the statement's own verdict, which the judging's retry would hide.
+    pub(crate) async fn insert_once(
         &self,
         command: &CommandRecord,
         key: &IdempotencyRecord,
-        projects: &[ProjectId],
-        now: Timestamp,
+        guard: Option<&[ProjectId]>,
+        now: i64,
     ) -> Result<bool, StoreError> {
-        let row = new_command(command, key, Some(projects), millis(now)?)?;
-        self.writer.insert(row).await
+        self.writer
+            .insert(new_command(command, key, guard, now)?)
+            .await
     }
 
     /// The live key for (owner, agent, key) at `now`, if any.

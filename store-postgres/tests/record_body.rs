@@ -9,6 +9,8 @@
 use std::sync::Arc;
 
 use graph_relay_core::command::CommandRecord;
+use graph_relay_core::ids::CommandId;
+use graph_relay_core::principal::Agent;
 use graph_relay_core::testkit::{World, completed, exec, p1};
 use graph_relay_store_postgres::PostgresStore;
 use graph_relay_store_postgres::testing::{TestSchema, url};
@@ -31,6 +33,15 @@ async fn check(store: &PostgresStore, record: &CommandRecord) {
     assert!(stored.len() < record.to_json().expect("JSON").len());
 }
 
+/// The run `id` as `agent` reads it through `w`'s queue.
+async fn read_run(w: &World, agent: &Agent, id: &CommandId) -> CommandRecord {
+    w.queue
+        .get_graph_run(agent, id)
+        .await
+        .expect("read")
+        .command
+}
+
 #[cfg_attr(graph_relay_skip_postgres, ignore = "GRAPH_RELAY_SKIP names postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_keeps_the_body_and_reads_back_whole() {
@@ -41,12 +52,7 @@ async fn a_row_keeps_the_body_and_reads_back_whole() {
     w.sync(&w.device, p1(), &[1]).await;
 
     let queued = w.run(&w.agent, 1, "body-key").await;
-    let read = w
-        .queue
-        .get_graph_run(&w.agent, &queued.id)
-        .await
-        .expect("read")
-        .command;
+    let read = read_run(&w, &w.agent, &queued.id).await;
     assert_eq!(read, queued, "a queued run reads back as it was queued");
     check(&store, &read).await;
 
@@ -54,12 +60,7 @@ async fn a_row_keeps_the_body_and_reads_back_whole() {
         .start(&w.device, &queued.id, &exec("body-exec"))
         .await
         .expect("start");
-    let running = w
-        .queue
-        .get_graph_run(&w.agent, &queued.id)
-        .await
-        .expect("read")
-        .command;
+    let running = read_run(&w, &w.agent, &queued.id).await;
     assert!(running.lease_expires_at.is_some() && running.execution_id.is_some());
     check(&store, &running).await;
 
@@ -74,12 +75,7 @@ async fn a_row_keeps_the_body_and_reads_back_whole() {
     // A store of its own over the same schema: nothing comes from a copy
     // the first queue kept.
     let fresh = World::new(Arc::new(schema.store().await.expect("connect again")));
-    let done = fresh
-        .queue
-        .get_graph_run(&w.agent, &queued.id)
-        .await
-        .expect("read")
-        .command;
+    let done = read_run(&fresh, &w.agent, &queued.id).await;
     assert_eq!(done.revision, running.revision + 1);
     assert!(done.finished_at.is_some() && done.completion.is_some());
     check(&store, &done).await;

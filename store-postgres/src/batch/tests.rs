@@ -18,6 +18,7 @@ use graph_relay_core::testkit::{World, exec, gs, p1, p2};
 use graph_relay_core::time::Clock;
 
 use crate::PostgresStore;
+use crate::rows::millis;
 use crate::testing::{TestSchema, url};
 
 fn block_on<F: std::future::Future>(test: F) -> F::Output {
@@ -238,7 +239,7 @@ fn guarded_inserts_resolve_each_session_in_its_own_projects() {
             (3, p1(), desktop, vec![p1(), p2()], false),
             (1, p2(), desktop, vec![p1()], false),
         ];
-        let now = w.clock.now();
+        let now = millis(w.clock.now()).expect("a time in ms");
         let commands = |first: u128| -> Vec<_> {
             (first..)
                 .zip(&cases)
@@ -271,7 +272,7 @@ fn guarded_inserts_resolve_each_session_in_its_own_projects() {
             batched
                 .iter()
                 .zip(&cases)
-                .map(|((c, k), case)| store.insert_once_if_shared(c, k, &case.3, now)),
+                .map(|((c, k), case)| store.insert_once(c, k, Some(&case.3), now)),
         )
         .await;
         assert_eq!(store.statements_executed() - before, 1, "one batch");
@@ -280,7 +281,7 @@ fn guarded_inserts_resolve_each_session_in_its_own_projects() {
         let alone = commands(101);
         let mut wrote = Vec::new();
         for ((c, k), case) in alone.iter().zip(&cases) {
-            wrote.push(store.insert_once_if_shared(c, k, &case.3, now).await);
+            wrote.push(store.insert_once(c, k, Some(&case.3), now).await);
         }
         check(&alone, wrote).await;
     });
